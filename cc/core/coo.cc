@@ -1,0 +1,235 @@
+#include "cc/core/coo.h"
+
+#include <cmath>
+
+#include "cc/core/constants.h"
+
+namespace sce {
+
+Status ParseCombiner(const std::string& name, Combiner* combiner) {
+  if (name == "sum") {
+    *combiner = Combiner::kSum;
+  } else if (name == "mean") {
+    *combiner = Combiner::kMean;
+  } else if (name == "sqrtn") {
+    *combiner = Combiner::kSqrtn;
+  } else {
+    return InvalidArgument("combiner must be one of 'sum', 'mean' or 'sqrtn', got '", name, "'");
+  }
+  return Status::Ok();
+}
+
+std::string Context::Describe() const {
+  std::string text = "table '" + (table.empty() ? std::string("<unnamed>") : table) + "'";
+  if (!feature.empty()) text += ", feature '" + feature + "'";
+  return text;
+}
+
+namespace {
+
+// Checks shapes and fills `row_of_token` with the sample each id belongs to (spec §3.1).
+Status ComputeRowIds(const IdInput& in, int64_t sample_count, const Context& ctx,
+                     std::vector<int32_t>* row_of_token) {
+  const std::string where = ctx.Describe();
+  if (in.values_rank != 1) {
+    return InvalidArgument(where, ": values must be rank 1, got rank ", in.values_rank);
+  }
+  if (in.weights_rank > 1) {
+    return InvalidArgument(where, ": weights must be a scalar or rank 1, got rank ",
+                           in.weights_rank);
+  }
+  if (in.weights_rank == 1 && in.num_weights != in.num_values) {
+    return InvalidArgument(where, ": weights has ", in.num_weights, " elements but values has ",
+                           in.num_values);
+  }
+  if (sample_count < 1 || sample_count > std::numeric_limits<int32_t>::max()) {
+    return InvalidArgument(where, ": sample_count must be in [1, 2^31), got ", sample_count);
+  }
+  const int64_t n = in.num_values;
+  row_of_token->resize(n);
+  int32_t* rows = row_of_token->data();
+  if (in.index_rank == 1 && in.index_dim0 == 0) {  // dense: one id per sample
+    if (n != 0 && n != sample_count) {
+      return InvalidArgument(where, ": dense input has ", n, " ids but sample_count is ",
+                             sample_count);
+    }
+    for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>(i);
+    return Status::Ok();
+  }
+  if (in.index_rank == 1) {  // ragged row_splits
+    const int32_t* splits = in.index_data;
+    if (in.index_dim0 != sample_count + 1) {
+      return InvalidArgument(where, ": row_splits has ", in.index_dim0,
+                             " elements but sample_count + 1 = ", sample_count + 1);
+    }
+    if (splits[0] != 0) {
+      return InvalidArgument(where, ": row_splits must start at 0, got ", splits[0]);
+    }
+    for (int64_t r = 0; r < sample_count; ++r) {
+      if (splits[r + 1] < splits[r]) {
+        return InvalidArgument(where, ": row_splits must be non-decreasing, but row_splits[", r + 1,
+                               "] = ", splits[r + 1], " < row_splits[", r, "] = ", splits[r]);
+      }
+    }
+    if (splits[sample_count] != n) {
+      return InvalidArgument(where, ": row_splits ends at ", splits[sample_count],
+                             " but values has ", n, " elements");
+    }
+    for (int64_t r = 0; r < sample_count; ++r) {
+      for (int32_t i = splits[r]; i < splits[r + 1]; ++i) rows[i] = static_cast<int32_t>(r);
+    }
+    return Status::Ok();
+  }
+  if (in.index_rank == 2) {  // SparseTensor indices [n, 2]
+    if (in.index_dim0 != n) {
+      return InvalidArgument(where, ": sparse indices has ", in.index_dim0, " rows but values has ",
+                             n, " elements");
+    }
+    if (n == 0) return Status::Ok();
+    if (in.index_dim1 != 2) {
+      return InvalidArgument(where, ": sparse indices must have 2 columns (rank-2 SparseTensor), got ",
+                             in.index_dim1);
+    }
+    int32_t previous = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t row = in.index_data[2 * i];
+      if (row < previous) {
+        return InvalidArgument(where,
+                               ": indices of SparseTensor need to be sorted in ascending "
+                               "(non-decreasing) order; row ",
+                               row, " at position ", i, " follows row ", previous);
+      }
+      if (row >= sample_count) {
+        return InvalidArgument(where, ": sparse index row ", row, " at position ", i,
+                               " is not below sample_count ", sample_count);
+      }
+      rows[i] = row;
+      previous = row;
+    }
+    return Status::Ok();
+  }
+  return InvalidArgument(where, ": invalid indices_or_row_splits of rank ", in.index_rank,
+                         "; expected rank 1 (row_splits, or empty for dense) or rank 2 (sparse)");
+}
+
+Status CheckIds(const IdInput& in, int64_t vocabulary_size, const Context& ctx) {
+  for (int64_t i = 0; i < in.num_values; ++i) {
+    const int32_t id = in.values[i];
+    if (id < 0 || (vocabulary_size >= 0 && id >= vocabulary_size)) {
+      if (vocabulary_size >= 0) {
+        return InvalidArgument(ctx.Describe(), ": id ", id, " at position ", i,
+                               " is out of range [0, ", vocabulary_size, ")");
+      }
+      return InvalidArgument(ctx.Describe(), ": id ", id, " at position ", i, " is negative");
+    }
+  }
+  return Status::Ok();
+}
+
+// Per-row normalisation factor of the combiner (spec §3.2); empty for "sum".
+std::vector<float> CombinerScales(const IdInput& in, const std::vector<int32_t>& rows,
+                                  int64_t sample_count, Combiner combiner) {
+  if (combiner == Combiner::kSum) return {};
+  std::vector<float> scale(sample_count, 0.0f);
+  const bool per_id = in.weights_rank == 1;
+  for (int64_t i = 0; i < in.num_values; ++i) {
+    const float w = per_id ? in.weights[i] : in.weights[0];
+    scale[rows[i]] += combiner == Combiner::kMean ? w : w * w;
+  }
+  for (float& s : scale) {
+    if (s == 0.0f) continue;
+    s = combiner == Combiner::kMean ? static_cast<float>(1.0 / static_cast<double>(s))
+                                    : static_cast<float>(1.0 / static_cast<double>(std::sqrt(s)));
+  }
+  return scale;
+}
+
+// The shared first half of §4 and §5: validated, merged and normalised entries in input order.
+Status BuildEntries(const IdInput& in, int64_t sample_count, Combiner combiner,
+                    int64_t vocabulary_size, const Context& ctx, CooEntries* out) {
+  std::vector<int32_t> rows;
+  SCE_RETURN_IF_ERROR(ComputeRowIds(in, sample_count, ctx, &rows));
+  if (in.num_weights == 0 && in.num_values > 0) {
+    return InvalidArgument(ctx.Describe(), ": weights must not be empty");
+  }
+  SCE_RETURN_IF_ERROR(CheckIds(in, vocabulary_size, ctx));
+  const std::vector<float> scale = CombinerScales(in, rows, sample_count, combiner);
+  out->rows.clear();
+  out->cols.clear();
+  out->gains.clear();
+  out->Reserve(in.num_values);
+  const bool per_id = in.weights_rank == 1;
+  for (int64_t i = 0; i < in.num_values; ++i) {
+    const float w = per_id ? in.weights[i] : in.weights[0];
+    const size_t last = out->size();
+    if (last > 0 && out->rows[last - 1] == rows[i] && out->cols[last - 1] == in.values[i]) {
+      out->gains[last - 1] += w;
+    } else {
+      out->Push(rows[i], in.values[i], w);
+    }
+  }
+  if (!scale.empty()) {
+    for (size_t k = 0; k < out->size(); ++k) out->gains[k] *= scale[out->rows[k]];
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ConvertToCoo(const IdInput& input, int64_t sample_count, Combiner combiner,
+                    int64_t vocabulary_size, const Context& context, CooEntries* out) {
+  return BuildEntries(input, sample_count, combiner, vocabulary_size, context, out);
+}
+
+Status ConvertToListOfCoo(const IdInput& input, int64_t sample_count, Combiner combiner,
+                          const StackingTransform& t, int64_t vocabulary_size,
+                          const Context& context, std::vector<CooEntries>* per_sc) {
+  const std::string where = context.Describe();
+  if (t.num_sc_per_chip < 1) {
+    return InvalidArgument(where, ": num_sc_per_chip must be >= 1, got ", t.num_sc_per_chip);
+  }
+  if (!IsPowerOfTwo(t.num_sc_shards)) {
+    return InvalidArgument(where, ": num_sc_shards must be a power of two, got ", t.num_sc_shards);
+  }
+  if (t.row_offset < 0 || t.col_offset < 0 || t.col_shift < 0) {
+    return InvalidArgument(where, ": row_offset, col_offset and col_shift must be >= 0");
+  }
+  const int64_t sc = t.num_sc_per_chip;
+  if (sample_count % sc != 0 || t.stacked_table_sample_count % sc != 0 || t.row_offset % sc != 0) {
+    return InvalidArgument(where, ": sample_count (", sample_count, "), row_offset (", t.row_offset,
+                           ") and stacked_table_sample_count (", t.stacked_table_sample_count,
+                           ") must be divisible by the number of SparseCores per chip (", sc, ")");
+  }
+  if (t.row_offset + sample_count > t.stacked_table_sample_count) {
+    return InvalidArgument(where, ": row_offset + sample_count (", t.row_offset + sample_count,
+                           ") exceeds stacked_table_sample_count (", t.stacked_table_sample_count,
+                           ")");
+  }
+  CooEntries merged;
+  SCE_RETURN_IF_ERROR(BuildEntries(input, sample_count, combiner, vocabulary_size, context, &merged));
+
+  const int64_t per_sc_samples = sample_count / sc;
+  const int64_t local_offset = t.row_offset / sc;
+  const int64_t stacked_per_sc = t.stacked_table_sample_count / sc;
+  const int64_t mask = t.num_sc_shards - 1;
+  per_sc->assign(sc, CooEntries());
+  std::vector<int64_t> counts(sc, 0);
+  for (size_t k = 0; k < merged.size(); ++k) ++counts[merged.rows[k] / per_sc_samples];
+  for (int64_t i = 0; i < sc; ++i) (*per_sc)[i].Reserve(counts[i]);
+  for (size_t k = 0; k < merged.size(); ++k) {
+    const int64_t row = merged.rows[k];
+    const int64_t col = merged.cols[k];
+    const int64_t i = row / per_sc_samples;
+    const int64_t new_row = row % per_sc_samples + local_offset + stacked_per_sc * i;
+    const int64_t new_col = ((col + t.col_shift) & mask) + (col & ~mask) + t.col_offset;
+    if (new_col > std::numeric_limits<int32_t>::max()) {
+      return InvalidArgument(where, ": id ", col, " maps to stacked column ", new_col,
+                             " which does not fit in int32");
+    }
+    (*per_sc)[i].Push(static_cast<int32_t>(new_row), static_cast<int32_t>(new_col),
+                      merged.gains[k]);
+  }
+  return Status::Ok();
+}
+
+}  // namespace sce

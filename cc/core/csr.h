@@ -1,0 +1,67 @@
+// Packing of sorted, bucketed ids into the CSR-wrapped COO buffers the lookup and update kernels
+// consume (spec §8 ConvertToSparseCoreCsrWrappedCooTensor and §10
+// GetMinibatchesInCsrWithPhysicalReplica): one row-pointer block per (source SC, minibatch), one
+// 8-aligned segment per target shard.
+#ifndef SCE_CORE_CSR_H_
+#define SCE_CORE_CSR_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cc/core/status.h"
+
+namespace sce {
+
+// Sorted ids of one source SparseCore with their per-shard (and optionally per-division) counts.
+struct SortedIdsView {
+  const int32_t* rows = nullptr;
+  const int32_t* cols = nullptr;
+  const float* gains = nullptr;
+  int64_t num_rows = 0;
+  int64_t num_cols = 0;
+  int64_t num_gains = 0;
+  const int32_t* id_counts = nullptr;
+  int64_t num_id_counts = 0;
+};
+
+struct CsrParams {
+  int64_t num_replica = 1;
+  int64_t num_sc_per_chip = 4;
+  int64_t max_minibatches_per_sc = 1;
+  int64_t max_ids_buffer_size = 0;  // MAXC: capacity of the id buffers
+  int max_division_level = 6;
+  bool allow_id_dropping = false;
+  std::string table_name;
+};
+
+// Output buffers, allocated by the caller with the sizes CsrBufferSizes() returns. Entries past
+// the unpadded sizes are filled with PAD (TensorFlow leaves them uninitialized).
+struct CsrBuffers {
+  int32_t* row_pointers = nullptr;
+  int32_t* sample_ids = nullptr;
+  int32_t* token_ids = nullptr;
+  float* gains = nullptr;
+  int64_t row_pointers_unpadded_size = 0;
+  int64_t ids_unpadded_size = 0;
+  int64_t num_minibatches = 0;
+  int64_t num_dropped_ids = 0;
+};
+
+struct CsrBufferSizes {
+  int64_t row_pointers = 0;  // max_minibatches_per_sc * S * RoundUp(P, 8)
+  int64_t ids = 0;           // max_ids_buffer_size
+};
+CsrBufferSizes GetCsrBufferSizes(const CsrParams& params);
+
+// Spec §8: one SortedIdsView per source SparseCore; `splits` is the OR of all split masks.
+Status PackCsrFromSortedLists(const std::vector<SortedIdsView>& per_sc, int64_t splits,
+                              const CsrParams& params, CsrBuffers* out);
+
+// Spec §10: a single sorted array for the whole chip with S * P * 2^L + 1 id_counts.
+Status PackCsrFromMinibatchSplits(const SortedIdsView& ids, int64_t splits,
+                                  const CsrParams& params, CsrBuffers* out);
+
+}  // namespace sce
+
+#endif  // SCE_CORE_CSR_H_

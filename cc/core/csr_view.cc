@@ -1,0 +1,77 @@
+#include "cc/core/csr_view.h"
+
+namespace sce {
+
+Status ValidateCsrView(const CsrView& v) {
+  const std::string t = "table '" + v.table_name + "'";
+  if (!IsPowerOfTwo(v.num_sc_per_device)) {
+    return InvalidArgument(t, ": num_sparsecores_per_device must be a power of two, got ",
+                           v.num_sc_per_device);
+  }
+  if (v.num_replica < 1) return InvalidArgument(t, ": num_replica must be >= 1");
+  if (v.num_sample_ids != v.num_token_ids || v.num_sample_ids != v.num_gains) {
+    return InvalidArgument(t, ": sorted_sample_ids (", v.num_sample_ids, "), sorted_token_ids (",
+                           v.num_token_ids, ") and sorted_gains (", v.num_gains,
+                           ") must have the same length");
+  }
+  if (v.input_size < 0 || v.input_size % v.num_sc_per_device != 0) {
+    return InvalidArgument(t, ": the activation row count (", v.input_size,
+                           ") must be a non-negative multiple of the SparseCores per device (",
+                           v.num_sc_per_device, ")");
+  }
+  if (v.table_rows % v.num_shards() != 0) {
+    return InvalidArgument(t, ": the table has ", v.table_rows,
+                           " rows, which is not a multiple of the number of shards (",
+                           v.num_shards(), ")");
+  }
+  if (v.num_minibatches < 1) {
+    return InvalidArgument(t, ": num_minibatches_per_physical_sparse_core must be >= 1, got ",
+                           v.num_minibatches);
+  }
+  const int64_t used = v.num_sc_per_device * v.num_minibatches * v.block_size();
+  if (used > v.num_row_pointers) {
+    return InvalidArgument(t, ": row_pointers has ", v.num_row_pointers, " entries but ", used,
+                           " are needed for ", v.num_minibatches, " minibatch(es), ",
+                           v.num_sc_per_device, " SparseCores and ", v.num_shards(), " shards");
+  }
+  int64_t previous_end = 0;
+  for (int64_t k = 0; k < used; ++k) {
+    const int64_t begin = k == 0 ? 0 : RoundUp(v.row_pointers[k - 1], kXlaPadSize);
+    const int64_t end = v.row_pointers[k];
+    if (end < begin || end < previous_end) {
+      return InvalidArgument(t, ": row_pointers must be non-decreasing with 8-aligned segment "
+                             "starts; row_pointers[", k, "] = ", end, " is below ", begin);
+    }
+    if (end > v.num_token_ids) {
+      return InvalidArgument(t, ": row_pointers[", k, "] = ", end, " is past the ",
+                             v.num_token_ids, " ids given");
+    }
+    previous_end = end;
+  }
+  const int64_t rows_per_shard = v.rows_per_shard();
+  const int64_t samples_per_sc = v.samples_per_sc();
+  for (int64_t s = 0; s < v.num_sc_per_device; ++s) {
+    for (int64_t b = 0; b < v.num_minibatches; ++b) {
+      for (int64_t p = 0; p < v.num_shards(); ++p) {
+        int64_t begin, end;
+        v.Segment(s, b, p, &begin, &end);
+        for (int64_t i = begin; i < end; ++i) {
+          const int32_t token = v.token_ids[i], sample = v.sample_ids[i];
+          if (token == kPad || sample == kPad) continue;
+          if (token < 0 || token >= rows_per_shard) {
+            return InvalidArgument(t, ": token id ", token, " at position ", i,
+                                   " is out of range for a shard of ", rows_per_shard, " rows");
+          }
+          if (sample < 0 || sample >= samples_per_sc) {
+            return InvalidArgument(t, ": sample id ", sample, " at position ", i,
+                                   " is out of range for ", samples_per_sc,
+                                   " samples per SparseCore");
+          }
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace sce

@@ -1,0 +1,29 @@
+#include "cc/core/fused_update.h"
+
+namespace sce {
+
+void CollectShardContributions(const CsrView& view, int64_t p, std::vector<RowContribution>* out) {
+  out->clear();
+  const int64_t samples_per_sc = view.samples_per_sc();
+  bool sorted = true;
+  for (int64_t s = 0; s < view.num_sc_per_device; ++s) {
+    for (int64_t b = 0; b < view.num_minibatches; ++b) {
+      int64_t begin, end;
+      view.Segment(s, b, p, &begin, &end);
+      for (int64_t i = begin; i < end; ++i) {
+        const int32_t token = view.token_ids[i], sample = view.sample_ids[i];
+        if (token == kPad || sample == kPad) continue;
+        if (!out->empty() && out->back().token > token) sorted = false;
+        out->push_back({token, static_cast<int32_t>(s * samples_per_sc + sample), view.gains[i]});
+      }
+    }
+  }
+  // Segments are each sorted by token; merging them is a stable sort of the concatenation.
+  if (!sorted) {
+    std::stable_sort(out->begin(), out->end(), [](const RowContribution& a, const RowContribution& b) {
+      return a.token < b.token;
+    });
+  }
+}
+
+}  // namespace sce

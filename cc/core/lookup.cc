@@ -1,0 +1,66 @@
+#include "cc/core/lookup.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace sce {
+
+Status ValidateQuantization(const Quantization& q, const std::string& table_name) {
+  if (q.num_buckets == 0) return Status::Ok();
+  if (q.num_buckets < 2 || !(q.low < q.high)) {
+    return InvalidArgument("table '", table_name,
+                           "': quantization needs num_buckets >= 2 and low < high; got "
+                           "num_buckets ",
+                           q.num_buckets, ", low ", q.low, ", high ", q.high);
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+inline float Quantize(float v, float low, float high, float quantum) {
+  v = std::min(std::max(v, low), high);
+  return std::floor((v - low) / quantum + 0.5f) * quantum + low;
+}
+
+}  // namespace
+
+void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
+                       const Quantization& q, float* activations, const ParallelFor& parallel_for) {
+  const int64_t samples_per_sc = view.samples_per_sc();
+  const int64_t rows_per_shard = view.rows_per_shard();
+  const float quantum = q.enabled() ? (q.high - q.low) / static_cast<float>(q.num_buckets - 1) : 0;
+  // Each source SparseCore owns a disjoint block of activation rows, so SCs run in parallel.
+  parallel_for(view.num_sc_per_device, 64 * view.num_token_ids / view.num_sc_per_device + 1,
+               [&](int64_t sc_begin, int64_t sc_end) {
+    for (int64_t s = sc_begin; s < sc_end; ++s) {
+      float* block = activations + s * samples_per_sc * dim;
+      std::memset(block, 0, sizeof(float) * samples_per_sc * dim);
+      for (int64_t b = 0; b < view.num_minibatches; ++b) {
+        for (int64_t p = 0; p < view.num_shards(); ++p) {
+          int64_t begin, end;
+          view.Segment(s, b, p, &begin, &end);
+          const float* shard = table + p * rows_per_shard * dim;
+          for (int64_t i = begin; i < end; ++i) {
+            const int32_t token = view.token_ids[i], sample = view.sample_ids[i];
+            if (token == kPad || sample == kPad) continue;
+            if (i + 4 < end && view.token_ids[i + 4] != kPad) {
+              __builtin_prefetch(shard + static_cast<int64_t>(view.token_ids[i + 4]) * dim);
+            }
+            const float gain = view.gains[i];
+            const float* row = shard + static_cast<int64_t>(token) * dim;
+            float* out = block + static_cast<int64_t>(sample) * dim;
+            if (q.enabled()) {
+              for (int64_t j = 0; j < dim; ++j) out[j] += gain * Quantize(row[j], q.low, q.high, quantum);
+            } else {
+              for (int64_t j = 0; j < dim; ++j) out[j] += gain * row[j];
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace sce

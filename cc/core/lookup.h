@@ -1,0 +1,30 @@
+// The forward sparse-dense matmul (spec §13): each activation row is the gain-weighted sum of the
+// (optionally quantized) table rows its sample references.
+#ifndef SCE_CORE_LOOKUP_H_
+#define SCE_CORE_LOOKUP_H_
+
+#include <cstdint>
+
+#include "cc/core/csr_view.h"
+#include "cc/core/parallel.h"
+
+namespace sce {
+
+struct Quantization {
+  float low = 0.0f;
+  float high = 0.0f;
+  int64_t num_buckets = 0;  // 0 means no quantization
+  bool enabled() const { return num_buckets > 0; }
+};
+
+Status ValidateQuantization(const Quantization& q, const std::string& table_name);
+
+// `view` must have passed ValidateCsrView. `table` is [view.table_rows, dim]; `activations` is
+// [view.input_size, dim] and is overwritten.
+void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
+                       const Quantization& quantization, float* activations,
+                       const ParallelFor& parallel_for);
+
+}  // namespace sce
+
+#endif  // SCE_CORE_LOOKUP_H_

@@ -1,0 +1,196 @@
+#include "cc/core/minibatch_splits.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "cc/core/constants.h"
+#include "cc/core/split_encoding.h"
+
+namespace sce {
+namespace {
+
+Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num_cols,
+                int64_t num_gains, const MinibatchSplitsParams& p) {
+  const std::string& t = p.table_name;
+  if (n != num_cols || n != num_gains) {
+    return InvalidArgument("table '", t, "': row_ids (", n, "), col_ids (", num_cols,
+                           ") and gains (", num_gains, ") must have the same length");
+  }
+  if (p.num_sc_per_chip < 1 || p.num_replica < 1) {
+    return InvalidArgument("table '", t, "': num_sc_per_chip and num_replica must be >= 1");
+  }
+  if (!IsPowerOfTwo(p.num_sc_per_chip * p.num_replica)) {
+    return InvalidArgument("table '", t, "': num_replica * num_sc_per_chip (",
+                           p.num_replica * p.num_sc_per_chip, ") must be a power of two");
+  }
+  if (p.sample_count < 1 || p.sample_count % p.num_sc_per_chip != 0) {
+    return InvalidArgument("table '", t, "': sample_count (", p.sample_count,
+                           ") must be a positive multiple of num_sc_per_chip (", p.num_sc_per_chip,
+                           ")");
+  }
+  if (p.table_vocab_size < 1) {
+    return InvalidArgument("table '", t, "': table_vocab_size must be >= 1, got ",
+                           p.table_vocab_size);
+  }
+  if (p.max_ids_per_partition < 1 || p.max_unique_ids_per_partition < 1) {
+    return InvalidArgument("table '", t,
+                           "': max_ids_per_partition and max_unique_ids_per_partition must be >= 1");
+  }
+  if (p.max_division_level < 0 || p.max_division_level > 6) {
+    return InvalidArgument("table '", t, "': max_division_level must be in [0, 6], got ",
+                           p.max_division_level);
+  }
+  int32_t previous = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] < previous || rows[i] >= p.sample_count) {
+      return InvalidArgument("table '", t, "': row_ids must be sorted and in [0, ", p.sample_count,
+                             "); got ", rows[i], " at position ", i, " after ", previous);
+    }
+    previous = rows[i];
+    if (cols[i] < 0 || cols[i] >= p.table_vocab_size) {
+      return InvalidArgument("table '", t, "': id ", cols[i], " at position ", i,
+                             " is out of range [0, ", p.table_vocab_size, ")");
+    }
+  }
+  return Status::Ok();
+}
+
+// Ids and unique ids of one (source SC, target shard) pair over a range of divisions.
+struct Cumulative {
+  std::vector<int64_t> ids;      // ids[d] = number of ids in divisions [0, d)
+  std::vector<int64_t> uniques;
+  int64_t Ids(int64_t lo, int64_t hi) const { return ids[hi] - ids[lo]; }
+  int64_t Uniques(int64_t lo, int64_t hi) const { return uniques[hi] - uniques[lo]; }
+};
+
+}  // namespace
+
+Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float* gains,
+                          int64_t n, int64_t num_cols, int64_t num_gains,
+                          const MinibatchSplitsParams& params, MinibatchSplits* out) {
+  SCE_RETURN_IF_ERROR(Validate(rows, cols, n, num_cols, num_gains, params));
+  const int64_t S = params.num_sc_per_chip;
+  const int64_t P = S * params.num_replica;
+  const int L = params.max_division_level;
+  const int64_t D = int64_t{1} << L;
+  const int64_t division_size = (params.table_vocab_size + D - 1) / D;
+  const int64_t per_sc = params.sample_count / S;
+  const int pbits = Log2(P);
+  const int32_t mask = static_cast<int32_t>(P - 1);
+  auto bucket_of = [&](int32_t col) { return std::min<int64_t>(col / division_size, D - 1); };
+
+  struct Kept {
+    int32_t row, col;
+    float gain;
+  };
+  std::vector<std::vector<Kept>> kept_per_sc(S);
+  out->id_counts.assign(S * P * D + 1, 0);
+  out->max_ids = 0;
+  out->max_uniques = 0;
+  int64_t pre = 0, after = 0;
+  std::vector<int64_t> order;
+  std::vector<int64_t> ids(P * (D + 1)), uniques(P * (D + 1));
+  Cumulative cum;
+  cum.ids.resize(D + 1);
+  cum.uniques.resize(D + 1);
+
+  int64_t cursor = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t begin = cursor;
+    while (cursor < n && rows[cursor] < (s + 1) * per_sc) ++cursor;
+    order.resize(cursor - begin);
+    std::iota(order.begin(), order.end(), begin);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return cols[a] != cols[b] ? cols[a] < cols[b] : rows[a] < rows[b];
+    });
+    std::fill(ids.begin(), ids.end(), 0);
+    std::fill(uniques.begin(), uniques.end(), 0);
+    std::vector<Kept>& kept = kept_per_sc[s];
+    int32_t prev_row = -1, prev_col = -1;
+    for (int64_t i : order) {
+      if (rows[i] == prev_row && cols[i] == prev_col) {
+        kept.back().gain += gains[i];
+        continue;
+      }
+      const int64_t slot = (cols[i] & mask) * (D + 1) + bucket_of(cols[i]) + 1;
+      ++ids[slot];
+      if (cols[i] != prev_col) ++uniques[slot];
+      kept.push_back({rows[i], cols[i], gains[i]});
+      prev_row = rows[i];
+      prev_col = cols[i];
+    }
+
+    for (int64_t p = 0; p < P; ++p) {
+      const int64_t g = s * P + p;
+      const int64_t* pid = &ids[p * (D + 1)];
+      const int64_t* puq = &uniques[p * (D + 1)];
+      for (int64_t i = 1; i <= D; ++i) {
+        if (pid[i] > params.max_ids_per_partition ||
+            puq[i] > params.max_unique_ids_per_partition) {
+          return InvalidArgument("table '", params.table_name, "' has too many ids for replica ", p,
+                                 " on sparse core ", s, ": one vocabulary division holds ", pid[i],
+                                 " ids (", puq[i], " unique) but the limits are ",
+                                 params.max_ids_per_partition, " ids and ",
+                                 params.max_unique_ids_per_partition,
+                                 " unique ids per partition. Consider making the "
+                                 "max_division_level higher or raising the limits");
+        }
+        out->id_counts[g * D + i] = out->id_counts[g * D + i - 1] + static_cast<int32_t>(pid[i]);
+      }
+      for (int64_t d = 0; d <= D; ++d) {
+        cum.ids[d] = (d == 0 ? 0 : cum.ids[d - 1]) + pid[d];
+        cum.uniques[d] = (d == 0 ? 0 : cum.uniques[d - 1]) + puq[d];
+      }
+      out->max_ids = std::max(out->max_ids, cum.ids[D]);
+      out->max_uniques = std::max(out->max_uniques, cum.uniques[D]);
+      auto too_big = [&](int64_t lo, int64_t hi) {
+        return cum.Ids(lo, hi) > params.max_ids_per_partition ||
+               cum.Uniques(lo, hi) > params.max_unique_ids_per_partition;
+      };
+      // Top-down search: split a section when it does not fit and its parent was split.
+      for (int level = 0; level < L; ++level) {
+        const int64_t width = D >> level;
+        for (int64_t q = 0; q < (int64_t{1} << level); ++q) {
+          if (level > 0) {
+            const int64_t parent = ((int64_t{1} << (level - 1)) - 1) + q / 2;
+            if (((pre >> parent) & 1) == 0) continue;
+          }
+          if (too_big(q * width, (q + 1) * width)) pre |= int64_t{1} << (((int64_t{1} << level) - 1) + q);
+        }
+      }
+      // Greedy merge of adjacent sections that fit together.
+      std::vector<int32_t> points = BinaryToBucketSplits(pre, L);
+      points.insert(points.begin(), 0);
+      points.push_back(static_cast<int32_t>(D));
+      std::vector<int32_t> emitted;
+      size_t start = 0;
+      for (size_t i = 1; i < points.size(); ++i) {
+        if (!too_big(points[start], points[i])) continue;
+        emitted.push_back(points[i - 1]);
+        start = i - 1;
+      }
+      after |= BucketSplitsToBinary(emitted, L);
+    }
+  }
+
+  const int64_t total = out->id_counts.back();
+  out->rows.resize(total);
+  out->cols.resize(total);
+  out->gains.resize(total);
+  std::vector<int64_t> running(P * D);
+  for (int64_t s = 0; s < S; ++s) {
+    std::fill(running.begin(), running.end(), 0);
+    for (const Kept& k : kept_per_sc[s]) {
+      const int64_t p = k.col & mask;
+      const int64_t bucket = bucket_of(k.col);
+      const int64_t slot = out->id_counts[(s * P + p) * D + bucket] + running[p * D + bucket]++;
+      out->rows[slot] = static_cast<int32_t>(k.row % per_sc);
+      out->cols[slot] = k.col >> pbits;
+      out->gains[slot] = k.gain;
+    }
+  }
+  out->splits = after;
+  return Status::Ok();
+}
+
+}  // namespace sce

@@ -1,0 +1,51 @@
+// Per-(stacked table, source SparseCore) sort, dedup and bucketing by target shard (spec §6), and
+// the statistics variant that only counts ids and unique ids per shard (spec §7).
+#ifndef SCE_CORE_SORT_LIST_H_
+#define SCE_CORE_SORT_LIST_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cc/core/status.h"
+
+namespace sce {
+
+// One feature's COO entries for one source SparseCore (outputs of ConvertToListOfCoo).
+struct FeatureCooView {
+  const int32_t* rows = nullptr;
+  const int32_t* cols = nullptr;
+  const float* gains = nullptr;
+  int64_t num_rows = 0;
+  int64_t num_cols = 0;
+  int64_t num_gains = 0;
+  int64_t sample_count = 0;  // B_f / S
+  int64_t col_offset = 0;    // identifies the member table of the stack
+};
+
+struct SortedCoo {
+  std::vector<int32_t> rows;   // local sample id within the source SparseCore
+  std::vector<int32_t> cols;   // row inside the target shard
+  std::vector<float> gains;
+  std::vector<int32_t> id_counts;  // P + 1 exclusive prefix sums of ids per target shard
+};
+
+struct ShardCounts {
+  std::vector<int64_t> ids;      // per target shard, after (row, col) dedup
+  std::vector<int64_t> uniques;  // distinct cols per target shard
+};
+
+// Spec §7 (GetStatsFromListOfSparseCoreCooTensors) for one source SparseCore.
+Status CountIdsPerShard(const std::vector<FeatureCooView>& features, int64_t num_replica,
+                        int64_t num_sc_per_chip, const std::string& table_name,
+                        ShardCounts* counts);
+
+// Spec §6 (SortListOfSparseCoreCooTensors) for one source SparseCore.
+Status SortListOfCoo(const std::vector<FeatureCooView>& features, int64_t num_replica,
+                     int64_t num_sc_per_chip, int64_t max_ids_per_sparse_core,
+                     int64_t max_unique_ids_per_sparse_core, const std::string& table_name,
+                     SortedCoo* out);
+
+}  // namespace sce
+
+#endif  // SCE_CORE_SORT_LIST_H_

@@ -1,0 +1,19 @@
+// The minibatch split bitmask (spec §9.3): a heap-ordered binary tree over 2^L vocabulary
+// divisions in which bit k means "split section k at its midpoint".
+#ifndef SCE_CORE_SPLIT_ENCODING_H_
+#define SCE_CORE_SPLIT_ENCODING_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace sce {
+
+// Sorted division indices (in (0, 2^L)) at which the vocabulary is cut.
+std::vector<int32_t> BinaryToBucketSplits(int64_t bits, int max_division_level);
+
+// Inverse of BinaryToBucketSplits for any set of points in (0, 2^L).
+int64_t BucketSplitsToBinary(const std::vector<int32_t>& splits, int max_division_level);
+
+}  // namespace sce
+
+#endif  // SCE_CORE_SPLIT_ENCODING_H_

@@ -1,0 +1,195 @@
+// Kernels of the minibatching and CSR-building ops: SceGetMinibatchSplitsWithPhysicalReplica,
+// SceGetMinibatchesInCsrWithPhysicalReplica and SceConvertToSparseCoreCsrWrappedCooTensor.
+#include "cc/core/constants.h"
+#include "cc/core/csr.h"
+#include "cc/core/minibatch_splits.h"
+#include "cc/kernels/kernel_utils.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tensorflow {
+namespace sce_kernels {
+namespace {
+
+absl::Status RequireVector(const Tensor& t, const char* name, const std::string& table) {
+  if (t.dims() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", table, "': ", name, " must be rank 1, got rank ", t.dims()));
+  }
+  return absl::OkStatus();
+}
+
+int64_t OrOfSplits(const Tensor& splits) {
+  int64_t bits = 0;
+  auto flat = splits.flat<int64_t>();
+  for (int64_t i = 0; i < flat.size(); ++i) bits |= flat(i);
+  return bits;
+}
+
+// Allocates the four CSR buffers, runs `pack` into them and writes the scalar outputs.
+template <typename PackFn>
+void PackIntoOutputs(OpKernelContext* ctx, const sce::CsrParams& params, PackFn pack) {
+  const sce::CsrBufferSizes sizes = sce::GetCsrBufferSizes(params);
+  Tensor *row_pointers, *samples, *tokens, *gains;
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({sizes.row_pointers}), &row_pointers));
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({sizes.ids}), &samples));
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({sizes.ids}), &tokens));
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({sizes.ids}), &gains));
+  sce::CsrBuffers buffers;
+  buffers.row_pointers = row_pointers->flat<int32_t>().data();
+  buffers.sample_ids = samples->flat<int32_t>().data();
+  buffers.token_ids = tokens->flat<int32_t>().data();
+  buffers.gains = gains->flat<float>().data();
+  OP_REQUIRES_OK(ctx, ToTf(pack(&buffers)));
+  OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, 4, buffers.row_pointers_unpadded_size));
+  OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, 5, buffers.ids_unpadded_size));
+  OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, 6, buffers.num_minibatches));
+  OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, 7, buffers.num_dropped_ids));
+  if (buffers.num_dropped_ids > 0) {
+    LOG(WARNING) << "table '" << params.table_name << "': dropped " << buffers.num_dropped_ids
+                 << " ids that did not fit the id buffer (allow_id_dropping is set)";
+  }
+}
+
+class ConvertToCsrWrappedCooTensorOp : public OpKernel {
+ public:
+  explicit ConvertToCsrWrappedCooTensorOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    int64_t per_sc, per_sample;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("sample_count_per_sc", &per_sc));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_replica", &params_.num_replica));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_minibatches_per_sc", &params_.max_minibatches_per_sc));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_ids_per_chip_per_sample", &per_sample));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_sc_per_chip", &params_.num_sc_per_chip));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &params_.table_name));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("allow_id_dropping", &params_.allow_id_dropping));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_division_level", &params_.max_division_level));
+    params_.max_ids_buffer_size = per_sample * per_sc * params_.num_sc_per_chip;
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList rows, cols, gains, counts;
+    OP_REQUIRES_OK(ctx, ctx->input_list("sorted_row_ids_list", &rows));
+    OP_REQUIRES_OK(ctx, ctx->input_list("sorted_col_ids_list", &cols));
+    OP_REQUIRES_OK(ctx, ctx->input_list("sorted_gains_list", &gains));
+    OP_REQUIRES_OK(ctx, ctx->input_list("id_counts_list", &counts));
+    std::vector<sce::SortedIdsView> per_sc(rows.size());
+    for (int s = 0; s < rows.size(); ++s) {
+      OP_REQUIRES_OK(ctx, RequireVector(rows[s], "sorted_row_ids", params_.table_name));
+      OP_REQUIRES_OK(ctx, RequireVector(cols[s], "sorted_col_ids", params_.table_name));
+      OP_REQUIRES_OK(ctx, RequireVector(gains[s], "sorted_gains", params_.table_name));
+      OP_REQUIRES_OK(ctx, RequireVector(counts[s], "id_counts", params_.table_name));
+      OP_REQUIRES(ctx, counts[s].NumElements() > 0,
+                  absl::InvalidArgumentError(absl::StrCat("table '", params_.table_name,
+                                                          "': id_counts must not be empty")));
+      per_sc[s] = {rows[s].flat<int32_t>().data(),  cols[s].flat<int32_t>().data(),
+                   gains[s].flat<float>().data(),   rows[s].NumElements(),
+                   cols[s].NumElements(),           gains[s].NumElements(),
+                   counts[s].flat<int32_t>().data(), counts[s].NumElements()};
+    }
+    const int64_t splits = OrOfSplits(ctx->input(4));
+    PackIntoOutputs(ctx, params_, [&](sce::CsrBuffers* out) {
+      return sce::PackCsrFromSortedLists(per_sc, splits, params_, out);
+    });
+  }
+
+ private:
+  sce::CsrParams params_;
+};
+
+class GetMinibatchSplitsOp : public OpKernel {
+ public:
+  explicit GetMinibatchSplitsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("sample_count", &params_.sample_count));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_replica", &params_.num_replica));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_vocab_size", &params_.table_vocab_size));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_sc_per_chip", &params_.num_sc_per_chip));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &params_.table_name));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_ids_per_partition", &params_.max_ids_per_partition));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_unique_ids_per_partition",
+                                     &params_.max_unique_ids_per_partition));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_division_level", &params_.max_division_level));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rows = ctx->input(1);
+    const Tensor& cols = ctx->input(2);
+    const Tensor& gains = ctx->input(3);
+    OP_REQUIRES_OK(ctx, RequireVector(rows, "row_ids", params_.table_name));
+    OP_REQUIRES_OK(ctx, RequireVector(cols, "col_ids", params_.table_name));
+    OP_REQUIRES_OK(ctx, RequireVector(gains, "gains", params_.table_name));
+    sce::MinibatchSplits result;
+    OP_REQUIRES_OK(ctx, ToTf(sce::GetMinibatchSplits(
+                            rows.flat<int32_t>().data(), cols.flat<int32_t>().data(),
+                            gains.flat<float>().data(), rows.NumElements(), cols.NumElements(),
+                            gains.NumElements(), params_, &result)));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, result.rows));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 1, result.cols));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 2, result.gains));
+    Tensor* splits;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({}), &splits));
+    splits->scalar<int64_t>()() = result.splits;
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 4, result.id_counts));
+    OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, 5, result.max_ids));
+    OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, 6, result.max_uniques));
+  }
+
+ private:
+  sce::MinibatchSplitsParams params_;
+};
+
+class GetMinibatchesInCsrOp : public OpKernel {
+ public:
+  explicit GetMinibatchesInCsrOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    int64_t sample_count, per_sample;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("sample_count", &sample_count));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_replica", &params_.num_replica));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_minibatches_per_sc", &params_.max_minibatches_per_sc));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_ids_per_chip_per_sample", &per_sample));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_sc_per_chip", &params_.num_sc_per_chip));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &params_.table_name));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("allow_id_dropping", &params_.allow_id_dropping));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_division_level", &params_.max_division_level));
+    OP_REQUIRES(ctx, sample_count % params_.num_sc_per_chip == 0,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "table '", params_.table_name, "': sample_count (", sample_count,
+                    ") must be divisible by num_sc_per_chip (", params_.num_sc_per_chip, ")")));
+    params_.max_ids_buffer_size = per_sample * sample_count;
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const char* names[] = {"row_ids", "col_ids", "gains", "splits", "id_counts"};
+    for (int i = 1; i <= 5; ++i) {
+      if (i == 4) continue;
+      OP_REQUIRES_OK(ctx, RequireVector(ctx->input(i), names[i - 1], params_.table_name));
+    }
+    const Tensor& counts = ctx->input(5);
+    OP_REQUIRES(ctx, counts.NumElements() > 0,
+                absl::InvalidArgumentError(absl::StrCat("table '", params_.table_name,
+                                                        "': id_counts must not be empty")));
+    sce::SortedIdsView ids{ctx->input(1).flat<int32_t>().data(),
+                           ctx->input(2).flat<int32_t>().data(),
+                           ctx->input(3).flat<float>().data(),
+                           ctx->input(1).NumElements(),
+                           ctx->input(2).NumElements(),
+                           ctx->input(3).NumElements(),
+                           counts.flat<int32_t>().data(),
+                           counts.NumElements()};
+    const int64_t splits = OrOfSplits(ctx->input(4));
+    PackIntoOutputs(ctx, params_, [&](sce::CsrBuffers* out) {
+      return sce::PackCsrFromMinibatchSplits(ids, splits, params_, out);
+    });
+  }
+
+ private:
+  sce::CsrParams params_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("SceConvertToSparseCoreCsrWrappedCooTensor").Device(DEVICE_CPU),
+                        ConvertToCsrWrappedCooTensorOp);
+REGISTER_KERNEL_BUILDER(Name("SceGetMinibatchSplitsWithPhysicalReplica").Device(DEVICE_CPU),
+                        GetMinibatchSplitsOp);
+REGISTER_KERNEL_BUILDER(Name("SceGetMinibatchesInCsrWithPhysicalReplica").Device(DEVICE_CPU),
+                        GetMinibatchesInCsrOp);
+
+}  // namespace
+}  // namespace sce_kernels
+}  // namespace tensorflow

@@ -1,0 +1,161 @@
+#include "cc/kernels/kernel_utils.h"
+
+#include <algorithm>
+
+#include "cc/core/constants.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+
+namespace tensorflow {
+namespace sce_kernels {
+
+absl::Status ToTf(const sce::Status& status) {
+  switch (status.code()) {
+    case sce::Code::kOk:
+      return absl::OkStatus();
+    case sce::Code::kFailedPrecondition:
+      return absl::FailedPreconditionError(status.message());
+    case sce::Code::kInvalidArgument:
+    default:
+      return absl::InvalidArgumentError(status.message());
+  }
+}
+
+sce::ParallelFor ThreadPoolFor(OpKernelContext* ctx) {
+  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  return [pool](int64_t n, int64_t cost, const sce::RangeFn& work) {
+    if (n <= 0) return;
+    if (n == 1) {
+      work(0, 1);
+      return;
+    }
+    pool->ParallelFor(n, cost, [&work](int64_t begin, int64_t end) { work(begin, end); });
+  };
+}
+
+int64_t SparseCoresOrDefault(int64_t n) {
+  return n == -1 ? sce::kDefaultSparseCoresPerReplica : n;
+}
+
+sce::IdInput IdInputFromTensors(const Tensor& indices, const Tensor& values,
+                                const Tensor& weights) {
+  sce::IdInput in;
+  in.index_rank = indices.dims();
+  in.index_dim0 = indices.dims() >= 1 ? indices.dim_size(0) : 0;
+  in.index_dim1 = indices.dims() >= 2 ? indices.dim_size(1) : 0;
+  in.index_data = indices.NumElements() > 0 ? indices.flat<int32_t>().data() : nullptr;
+  in.values_rank = values.dims();
+  in.num_values = values.NumElements();
+  in.values = values.flat<int32_t>().data();
+  in.weights_rank = weights.dims();
+  in.num_weights = weights.NumElements();
+  in.weights = weights.flat<float>().data();
+  return in;
+}
+
+absl::Status OutputInt32Scalar(OpKernelContext* ctx, int index, int64_t value) {
+  Tensor* out = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(index, TensorShape({}), &out));
+  out->scalar<int32_t>()() = static_cast<int32_t>(value);
+  return absl::OkStatus();
+}
+
+absl::Status CsrAttrs::Read(OpKernelConstruction* ctx) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr("table_name", &table_name));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("num_sparsecores_per_device", &num_sparsecores_per_device));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("num_replica", &num_replica));
+  num_sparsecores_per_device = SparseCoresOrDefault(num_sparsecores_per_device);
+  return absl::OkStatus();
+}
+
+absl::Status MakeCsrView(OpKernelContext* ctx, const CsrAttrs& attrs, int num_minibatches_input,
+                         int64_t input_size, int64_t table_rows, sce::CsrView* view) {
+  const char* names[] = {"row_pointers", "sorted_sample_ids", "sorted_token_ids", "sorted_gains"};
+  for (int i = 0; i < 4; ++i) {
+    if (ctx->input(i).dims() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", attrs.table_name, "': ", names[i],
+                                                     " must be rank 1, got rank ",
+                                                     ctx->input(i).dims()));
+    }
+  }
+  const Tensor& minibatches = ctx->input(num_minibatches_input);
+  if (minibatches.NumElements() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", attrs.table_name,
+                     "': num_minibatches_per_physical_sparse_core must be a scalar"));
+  }
+  view->row_pointers = ctx->input(0).flat<int32_t>().data();
+  view->num_row_pointers = ctx->input(0).NumElements();
+  view->sample_ids = ctx->input(1).flat<int32_t>().data();
+  view->num_sample_ids = ctx->input(1).NumElements();
+  view->token_ids = ctx->input(2).flat<int32_t>().data();
+  view->num_token_ids = ctx->input(2).NumElements();
+  view->gains = ctx->input(3).flat<float>().data();
+  view->num_gains = ctx->input(3).NumElements();
+  view->num_minibatches = minibatches.flat<int32_t>()(0);
+  view->num_sc_per_device = attrs.num_sparsecores_per_device;
+  view->num_replica = attrs.num_replica;
+  view->input_size = input_size;
+  view->table_rows = table_rows;
+  view->table_name = attrs.table_name;
+  return ToTf(sce::ValidateCsrView(*view));
+}
+
+absl::Status LockedVariables::Lock(OpKernelContext* ctx, const std::vector<int>& inputs,
+                                   bool exclusive) {
+  exclusive_ = exclusive;
+  for (int i : inputs) {
+    core::RefCountPtr<Var> var;
+    TF_RETURN_IF_ERROR(LookupResource(ctx, HandleFromInput(ctx, i), &var));
+    vars_.push_back(std::move(var));
+  }
+  std::vector<mutex*> mutexes;
+  for (auto& var : vars_) mutexes.push_back(var->mu());
+  std::sort(mutexes.begin(), mutexes.end());
+  mutexes.erase(std::unique(mutexes.begin(), mutexes.end()), mutexes.end());
+  for (mutex* mu : mutexes) {
+    if (exclusive_) {
+      mu->lock();
+    } else {
+      mu->lock_shared();
+    }
+    locked_.push_back(mu);
+  }
+  for (size_t k = 0; k < vars_.size(); ++k) {
+    if (!vars_[k]->is_initialized) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "variable for input '", ctx->op_kernel().requested_input(inputs[k]),
+          "' is not initialized"));
+    }
+    if (vars_[k]->tensor()->dtype() != DT_FLOAT) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "variable for input '", ctx->op_kernel().requested_input(inputs[k]),
+          "' must be float32, got ", DataTypeString(vars_[k]->tensor()->dtype())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LockedVariables::MakeExclusive(OpKernelContext* ctx) {
+  for (auto& var : vars_) {
+    Tensor* t = var->tensor();
+    if (t->RefCountIsOne()) continue;
+    Tensor copy;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(t->dtype(), t->shape(), &copy));
+    std::copy_n(t->flat<float>().data(), t->NumElements(), copy.flat<float>().data());
+    *t = copy;
+  }
+  return absl::OkStatus();
+}
+
+LockedVariables::~LockedVariables() {
+  for (auto it = locked_.rbegin(); it != locked_.rend(); ++it) {
+    if (exclusive_) {
+      (*it)->unlock();
+    } else {
+      (*it)->unlock_shared();
+    }
+  }
+}
+
+}  // namespace sce_kernels
+}  // namespace tensorflow

@@ -1,0 +1,74 @@
+// Glue between TensorFlow kernels and the TensorFlow-free algorithms in cc/core: status
+// translation, the intra-op thread pool as a ParallelFor, and views of input tensors.
+#ifndef SCE_KERNELS_KERNEL_UTILS_H_
+#define SCE_KERNELS_KERNEL_UTILS_H_
+
+#include <vector>
+
+#include "cc/core/coo.h"
+#include "cc/core/csr_view.h"
+#include "cc/core/parallel.h"
+#include "cc/core/status.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tensorflow {
+namespace sce_kernels {
+
+absl::Status ToTf(const sce::Status& status);
+
+// Runs work over [0, n) on the kernel's intra-op thread pool.
+sce::ParallelFor ThreadPoolFor(OpKernelContext* ctx);
+
+// Resolves num_sparsecores_per_device = -1 to the default of 4 SparseCores.
+int64_t SparseCoresOrDefault(int64_t num_sparsecores_per_device);
+
+// The three inputs of the ConvertTo* ops as a core IdInput (no copies).
+sce::IdInput IdInputFromTensors(const Tensor& indices_or_row_splits, const Tensor& values,
+                                const Tensor& weights);
+
+// Copies an int32 / float vector into a Tensor output.
+template <typename T>
+absl::Status OutputVector(OpKernelContext* ctx, int index, const std::vector<T>& data) {
+  Tensor* out = nullptr;
+  TF_RETURN_IF_ERROR(
+      ctx->allocate_output(index, TensorShape({static_cast<int64_t>(data.size())}), &out));
+  std::copy(data.begin(), data.end(), out->flat<T>().data());
+  return absl::OkStatus();
+}
+
+absl::Status OutputInt32Scalar(OpKernelContext* ctx, int index, int64_t value);
+
+// Attributes shared by the lookup and fused-update kernels.
+struct CsrAttrs {
+  std::string table_name;
+  int64_t num_sparsecores_per_device = -1;
+  int64_t num_replica = 1;
+  absl::Status Read(OpKernelConstruction* ctx);
+};
+
+// Builds and validates a CsrView over inputs 0-3 and the minibatch count input.
+absl::Status MakeCsrView(OpKernelContext* ctx, const CsrAttrs& attrs, int num_minibatches_input,
+                         int64_t input_size, int64_t table_rows, sce::CsrView* view);
+
+// Locks a set of resource variables in address order (avoids deadlocks between concurrent
+// steps) and, where a buffer is shared with a reader, gives the variable its own copy first so
+// that in-place updates never change a tensor someone else holds.
+class LockedVariables {
+ public:
+  absl::Status Lock(OpKernelContext* ctx, const std::vector<int>& inputs, bool exclusive);
+  ~LockedVariables();
+  Tensor* tensor(size_t i) { return vars_[i]->tensor(); }
+  absl::Status MakeExclusive(OpKernelContext* ctx);
+
+ private:
+  std::vector<core::RefCountPtr<Var>> vars_;
+  std::vector<mutex*> locked_;
+  bool exclusive_ = false;
+};
+
+}  // namespace sce_kernels
+}  // namespace tensorflow
+
+#endif  // SCE_KERNELS_KERNEL_UTILS_H_

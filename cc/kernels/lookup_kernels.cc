@@ -1,0 +1,56 @@
+// Kernels of the forward sparse-dense matmul: sce::SparseDenseMatmul over a table given as a
+// tensor or read in place from a resource variable (under a shared lock, no copy).
+#include "cc/core/lookup.h"
+#include "cc/kernels/kernel_utils.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tensorflow {
+namespace sce_kernels {
+namespace {
+
+template <bool kResource>
+class SparseDenseMatmulOp : public OpKernel {
+ public:
+  explicit SparseDenseMatmulOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, attrs_.Read(ctx));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("input_size", &input_size_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("quantization_config_low", &quantization_.low));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("quantization_config_high", &quantization_.high));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("quantization_config_num_buckets", &quantization_.num_buckets));
+    OP_REQUIRES_OK(ctx, ToTf(sce::ValidateQuantization(quantization_, attrs_.table_name)));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    LockedVariables locked;
+    const Tensor* table = &ctx->input(4);
+    if (kResource) {
+      OP_REQUIRES_OK(ctx, locked.Lock(ctx, {4}, /*exclusive=*/false));
+      table = locked.tensor(0);
+    }
+    OP_REQUIRES(ctx, table->dims() == 2 && table->dtype() == DT_FLOAT,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "table '", attrs_.table_name, "': embedding_table must be a float32 matrix, got ",
+                    table->shape().DebugString())));
+    sce::CsrView view;
+    OP_REQUIRES_OK(ctx, MakeCsrView(ctx, attrs_, 5, input_size_, table->dim_size(0), &view));
+    const int64_t dim = table->dim_size(1);
+    Tensor* activations = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({input_size_, dim}), &activations));
+    sce::SparseDenseMatmul(view, table->flat<float>().data(), dim, quantization_,
+                           activations->flat<float>().data(), ThreadPoolFor(ctx));
+  }
+
+ private:
+  CsrAttrs attrs_;
+  int64_t input_size_;
+  sce::Quantization quantization_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("SceXlaSparseDenseMatmulWithCsrInput").Device(DEVICE_CPU),
+                        SparseDenseMatmulOp<false>);
+REGISTER_KERNEL_BUILDER(Name("SceResourceSparseDenseMatmulWithCsrInput").Device(DEVICE_CPU),
+                        SparseDenseMatmulOp<true>);
+
+}  // namespace
+}  // namespace sce_kernels
+}  // namespace tensorflow

@@ -1,0 +1,71 @@
+// Registrations of the fused backward + optimizer ops (spec §14), generated from the optimizer
+// definitions in cc/core/optimizers.h: a functional form with TensorFlow's signature that returns
+// updated copies, and a resource form that updates the table and slot variables in place.
+#include <string>
+
+#include "cc/core/optimizers.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace {
+
+using shape_inference::InferenceContext;
+
+template <typename Optimizer>
+void AddCommon(register_op::OpDefBuilderWrapper& op, const char* table_type) {
+  op.Input("row_pointers: int32")
+      .Input("sorted_sample_ids: int32")
+      .Input("sorted_token_ids: int32")
+      .Input("sorted_gains: float32")
+      .Input("activation_gradients: float32")
+      .Input("learning_rate: float32")
+      .Input(std::string("embedding_table: ") + table_type);
+  for (const char* slot : Optimizer::kSlots) op.Input(std::string(slot) + ": " + table_type);
+  op.Input("num_minibatches_per_physical_sparse_core: int32");
+  for (const sce::HyperSpec& h : Optimizer::kHypers) {
+    op.Attr(std::string(h.name) + (h.type == sce::HyperType::kBool ? ": bool" : ": float"));
+  }
+  op.Attr("table_name: string")
+      .Attr("clip_weight_min: float = -inf")
+      .Attr("clip_weight_max: float = inf")
+      .Attr("num_sparsecores_per_device: int = -1")
+      .Attr("num_replica: int = 1");
+}
+
+struct RegisterFusedOps {
+  template <typename Optimizer>
+  void operator()() const {
+    const std::string suffix = std::string(Optimizer::kOpName) + "AndCsrInput";
+    {
+      const std::string name = "SceXlaSparseDenseMatmulGradWith" + suffix;
+      register_op::OpDefBuilderWrapper op(name.c_str());
+      AddCommon<Optimizer>(op, "float32");
+      op.Output("updated_embedding_table: float32");
+      for (const char* slot : Optimizer::kSlots) {
+        op.Output(std::string("updated_") + slot + ": float32");
+      }
+      op.SetShapeFn([](InferenceContext* c) {
+        for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(6 + i));
+        return absl::OkStatus();
+      });
+      op();
+    }
+    {
+      const std::string name = "SceResourceSparseDenseMatmulGradWith" + suffix;
+      register_op::OpDefBuilderWrapper op(name.c_str());
+      AddCommon<Optimizer>(op, "resource");
+      op.SetShapeFn(shape_inference::NoOutputs);
+      op();
+    }
+  }
+};
+
+const bool kRegistered = [] {
+  sce::ForEachOptimizer(RegisterFusedOps());
+  return true;
+}();
+
+}  // namespace
+}  // namespace tensorflow

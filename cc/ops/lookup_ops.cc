@@ -1,0 +1,66 @@
+// Registration of the forward sparse-dense matmul (spec §13), in a tensor form (TensorFlow's
+// signature) and a resource form that reads the table variable in place.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace {
+
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+absl::Status ActivationShape(InferenceContext* c, ShapeHandle table) {
+  int64_t input_size;
+  TF_RETURN_IF_ERROR(c->GetAttr("input_size", &input_size));
+  c->set_output(0, c->Matrix(input_size, c->Dim(table, 1)));
+  return absl::OkStatus();
+}
+
+REGISTER_OP("SceXlaSparseDenseMatmulWithCsrInput")
+    .Input("row_pointers: int32")
+    .Input("sorted_sample_ids: int32")
+    .Input("sorted_token_ids: int32")
+    .Input("sorted_gains: float32")
+    .Input("embedding_table: float32")
+    .Input("num_minibatches_per_physical_sparse_core: int32")
+    .Output("activations: float32")
+    .Attr("input_size: int >= 0")
+    .Attr("quantization_config_low: float")
+    .Attr("quantization_config_high: float")
+    .Attr("quantization_config_num_buckets: int >= 0")
+    .Attr("table_name: string")
+    .Attr("num_sparsecores_per_device: int = -1")
+    .Attr("num_replica: int = 1")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle table;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 2, &table));
+      return ActivationShape(c, table);
+    });
+
+REGISTER_OP("SceResourceSparseDenseMatmulWithCsrInput")
+    .Input("row_pointers: int32")
+    .Input("sorted_sample_ids: int32")
+    .Input("sorted_token_ids: int32")
+    .Input("sorted_gains: float32")
+    .Input("embedding_table: resource")
+    .Input("num_minibatches_per_physical_sparse_core: int32")
+    .Output("activations: float32")
+    .Attr("input_size: int >= 0")
+    .Attr("quantization_config_low: float")
+    .Attr("quantization_config_high: float")
+    .Attr("quantization_config_num_buckets: int >= 0")
+    .Attr("table_name: string")
+    .Attr("num_sparsecores_per_device: int = -1")
+    .Attr("num_replica: int = 1")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle table = c->UnknownShapeOfRank(2);
+      auto* handle_data = c->input_handle_shapes_and_types(4);
+      if (handle_data != nullptr && handle_data->size() == 1) {
+        TF_RETURN_IF_ERROR(c->WithRank((*handle_data)[0].shape, 2, &table));
+      }
+      return ActivationShape(c, table);
+    });
+
+}  // namespace
+}  // namespace tensorflow

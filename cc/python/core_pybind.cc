@@ -1,0 +1,98 @@
+// Python bindings (pybind11) for the TensorFlow-free pieces Python needs at construction time:
+// the table layout stacker and the optimizer definitions that slot creation is derived from.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "cc/core/layout.h"
+#include "cc/core/optimizers.h"
+#include "cc/core/split_encoding.h"
+
+namespace py = pybind11;
+
+namespace {
+
+void ThrowIfError(const sce::Status& status) {
+  if (!status.ok()) throw py::value_error(status.message());
+}
+
+struct DescribeOptimizers {
+  py::list* out;
+  template <typename Optimizer>
+  void operator()() const {
+    py::dict d;
+    d["name"] = Optimizer::kName;
+    d["op_name"] = Optimizer::kOpName;
+    py::list slots;
+    for (const char* slot : Optimizer::kSlots) slots.append(slot);
+    d["slots"] = slots;
+    py::list hypers;
+    for (const sce::HyperSpec& h : Optimizer::kHypers) {
+      hypers.append(py::make_tuple(h.name, h.type == sce::HyperType::kBool ? "bool" : "float"));
+    }
+    d["hyperparameters"] = hypers;
+    out->append(d);
+  }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "TensorFlow-free algorithms of tf_sc_embedding (layout stacking, definitions).";
+
+  py::class_<sce::TableLayout>(m, "TableLayout")
+      .def_readonly("table_name", &sce::TableLayout::table_name)
+      .def_readonly("stacked_table_name", &sce::TableLayout::stacked_table_name)
+      .def_readonly("num_sparse_cores", &sce::TableLayout::num_sparse_cores)
+      .def_readonly("num_partitions", &sce::TableLayout::num_partitions)
+      .def_readonly("height", &sce::TableLayout::height)
+      .def_readonly("width", &sce::TableLayout::width)
+      .def_readonly("padded_height", &sce::TableLayout::padded_height)
+      .def_readonly("padded_width", &sce::TableLayout::padded_width)
+      .def_readonly("sparse_core_shard_row_offset", &sce::TableLayout::sparse_core_shard_row_offset)
+      .def_readonly("sparse_core_shard_rotation", &sce::TableLayout::sparse_core_shard_rotation)
+      .def_readonly("total_rows_per_sparse_core_shard",
+                    &sce::TableLayout::total_rows_per_sparse_core_shard)
+      .def_readonly("per_sparse_core_batch_size", &sce::TableLayout::per_sparse_core_batch_size)
+      .def_readonly("num_features", &sce::TableLayout::num_features)
+      .def("__repr__", [](const sce::TableLayout& t) {
+        return "TableLayout(table_name='" + t.table_name + "', stacked_table_name='" +
+               t.stacked_table_name + "', padded_shape=[" + std::to_string(t.padded_height) +
+               ", " + std::to_string(t.padded_width) + "], row_offset=" +
+               std::to_string(t.sparse_core_shard_row_offset) +
+               ", rotation=" + std::to_string(t.sparse_core_shard_rotation) + ")";
+      });
+
+  py::class_<sce::LayoutStacker>(m, "LayoutStacker")
+      .def(py::init([](int64_t num_partitions, int64_t sparse_cores_per_partition,
+                       bool disable_table_stacking, int64_t activation_mem_bytes_limit,
+                       int64_t variable_shard_bytes_limit) {
+             sce::StackerLimits limits;
+             limits.activation_mem_bytes = activation_mem_bytes_limit;
+             limits.variable_shard_bytes = variable_shard_bytes_limit;
+             return sce::LayoutStacker(num_partitions, sparse_cores_per_partition,
+                                       disable_table_stacking, limits);
+           }),
+           py::arg("num_partitions"), py::arg("sparse_cores_per_partition"),
+           py::arg("disable_table_stacking") = false,
+           py::arg("activation_mem_bytes_limit") = sce::StackerLimits().activation_mem_bytes,
+           py::arg("variable_shard_bytes_limit") = sce::StackerLimits().variable_shard_bytes)
+      .def(
+          "add_table",
+          [](sce::LayoutStacker& self, const std::string& name, int64_t height, int64_t width,
+             const std::string& group, int64_t output_samples, int64_t num_features) {
+            ThrowIfError(self.AddTable(name, height, width, group, output_samples, num_features));
+          },
+          py::arg("name"), py::arg("height"), py::arg("width"), py::arg("group"),
+          py::arg("output_samples"), py::arg("num_features") = 1)
+      .def("get_layouts", &sce::LayoutStacker::GetLayouts);
+
+  m.def("optimizer_definitions", [] {
+    py::list out;
+    sce::ForEachOptimizer(DescribeOptimizers{&out});
+    return out;
+  });
+  m.def("binary_to_bucket_splits", &sce::BinaryToBucketSplits, py::arg("bits"),
+        py::arg("max_division_level") = 6);
+  m.def("bucket_splits_to_binary", &sce::BucketSplitsToBinary, py::arg("splits"),
+        py::arg("max_division_level") = 6);
+}

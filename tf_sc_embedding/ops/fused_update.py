@@ -1,0 +1,99 @@
+"""Backward sparse-dense matmul fused with an optimizer update (spec §14).
+
+One Python function per optimizer, generated from the optimizer definitions compiled into the op
+library (cc/core/optimizers.h), with TensorFlow's argument order:
+(row_pointers, sorted_sample_ids, sorted_token_ids, sorted_gains, activation_gradients,
+learning_rate, embedding_table, *slots, num_minibatches_per_physical_sparse_core,
+*hyperparameters, table_name, clip_weight_min, clip_weight_max, num_sparsecores_per_device).
+
+Given tensors, a function returns the updated table and slots (TensorFlow's functional form).
+Given resource variables, it updates only the touched rows of the variables in place and returns
+None eagerly (the op in graph mode): the cost of a step does not grow with the vocabulary.
+"""
+import dataclasses
+import inspect
+import math
+import re
+
+from tf_sc_embedding import _core
+from tf_sc_embedding._library import library as _lib
+from tf_sc_embedding.ops._variables import handle_of, is_variable
+
+_CSR_ARGS = ("row_pointers", "sorted_sample_ids", "sorted_token_ids", "sorted_gains",
+             "activation_gradients", "learning_rate", "embedding_table")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerDefinition:
+    """What the op library knows about one optimizer."""
+    name: str                   # e.g. "adagrad_momentum"
+    op_name: str                # e.g. "AdagradMomentum"
+    slots: tuple                # op argument names of the slot variables, in order
+    hyperparameters: tuple      # ((attr name, "float" | "bool"), ...)
+
+    @property
+    def python_op_suffix(self):
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", self.op_name).lower()
+
+
+OPTIMIZERS = {
+    d["name"]: OptimizerDefinition(d["name"], d["op_name"], tuple(d["slots"]),
+                                   tuple(tuple(h) for h in d["hyperparameters"]))
+    for d in _core.optimizer_definitions()
+}
+
+
+def _signature(definition):
+    P = inspect.Parameter
+    names = (list(_CSR_ARGS) + list(definition.slots) +
+             ["num_minibatches_per_physical_sparse_core"] +
+             [h for h, _ in definition.hyperparameters] + ["table_name"])
+    params = [P(n, P.POSITIONAL_OR_KEYWORD) for n in names]
+    params += [P("clip_weight_min", P.POSITIONAL_OR_KEYWORD, default=-math.inf),
+               P("clip_weight_max", P.POSITIONAL_OR_KEYWORD, default=math.inf),
+               P("num_sparsecores_per_device", P.POSITIONAL_OR_KEYWORD, default=-1),
+               P("num_replica", P.KEYWORD_ONLY, default=1),
+               P("name", P.KEYWORD_ONLY, default=None)]
+    return inspect.Signature(params)
+
+
+def _make_op_function(definition):
+    signature = _signature(definition)
+    suffix = definition.python_op_suffix
+    functional = getattr(_lib, f"sce_xla_sparse_dense_matmul_grad_with_{suffix}_and_csr_input")
+    in_place = getattr(_lib, f"sce_resource_sparse_dense_matmul_grad_with_{suffix}_and_csr_input")
+    variables = ("embedding_table",) + definition.slots
+
+    def op_function(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        kinds = {is_variable(arguments[v]) for v in variables}
+        if len(kinds) != 1:
+            raise TypeError(f"table '{arguments['table_name']}': pass the embedding table and all "
+                            f"slots ({', '.join(definition.slots) or 'none'}) either as resource "
+                            "variables (in-place update) or as tensors (functional form), not mixed")
+        if kinds == {True}:
+            for v in variables:
+                arguments[v] = handle_of(arguments[v])
+            return in_place(**arguments)
+        return functional(**arguments)
+
+    op_function.__name__ = f"xla_sparse_dense_matmul_grad_with_{suffix}_and_csr_input"
+    op_function.__signature__ = signature
+    op_function.__doc__ = (f"Fused backward pass and {definition.op_name} update; see the module "
+                           "docstring for the argument order and the two forms.")
+    return op_function
+
+
+_FUNCTIONS = {d.name: _make_op_function(d) for d in OPTIMIZERS.values()}
+xla_sparse_dense_matmul_grad_with_sgd_and_csr_input = _FUNCTIONS["sgd"]
+xla_sparse_dense_matmul_grad_with_adagrad_and_csr_input = _FUNCTIONS["adagrad"]
+xla_sparse_dense_matmul_grad_with_adagrad_momentum_and_csr_input = _FUNCTIONS["adagrad_momentum"]
+xla_sparse_dense_matmul_grad_with_adam_and_csr_input = _FUNCTIONS["adam"]
+xla_sparse_dense_matmul_grad_with_ftrl_and_csr_input = _FUNCTIONS["ftrl"]
+
+
+def fused_update_function(optimizer_name):
+    """The op function of an optimizer definition, by name."""
+    return _FUNCTIONS[optimizer_name]

@@ -1,0 +1,140 @@
+"""Host preprocessing: ids -> COO -> (sorted, bucketed) -> CSR-wrapped COO buffers."""
+import collections
+
+from tf_sc_embedding._library import library as _lib
+
+DEFAULT_SPARSE_CORES_PER_REPLICA = 4
+DEFAULT_MAX_DIVISION_LEVEL = 6
+
+_CSR_FIELDS = ("row_pointers", "sorted_sample_ids", "sorted_token_ids", "sorted_gains",
+               "row_pointers_unpadded_size", "ids_unpadded_size")
+
+
+def _csr_result(name, last_field):
+    """A namedtuple with TensorFlow's seven outputs, plus `num_dropped_ids` as an attribute.
+
+    Unpacking yields exactly TensorFlow's outputs, so ported code keeps working; the number of ids
+    dropped by `allow_id_dropping` is available without changing the tuple's length.
+    """
+    base = collections.namedtuple(name, _CSR_FIELDS + (last_field,))
+
+    class Result(base):
+        def __new__(cls, outputs):
+            self = super().__new__(cls, *outputs[:7])
+            self.num_dropped_ids = outputs[7]
+            return self
+
+    Result.__name__ = Result.__qualname__ = name
+    return Result
+
+
+CsrWrappedCooTensor = _csr_result("CsrWrappedCooTensor", "num_minibatches_per_sc")
+MinibatchesInCsr = _csr_result("MinibatchesInCsr", "num_minibatches_per_physical_sparse_core")
+
+
+def convert_to_coo_tensor(indices_or_row_splits, values, weights, sample_count, combiner,
+                          vocabulary_size=-1, table_name="", feature_name="", name=None):
+    """COO entries (row_ids, col_ids, gains) of one feature (spec §4).
+
+    Unlike TensorFlow's op, ids are validated: an id < 0, or >= `vocabulary_size` when given,
+    fails with InvalidArgument naming `table_name` and `feature_name`.
+    """
+    return _lib.sce_convert_to_coo_tensor(
+        indices_or_row_splits=indices_or_row_splits, values=values, weights=weights,
+        sample_count=sample_count, combiner=combiner, vocabulary_size=vocabulary_size,
+        table_name=table_name, feature_name=feature_name, name=name)
+
+
+def convert_to_list_of_sparse_core_coo_tensors(
+        indices_or_row_splits, values, weights, sample_count, num_sc_per_chip, row_offset,
+        col_offset, col_shift, num_sc_shards, stacked_table_sample_count, combiner,
+        vocabulary_size=-1, table_name="", feature_name="", name=None):
+    """Per-SparseCore COO lists of one feature with the table-stacking transform (spec §5)."""
+    return _lib.sce_convert_to_list_of_sparse_core_coo_tensors(
+        indices_or_row_splits=indices_or_row_splits, values=values, weights=weights,
+        sample_count=sample_count, num_sc_per_chip=num_sc_per_chip, row_offset=row_offset,
+        col_offset=col_offset, col_shift=col_shift, num_sc_shards=num_sc_shards,
+        stacked_table_sample_count=stacked_table_sample_count, combiner=combiner,
+        vocabulary_size=vocabulary_size, table_name=table_name, feature_name=feature_name,
+        name=name)
+
+
+def sort_list_of_sparse_core_coo_tensors(
+        row_ids_list, col_ids_list, gains_list, sample_count_list, col_offset_list, num_replica,
+        table_vocab_size, feature_width, num_sc_per_chip, max_ids_per_sparse_core,
+        max_unique_ids_per_sparse_core, table_name, name=None):
+    """Sort, dedup and bucket one source SparseCore's ids by target shard (spec §6)."""
+    return _lib.sce_sort_list_of_sparse_core_coo_tensors(
+        row_ids_list=row_ids_list, col_ids_list=col_ids_list, gains_list=gains_list,
+        sample_count_list=sample_count_list, col_offset_list=col_offset_list,
+        num_replica=num_replica, table_vocab_size=table_vocab_size, feature_width=feature_width,
+        num_sc_per_chip=num_sc_per_chip, max_ids_per_sparse_core=max_ids_per_sparse_core,
+        max_unique_ids_per_sparse_core=max_unique_ids_per_sparse_core, table_name=table_name,
+        name=name)
+
+
+def get_stats_from_list_of_sparse_core_coo_tensors(
+        row_ids_list, col_ids_list, gains_list, sample_count_list, col_offset_list, num_replica,
+        table_vocab_size, feature_width, num_sc_per_chip, table_name, name=None):
+    """Max ids and max unique ids per target shard for one source SparseCore (spec §7)."""
+    return _lib.sce_get_stats_from_list_of_sparse_core_coo_tensors(
+        row_ids_list=row_ids_list, col_ids_list=col_ids_list, gains_list=gains_list,
+        sample_count_list=sample_count_list, col_offset_list=col_offset_list,
+        num_replica=num_replica, table_vocab_size=table_vocab_size, feature_width=feature_width,
+        num_sc_per_chip=num_sc_per_chip, table_name=table_name, name=name)
+
+
+def convert_to_sparse_core_csr_wrapped_coo_tensor(
+        sorted_row_ids_list, sorted_col_ids_list, sorted_gains_list, id_counts_list, splits,
+        sample_count_per_sc, num_replica, max_minibatches_per_sc, max_ids_per_chip_per_sample,
+        table_vocab_size, feature_width, table_name, allow_id_dropping,
+        max_division_level=DEFAULT_MAX_DIVISION_LEVEL, name=None):
+    """CSR-wrapped COO buffers from per-SparseCore sorted lists (spec §8)."""
+    return CsrWrappedCooTensor(_lib.sce_convert_to_sparse_core_csr_wrapped_coo_tensor(
+        sorted_row_ids_list=sorted_row_ids_list, sorted_col_ids_list=sorted_col_ids_list,
+        sorted_gains_list=sorted_gains_list, id_counts_list=id_counts_list, splits=splits,
+        sample_count_per_sc=sample_count_per_sc, num_replica=num_replica,
+        max_minibatches_per_sc=max_minibatches_per_sc,
+        max_ids_per_chip_per_sample=max_ids_per_chip_per_sample,
+        table_vocab_size=table_vocab_size, feature_width=feature_width, table_name=table_name,
+        allow_id_dropping=allow_id_dropping, max_division_level=max_division_level, name=name))
+
+
+def get_minibatch_splits_with_physical_replica(
+        program_key, row_ids, col_ids, gains, sample_count, num_replica, table_vocab_size,
+        feature_width, num_sc_per_chip, table_name, mini_batch_splits,
+        max_ids_per_partition=256, max_unique_ids_per_partition=256,
+        max_division_level=DEFAULT_MAX_DIVISION_LEVEL, name=None):
+    """Sort, dedup, bucket and compute the minibatch split bitmask (spec §9).
+
+    `max_ids_per_partition` / `max_unique_ids_per_partition` are the per-partition limits that
+    TensorFlow reads from the TPU runtime.
+    """
+    return _lib.sce_get_minibatch_splits_with_physical_replica(
+        program_key=program_key, row_ids=row_ids, col_ids=col_ids, gains=gains,
+        sample_count=sample_count, num_replica=num_replica, table_vocab_size=table_vocab_size,
+        feature_width=feature_width, num_sc_per_chip=num_sc_per_chip, table_name=table_name,
+        mini_batch_splits=mini_batch_splits, max_ids_per_partition=max_ids_per_partition,
+        max_unique_ids_per_partition=max_unique_ids_per_partition,
+        max_division_level=max_division_level, name=name)
+
+
+def get_minibatches_in_csr_with_physical_replica(
+        program_key, row_ids, col_ids, gains, splits, id_counts, sample_count, num_replica,
+        max_minibatches_per_sc, max_ids_per_chip_per_sample, table_vocab_size, feature_width,
+        num_sc_per_chip, table_name, mini_batch_in_csr, allow_id_dropping=False,
+        max_division_level=DEFAULT_MAX_DIVISION_LEVEL, name=None):
+    """CSR-wrapped COO buffers, one block per (SparseCore, minibatch) (spec §10).
+
+    With `allow_id_dropping`, ids that do not fit are dropped and counted in the result's
+    `num_dropped_ids` attribute instead of failing.
+    """
+    return MinibatchesInCsr(_lib.sce_get_minibatches_in_csr_with_physical_replica(
+        program_key=program_key, row_ids=row_ids, col_ids=col_ids, gains=gains, splits=splits,
+        id_counts=id_counts, sample_count=sample_count, num_replica=num_replica,
+        max_minibatches_per_sc=max_minibatches_per_sc,
+        max_ids_per_chip_per_sample=max_ids_per_chip_per_sample,
+        table_vocab_size=table_vocab_size, feature_width=feature_width,
+        num_sc_per_chip=num_sc_per_chip, table_name=table_name,
+        mini_batch_in_csr=mini_batch_in_csr, allow_id_dropping=allow_id_dropping,
+        max_division_level=max_division_level, name=name))
