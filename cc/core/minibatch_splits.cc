@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "cc/core/constants.h"
+#include "cc/core/radix_sort.h"
 #include "cc/core/split_encoding.h"
 
 namespace sce {
@@ -88,7 +89,7 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
   out->max_ids = 0;
   out->max_uniques = 0;
   int64_t pre = 0, after = 0;
-  std::vector<int64_t> order;
+  std::vector<uint32_t> order, scratch;
   std::vector<int64_t> ids(P * (D + 1)), uniques(P * (D + 1));
   Cumulative cum;
   cum.ids.resize(D + 1);
@@ -98,16 +99,14 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
   for (int64_t s = 0; s < S; ++s) {
     const int64_t begin = cursor;
     while (cursor < n && rows[cursor] < (s + 1) * per_sc) ++cursor;
-    order.resize(cursor - begin);
-    std::iota(order.begin(), order.end(), begin);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-      return cols[a] != cols[b] ? cols[a] < cols[b] : rows[a] < rows[b];
-    });
+    // Rows are validated to be sorted, so a stable sort by col orders by (col, row, position).
+    StableSortByKey(cols + begin, cursor - begin, &order, &scratch);
     std::fill(ids.begin(), ids.end(), 0);
     std::fill(uniques.begin(), uniques.end(), 0);
     std::vector<Kept>& kept = kept_per_sc[s];
     int32_t prev_row = -1, prev_col = -1;
-    for (int64_t i : order) {
+    for (uint32_t offset : order) {
+      const int64_t i = begin + offset;
       if (rows[i] == prev_row && cols[i] == prev_col) {
         kept.back().gain += gains[i];
         continue;

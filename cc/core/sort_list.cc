@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "cc/core/constants.h"
+#include "cc/core/radix_sort.h"
 
 namespace sce {
 namespace {
@@ -44,48 +45,60 @@ Status SortDedupAndCount(const std::vector<FeatureCooView>& features, int64_t nu
   }
 
   // Member tables in ascending col_offset; features of one table stay in input order.
-  std::vector<size_t> order(features.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+  std::vector<size_t> order_of_features(features.size());
+  std::iota(order_of_features.begin(), order_of_features.end(), 0);
+  std::stable_sort(order_of_features.begin(), order_of_features.end(), [&](size_t a, size_t b) {
     return features[a].col_offset < features[b].col_offset;
   });
 
-  struct Token {
-    int32_t col;
-    int32_t row;
-    float gain;
-  };
-  std::vector<Token> group;
-  for (size_t g = 0; g < order.size();) {
+  std::vector<int32_t> cols, rows;
+  std::vector<float> gains;
+  std::vector<uint32_t> order, scratch;
+  for (size_t g = 0; g < order_of_features.size();) {
     size_t end = g;
-    group.clear();
-    while (end < order.size() && features[order[end]].col_offset == features[order[g]].col_offset) {
-      const FeatureCooView& v = features[order[end]];
+    cols.clear();
+    rows.clear();
+    gains.clear();
+    bool rows_sorted = true;
+    const int64_t group_offset = features[order_of_features[g]].col_offset;
+    while (end < order_of_features.size() &&
+           features[order_of_features[end]].col_offset == group_offset) {
+      const FeatureCooView& v = features[order_of_features[end]];
       for (int64_t i = 0; i < v.num_rows; ++i) {
         if (v.cols[i] < 0 || v.rows[i] < 0) {
           return InvalidArgument("table '", table_name, "': negative id or row (row ", v.rows[i],
-                                 ", col ", v.cols[i], ") in feature ", order[end]);
+                                 ", col ", v.cols[i], ") in feature ", order_of_features[end]);
         }
-        group.push_back({v.cols[i], v.rows[i], v.gains[i]});
+        if (!rows.empty() && v.rows[i] < rows.back()) rows_sorted = false;
+        cols.push_back(v.cols[i]);
+        rows.push_back(v.rows[i]);
+        gains.push_back(v.gains[i]);
       }
       ++end;
     }
-    // Stable sort by (col, row): equal pairs keep input order, so gains merge into the first one.
-    std::stable_sort(group.begin(), group.end(), [](const Token& a, const Token& b) {
-      return a.col != b.col ? a.col < b.col : a.row < b.row;
-    });
+    // Order by (col, row, position): equal (row, col) pairs become adjacent in input order, so
+    // gains merge into the first occurrence. With rows already sorted a stable sort by col does it.
+    if (rows_sorted) {
+      StableSortByKey(cols.data(), static_cast<int64_t>(cols.size()), &order, &scratch);
+    } else {
+      order.resize(cols.size());
+      std::iota(order.begin(), order.end(), 0u);
+      std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+        return cols[a] != cols[b] ? cols[a] < cols[b] : rows[a] < rows[b];
+      });
+    }
     int32_t prev_row = -1, prev_col = -1;
-    for (const Token& t : group) {
-      if (t.row == prev_row && t.col == prev_col) {
-        if (kept) kept->back().gain += t.gain;
+    for (uint32_t i : order) {
+      if (rows[i] == prev_row && cols[i] == prev_col) {
+        if (kept) kept->back().gain += gains[i];
         continue;
       }
-      const int32_t shard = t.col & mask;
+      const int32_t shard = cols[i] & mask;
       ++counts->ids[shard];
-      if (t.col != prev_col) ++counts->uniques[shard];
-      if (kept) kept->push_back({t.row, t.col, t.gain});
-      prev_row = t.row;
-      prev_col = t.col;
+      if (cols[i] != prev_col) ++counts->uniques[shard];
+      if (kept) kept->push_back({rows[i], cols[i], gains[i]});
+      prev_row = rows[i];
+      prev_col = cols[i];
     }
     g = end;
   }
