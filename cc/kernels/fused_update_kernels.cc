@@ -8,6 +8,7 @@
 #include "cc/core/optimizers.h"
 #include "cc/kernels/kernel_utils.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor_shape.h"
 
 namespace tensorflow {
 namespace sce_kernels {
@@ -73,7 +74,7 @@ class FusedUpdateOp : public OpKernel {
                     "': activation_gradients must be a matrix with the table's width ",
                     table.dim_size(1), ", got shape ", grads.shape().DebugString())));
     const Tensor& lr = ctx->input(kLearningRateInput);
-    OP_REQUIRES(ctx, lr.NumElements() == 1,
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(lr.shape()),
                 absl::InvalidArgumentError(absl::StrCat(
                     "table '", attrs_.table_name, "': learning_rate must be a scalar, got shape ",
                     lr.shape().DebugString())));

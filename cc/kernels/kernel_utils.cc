@@ -4,6 +4,7 @@
 
 #include "cc/core/constants.h"
 #include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/tensor_shape.h"
 
 namespace tensorflow {
 namespace sce_kernels {
@@ -78,7 +79,7 @@ absl::Status MakeCsrView(OpKernelContext* ctx, const CsrAttrs& attrs, int num_mi
     }
   }
   const Tensor& minibatches = ctx->input(num_minibatches_input);
-  if (minibatches.NumElements() != 1) {
+  if (!TensorShapeUtils::IsScalar(minibatches.shape())) {
     return absl::InvalidArgumentError(
         absl::StrCat("table '", attrs.table_name,
                      "': num_minibatches_per_physical_sparse_core must be a scalar"));

@@ -1,0 +1,1 @@
+"""Pure numpy/python reference implementations written from the spec (the test oracle)."""
