@@ -14,45 +14,66 @@ Status ValidateCsrView(const CsrView& v) {
                            v.num_token_ids, ") and sorted_gains (", v.num_gains,
                            ") must have the same length");
   }
-  if (v.input_size < 0 || v.input_size % v.num_sc_per_device != 0) {
+  if (v.num_source_replicas < 1) {
+    return InvalidArgument(t, ": num_source_replicas must be >= 1, got ", v.num_source_replicas);
+  }
+  if (v.input_size < 0 || v.input_size % v.num_source_sparse_cores() != 0) {
     return InvalidArgument(t, ": the activation row count (", v.input_size,
                            ") must be a non-negative multiple of the SparseCores per device (",
-                           v.num_sc_per_device, ")");
+                           v.num_sc_per_device, ") times the source replicas (",
+                           v.num_source_replicas, ")");
   }
-  if (v.table_rows % v.num_shards() != 0) {
+  if (v.first_local_shard < 0 || v.local_shards() < 1 ||
+      v.first_local_shard + v.local_shards() > v.num_shards()) {
+    return InvalidArgument(t, ": local shards [", v.first_local_shard, ", ",
+                           v.first_local_shard + v.local_shards(), ") are not within the ",
+                           v.num_shards(), " shards");
+  }
+  if (v.table_rows % v.local_shards() != 0) {
     return InvalidArgument(t, ": the table has ", v.table_rows,
-                           " rows, which is not a multiple of the number of shards (",
-                           v.num_shards(), ")");
+                           " rows, which is not a multiple of the number of shards it holds (",
+                           v.local_shards(), ")");
+  }
+  if (v.num_row_pointers % v.num_source_replicas != 0 ||
+      v.num_token_ids % v.num_source_replicas != 0) {
+    return InvalidArgument(t, ": row_pointers (", v.num_row_pointers, ") and id buffers (",
+                           v.num_token_ids, ") must split into ", v.num_source_replicas,
+                           " equal chunks, one per source replica");
   }
   if (v.num_minibatches < 1) {
     return InvalidArgument(t, ": num_minibatches_per_physical_sparse_core must be >= 1, got ",
                            v.num_minibatches);
   }
   const int64_t used = v.num_sc_per_device * v.num_minibatches * v.block_size();
-  if (used > v.num_row_pointers) {
-    return InvalidArgument(t, ": row_pointers has ", v.num_row_pointers, " entries but ", used,
-                           " are needed for ", v.num_minibatches, " minibatch(es), ",
-                           v.num_sc_per_device, " SparseCores and ", v.num_shards(), " shards");
+  if (used > v.row_pointer_chunk()) {
+    return InvalidArgument(t, ": row_pointers has ", v.row_pointer_chunk(),
+                           " entries per replica but ", used, " are needed for ",
+                           v.num_minibatches, " minibatch(es), ", v.num_sc_per_device,
+                           " SparseCores and ", v.num_shards(), " shards");
   }
-  int64_t previous_end = 0;
-  for (int64_t k = 0; k < used; ++k) {
-    const int64_t begin = k == 0 ? 0 : RoundUp(v.row_pointers[k - 1], kXlaPadSize);
-    const int64_t end = v.row_pointers[k];
-    if (end < begin || end < previous_end) {
-      return InvalidArgument(t, ": row_pointers must be non-decreasing with 8-aligned segment "
-                             "starts; row_pointers[", k, "] = ", end, " is below ", begin);
+  for (int64_t g = 0; g < v.num_source_replicas; ++g) {
+    const int32_t* pointers = v.row_pointers + g * v.row_pointer_chunk();
+    int64_t previous_end = 0;
+    for (int64_t k = 0; k < used; ++k) {
+      const int64_t begin = k == 0 ? 0 : RoundUp(pointers[k - 1], kXlaPadSize);
+      const int64_t end = pointers[k];
+      if (end < begin || end < previous_end) {
+        return InvalidArgument(t, ": row_pointers must be non-decreasing with 8-aligned segment "
+                               "starts; row_pointers[", g * v.row_pointer_chunk() + k, "] = ", end,
+                               " is below ", begin);
+      }
+      if (end > v.id_chunk()) {
+        return InvalidArgument(t, ": row_pointers[", g * v.row_pointer_chunk() + k, "] = ", end,
+                               " is past the ", v.id_chunk(), " ids given per replica");
+      }
+      previous_end = end;
     }
-    if (end > v.num_token_ids) {
-      return InvalidArgument(t, ": row_pointers[", k, "] = ", end, " is past the ",
-                             v.num_token_ids, " ids given");
-    }
-    previous_end = end;
   }
   const int64_t rows_per_shard = v.rows_per_shard();
   const int64_t samples_per_sc = v.samples_per_sc();
-  for (int64_t s = 0; s < v.num_sc_per_device; ++s) {
+  for (int64_t s = 0; s < v.num_source_sparse_cores(); ++s) {
     for (int64_t b = 0; b < v.num_minibatches; ++b) {
-      for (int64_t p = 0; p < v.num_shards(); ++p) {
+      for (int64_t p = v.first_local_shard; p < v.first_local_shard + v.local_shards(); ++p) {
         int64_t begin, end;
         v.Segment(s, b, p, &begin, &end);
         for (int64_t i = begin; i < end; ++i) {

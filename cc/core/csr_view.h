@@ -1,6 +1,13 @@
 // A validated view of the CSR-wrapped COO buffers (spec §12) as consumed by the lookup and the
 // fused update: entry (sample, token, gain) of segment (source SC s, minibatch b, target shard p)
 // reads table row p * R + token and activation row s * (input_size / S) + sample.
+//
+// Two generalisations serve data-parallel training without a TPU:
+// * the buffers of G replicas may be concatenated (all-gathered): row_pointers and the id buffers
+//   then hold G equal chunks, each with positions relative to its own chunk, and the activation
+//   rows of replica g follow those of replica g - 1 (source SparseCore g * S + s);
+// * the table may hold only the shards [first_local_shard, first_local_shard + num_local_shards);
+//   entries for other shards are skipped (the replica that owns them handles them).
 #ifndef SCE_CORE_CSR_VIEW_H_
 #define SCE_CORE_CSR_VIEW_H_
 
@@ -24,20 +31,31 @@ struct CsrView {
   int64_t num_minibatches = 1;
   int64_t num_sc_per_device = kDefaultSparseCoresPerReplica;  // S
   int64_t num_replica = 1;                                     // P = S * num_replica shards
-  int64_t input_size = 0;                                      // activation rows (B_stk)
-  int64_t table_rows = 0;                                      // rows of the table given (P * R)
+  int64_t input_size = 0;      // activation rows (G * B_stk)
+  int64_t table_rows = 0;      // rows of the table given (num_local_shards * R)
+  int64_t num_source_replicas = 1;  // G: replicas whose buffers are concatenated
+  int64_t first_local_shard = 0;
+  int64_t num_local_shards = -1;    // -1: all P shards
   std::string table_name;
 
   int64_t num_shards() const { return num_sc_per_device * num_replica; }
-  int64_t rows_per_shard() const { return table_rows / num_shards(); }
-  int64_t samples_per_sc() const { return input_size / num_sc_per_device; }
+  int64_t local_shards() const { return num_local_shards < 0 ? num_shards() : num_local_shards; }
+  int64_t rows_per_shard() const { return table_rows / local_shards(); }
+  int64_t num_source_sparse_cores() const { return num_source_replicas * num_sc_per_device; }
+  int64_t samples_per_sc() const { return input_size / num_source_sparse_cores(); }
   int64_t block_size() const { return RoundUp(num_shards(), kXlaPadSize); }
+  int64_t row_pointer_chunk() const { return num_row_pointers / num_source_replicas; }
+  int64_t id_chunk() const { return num_token_ids / num_source_replicas; }
 
-  // [begin, end) of segment (s, b, p) in the id buffers.
-  void Segment(int64_t s, int64_t b, int64_t p, int64_t* begin, int64_t* end) const {
+  // [begin, end) of segment (source SparseCore sc = g * S + s, minibatch b, shard p) in the
+  // concatenated id buffers.
+  void Segment(int64_t sc, int64_t b, int64_t p, int64_t* begin, int64_t* end) const {
+    const int64_t g = sc / num_sc_per_device, s = sc % num_sc_per_device;
+    const int32_t* pointers = row_pointers + g * row_pointer_chunk();
     const int64_t k = (s * num_minibatches + b) * block_size() + p;
-    *begin = k == 0 ? 0 : RoundUp(row_pointers[k - 1], kXlaPadSize);
-    *end = row_pointers[k];
+    const int64_t base = g * id_chunk();
+    *begin = base + (k == 0 ? 0 : RoundUp(pointers[k - 1], kXlaPadSize));
+    *end = base + pointers[k];
   }
 };
 

@@ -6,7 +6,7 @@ void CollectShardContributions(const CsrView& view, int64_t p, std::vector<RowCo
   out->clear();
   const int64_t samples_per_sc = view.samples_per_sc();
   bool sorted = true;
-  for (int64_t s = 0; s < view.num_sc_per_device; ++s) {
+  for (int64_t s = 0; s < view.num_source_sparse_cores(); ++s) {
     for (int64_t b = 0; b < view.num_minibatches; ++b) {
       int64_t begin, end;
       view.Segment(s, b, p, &begin, &end);

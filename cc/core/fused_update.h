@@ -23,7 +23,8 @@ struct RowContribution {
   float gain;
 };
 
-// All contributions to shard p, sorted by token (stable, so the summation order is fixed).
+// All contributions to shard p (a global shard index), sorted by token (stable, so the summation
+// order is fixed: source SparseCore, minibatch, position).
 void CollectShardContributions(const CsrView& view, int64_t p, std::vector<RowContribution>* out);
 
 // `view` must have passed ValidateCsrView; `grads` is [view.input_size, dim]; `table` and every
@@ -35,16 +36,14 @@ void FusedUpdate(const CsrView& view, const float* grads, int64_t dim, float lea
                  const ParallelFor& parallel_for) {
   constexpr size_t kNumSlots = Optimizer::kSlots.size();
   const int64_t rows_per_shard = view.rows_per_shard();
-  const int64_t samples_per_sc = view.samples_per_sc();
-  (void)samples_per_sc;
   // Shards own disjoint table rows, so they are updated in parallel without locks.
-  parallel_for(view.num_shards(), 200 * (view.num_token_ids / view.num_shards() + 1) * dim,
+  parallel_for(view.local_shards(), 200 * (view.num_token_ids / view.num_shards() + 1) * dim,
                [&](int64_t p_begin, int64_t p_end) {
     std::vector<RowContribution> entries;
     std::vector<float> sum(dim);
     float* slot_rows[kNumSlots + 1];
     for (int64_t p = p_begin; p < p_end; ++p) {
-      CollectShardContributions(view, p, &entries);
+      CollectShardContributions(view, view.first_local_shard + p, &entries);
       for (size_t i = 0; i < entries.size();) {
         const int32_t token = entries[i].token;
         std::fill(sum.begin(), sum.end(), 0.0f);

@@ -32,15 +32,16 @@ void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
   const int64_t rows_per_shard = view.rows_per_shard();
   const float quantum = q.enabled() ? (q.high - q.low) / static_cast<float>(q.num_buckets - 1) : 0;
   // Each source SparseCore owns a disjoint block of activation rows, so SCs run in parallel.
-  parallel_for(view.num_sc_per_device, 64 * view.num_token_ids / view.num_sc_per_device + 1,
+  const int64_t num_sources = view.num_source_sparse_cores();
+  parallel_for(num_sources, 64 * view.num_token_ids / num_sources + 1,
                [&](int64_t sc_begin, int64_t sc_end) {
     for (int64_t s = sc_begin; s < sc_end; ++s) {
       float* block = activations + s * samples_per_sc * dim;
       std::memset(block, 0, sizeof(float) * samples_per_sc * dim);
       for (int64_t b = 0; b < view.num_minibatches; ++b) {
-        for (int64_t p = 0; p < view.num_shards(); ++p) {
+        for (int64_t p = 0; p < view.local_shards(); ++p) {
           int64_t begin, end;
-          view.Segment(s, b, p, &begin, &end);
+          view.Segment(s, b, view.first_local_shard + p, &begin, &end);
           const float* shard = table + p * rows_per_shard * dim;
           for (int64_t i = begin; i < end; ++i) {
             const int32_t token = view.token_ids[i], sample = view.sample_ids[i];

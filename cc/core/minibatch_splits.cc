@@ -78,10 +78,17 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
   const int64_t per_sc = params.sample_count / S;
   const int pbits = Log2(P);
   const int32_t mask = static_cast<int32_t>(P - 1);
-  auto bucket_of = [&](int32_t col) { return std::min<int64_t>(col / division_size, D - 1); };
+  // Integer division is the hot spot here; divide in double and correct the rounding.
+  const double inverse_division = 1.0 / static_cast<double>(division_size);
+  auto bucket_of = [&](int32_t col) -> int32_t {
+    int64_t q = static_cast<int64_t>(static_cast<double>(col) * inverse_division);
+    if (q * division_size > col) --q;
+    if ((q + 1) * division_size <= col) ++q;
+    return static_cast<int32_t>(std::min<int64_t>(q, D - 1));
+  };
 
   struct Kept {
-    int32_t row, col;
+    int32_t local_row, col, bucket;
     float gain;
   };
   std::vector<std::vector<Kept>> kept_per_sc(S);
@@ -104,6 +111,7 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
     std::fill(ids.begin(), ids.end(), 0);
     std::fill(uniques.begin(), uniques.end(), 0);
     std::vector<Kept>& kept = kept_per_sc[s];
+    kept.reserve(cursor - begin);
     int32_t prev_row = -1, prev_col = -1;
     for (uint32_t offset : order) {
       const int64_t i = begin + offset;
@@ -111,10 +119,11 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
         kept.back().gain += gains[i];
         continue;
       }
-      const int64_t slot = (cols[i] & mask) * (D + 1) + bucket_of(cols[i]) + 1;
+      const int32_t bucket = bucket_of(cols[i]);
+      const int64_t slot = (cols[i] & mask) * (D + 1) + bucket + 1;
       ++ids[slot];
       if (cols[i] != prev_col) ++uniques[slot];
-      kept.push_back({rows[i], cols[i], gains[i]});
+      kept.push_back({static_cast<int32_t>(rows[i] - s * per_sc), cols[i], bucket, gains[i]});
       prev_row = rows[i];
       prev_col = cols[i];
     }
@@ -181,9 +190,8 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
     std::fill(running.begin(), running.end(), 0);
     for (const Kept& k : kept_per_sc[s]) {
       const int64_t p = k.col & mask;
-      const int64_t bucket = bucket_of(k.col);
-      const int64_t slot = out->id_counts[(s * P + p) * D + bucket] + running[p * D + bucket]++;
-      out->rows[slot] = static_cast<int32_t>(k.row % per_sc);
+      const int64_t slot = out->id_counts[(s * P + p) * D + k.bucket] + running[p * D + k.bucket]++;
+      out->rows[slot] = k.local_row;
       out->cols[slot] = k.col >> pbits;
       out->gains[slot] = k.gain;
     }

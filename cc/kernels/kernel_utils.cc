@@ -64,6 +64,9 @@ absl::Status CsrAttrs::Read(OpKernelConstruction* ctx) {
   TF_RETURN_IF_ERROR(ctx->GetAttr("table_name", &table_name));
   TF_RETURN_IF_ERROR(ctx->GetAttr("num_sparsecores_per_device", &num_sparsecores_per_device));
   TF_RETURN_IF_ERROR(ctx->GetAttr("num_replica", &num_replica));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("num_source_replicas", &num_source_replicas));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("first_local_shard", &first_local_shard));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("num_local_shards", &num_local_shards));
   num_sparsecores_per_device = SparseCoresOrDefault(num_sparsecores_per_device);
   return absl::OkStatus();
 }
@@ -97,6 +100,9 @@ absl::Status MakeCsrView(OpKernelContext* ctx, const CsrAttrs& attrs, int num_mi
   view->num_replica = attrs.num_replica;
   view->input_size = input_size;
   view->table_rows = table_rows;
+  view->num_source_replicas = attrs.num_source_replicas;
+  view->first_local_shard = attrs.first_local_shard;
+  view->num_local_shards = attrs.num_local_shards;
   view->table_name = attrs.table_name;
   return ToTf(sce::ValidateCsrView(*view));
 }

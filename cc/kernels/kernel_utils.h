@@ -45,6 +45,9 @@ struct CsrAttrs {
   std::string table_name;
   int64_t num_sparsecores_per_device = -1;
   int64_t num_replica = 1;
+  int64_t num_source_replicas = 1;
+  int64_t first_local_shard = 0;
+  int64_t num_local_shards = -1;
   absl::Status Read(OpKernelConstruction* ctx);
 };
 

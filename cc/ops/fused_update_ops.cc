@@ -31,7 +31,10 @@ void AddCommon(register_op::OpDefBuilderWrapper& op, const char* table_type) {
       .Attr("clip_weight_min: float = -inf")
       .Attr("clip_weight_max: float = inf")
       .Attr("num_sparsecores_per_device: int = -1")
-      .Attr("num_replica: int = 1");
+      .Attr("num_replica: int = 1")
+      .Attr("num_source_replicas: int = 1")
+      .Attr("first_local_shard: int = 0")
+      .Attr("num_local_shards: int = -1");
 }
 
 struct RegisterFusedOps {

@@ -32,6 +32,9 @@ REGISTER_OP("SceXlaSparseDenseMatmulWithCsrInput")
     .Attr("table_name: string")
     .Attr("num_sparsecores_per_device: int = -1")
     .Attr("num_replica: int = 1")
+    .Attr("num_source_replicas: int = 1")
+    .Attr("first_local_shard: int = 0")
+    .Attr("num_local_shards: int = -1")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle table;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 2, &table));
@@ -53,6 +56,9 @@ REGISTER_OP("SceResourceSparseDenseMatmulWithCsrInput")
     .Attr("table_name: string")
     .Attr("num_sparsecores_per_device: int = -1")
     .Attr("num_replica: int = 1")
+    .Attr("num_source_replicas: int = 1")
+    .Attr("first_local_shard: int = 0")
+    .Attr("num_local_shards: int = -1")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle table = c->UnknownShapeOfRank(2);
       auto* handle_data = c->input_handle_shapes_and_types(4);

@@ -9,6 +9,11 @@ learning_rate, embedding_table, *slots, num_minibatches_per_physical_sparse_core
 Given tensors, a function returns the updated table and slots (TensorFlow's functional form).
 Given resource variables, it updates only the touched rows of the variables in place and returns
 None eagerly (the op in graph mode): the cost of a step does not grow with the vocabulary.
+
+Keyword-only extras for data-parallel training: `num_replica` (replicas whose SparseCores shard
+the table), `num_source_replicas` (how many replicas' CSR buffers and activation gradients are
+concatenated in the inputs; their contributions to a row are summed before the single update), and
+`first_local_shard` / `num_local_shards` (the shards this table variable holds).
 """
 import dataclasses
 import inspect
@@ -53,6 +58,9 @@ def _signature(definition):
                P("clip_weight_max", P.POSITIONAL_OR_KEYWORD, default=math.inf),
                P("num_sparsecores_per_device", P.POSITIONAL_OR_KEYWORD, default=-1),
                P("num_replica", P.KEYWORD_ONLY, default=1),
+               P("num_source_replicas", P.KEYWORD_ONLY, default=1),
+               P("first_local_shard", P.KEYWORD_ONLY, default=0),
+               P("num_local_shards", P.KEYWORD_ONLY, default=-1),
                P("name", P.KEYWORD_ONLY, default=None)]
     return inspect.Signature(params)
 

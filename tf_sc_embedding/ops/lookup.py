@@ -7,11 +7,18 @@ def xla_sparse_dense_matmul_with_csr_input(
         row_pointers, sorted_sample_ids, sorted_token_ids, sorted_gains, embedding_table,
         num_minibatches_per_physical_sparse_core, input_size, quantization_config_low,
         quantization_config_high, quantization_config_num_buckets, table_name,
-        num_sparsecores_per_device=-1, num_replica=1, name=None):
+        num_sparsecores_per_device=-1, num_replica=1, num_source_replicas=1, first_local_shard=0,
+        num_local_shards=-1, name=None):
     """Activations [input_size, dim]: gain-weighted sums of the referenced table rows.
 
     `embedding_table` is the whole stacked table ([num_shards * rows_per_shard, dim]) as a tensor,
     or a resource variable, which is read in place without a copy.
+
+    For data-parallel training, the CSR buffers of `num_source_replicas` replicas may be passed
+    concatenated (all-gathered); the activations of all of them are returned, one block after the
+    other. A table that holds only shards [first_local_shard, first_local_shard +
+    num_local_shards) contributes only the rows it holds; summing the partial activations of all
+    shard owners gives the full result.
     """
     kwargs = dict(
         row_pointers=row_pointers, sorted_sample_ids=sorted_sample_ids,
@@ -20,7 +27,9 @@ def xla_sparse_dense_matmul_with_csr_input(
         input_size=input_size, quantization_config_low=quantization_config_low,
         quantization_config_high=quantization_config_high,
         quantization_config_num_buckets=quantization_config_num_buckets, table_name=table_name,
-        num_sparsecores_per_device=num_sparsecores_per_device, num_replica=num_replica, name=name)
+        num_sparsecores_per_device=num_sparsecores_per_device, num_replica=num_replica,
+        num_source_replicas=num_source_replicas, first_local_shard=first_local_shard,
+        num_local_shards=num_local_shards, name=name)
     if is_variable(embedding_table):
         return _lib.sce_resource_sparse_dense_matmul_with_csr_input(
             embedding_table=handle_of(embedding_table), **kwargs)
