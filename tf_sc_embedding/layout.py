@@ -1,4 +1,190 @@
-"""Table layout: padding, stacking, mod sharding with rotation (spec §2), computed in C++."""
-from tf_sc_embedding._core import LayoutStacker, TableLayout
+"""Config -> layout: table rounding, table and feature stacking, mod sharding with rotation.
 
-__all__ = ["LayoutStacker", "TableLayout"]
+`EmbeddingLayout` turns the user's nested `FeatureConfig`s into stacked tables (spec §2) using the
+C++ `LayoutStacker`, and records for every feature where its samples sit in its stacked table
+(spec §2.6). The user's configs are never mutated.
+"""
+import dataclasses
+import functools
+import operator
+from typing import Dict, List, Optional, Tuple
+
+import tensorflow as tf
+from tensorflow.python.util import nest
+
+from tf_sc_embedding._core import LayoutStacker, TableLayout
+from tf_sc_embedding.optimizers import FusedOptimizer, fused_optimizer
+
+__all__ = ["EmbeddingLayout", "FeaturePlacement", "LayoutStacker", "StackedTable", "TableLayout",
+           "TablePlacement"]
+
+# TensorFlow defaults these per-partition limits to 256 because SparseCore buffers are static. On
+# CPU nothing is sized by them, so without a configured value there is no limit (and no
+# minibatching); set SparseCoreEmbeddingConfig.max_ids_per_table to get TPU-like minibatches.
+DEFAULT_MAX_IDS_PER_TABLE = 1 << 30
+DEFAULT_MAX_UNIQUE_IDS_PER_TABLE = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class TablePlacement:
+    """Where one user table lives inside its stacked table."""
+    config: object            # the user's TableConfig
+    name: str
+    layout: TableLayout
+    optimizer: FusedOptimizer
+    combiner: str
+
+    @property
+    def vocabulary_size(self):
+        return self.layout.height
+
+    @property
+    def dim(self):
+        return self.layout.width
+
+    @property
+    def col_offset(self):
+        """Stacked col id of this table's first row (spec §2.4)."""
+        return self.layout.sparse_core_shard_row_offset * self.layout.num_sparse_cores
+
+
+@dataclasses.dataclass(frozen=True)
+class FeaturePlacement:
+    """Where one user feature's samples sit in its stacked table's activations (spec §2.6)."""
+    path: str
+    config: object            # the user's FeatureConfig
+    table: TablePlacement
+    output_shape: Tuple[int, ...]
+    sample_offset: int
+
+    @property
+    def sample_count(self):
+        return functools.reduce(operator.mul, self.output_shape, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class StackedTable:
+    """One variable (per replica shard) holding several padded, rotated user tables."""
+    name: str
+    tables: Tuple[TablePlacement, ...]       # in row-offset order
+    features: Tuple[FeaturePlacement, ...]   # in flat feature order
+    num_sparse_cores: int                    # N = replicas * SparseCores per replica
+    rows_per_shard: int                      # R
+    padded_width: int
+    sample_count: int                        # B_stk per replica
+    max_ids_per_partition: int
+    max_unique_ids_per_partition: int
+
+    @property
+    def optimizer(self):
+        return self.tables[0].optimizer
+
+    @property
+    def quantization(self):
+        return self.tables[0].config.quantization_config
+
+    @property
+    def total_rows(self):
+        return self.num_sparse_cores * self.rows_per_shard
+
+
+def _table_name(table, index):
+    return table.name if table.name else f"table_{index}"
+
+
+class EmbeddingLayout:
+    """The stacked layout of a feature config for a number of replicas and SparseCores."""
+
+    def __init__(self, feature_config, optimizer, num_replicas, sparse_cores_per_replica,
+                 output_shapes: Dict[str, Tuple[int, ...]], sparse_core_embedding_config=None):
+        self.num_replicas = num_replicas
+        self.sparse_cores_per_replica = sparse_cores_per_replica
+        self.num_sparse_cores = num_replicas * sparse_cores_per_replica
+        config = sparse_core_embedding_config
+        self.flat_paths_and_features = nest.flatten_with_joined_string_paths(feature_config)
+        tables = self._unique_tables()
+        placements = self._place_tables(tables, optimizer, output_shapes, config)
+        self.features = self._place_features(placements, output_shapes)
+        self.stacked_tables = self._stack(placements, config)
+
+    def _unique_tables(self):
+        tables = []
+        for path, feature in self.flat_paths_and_features:
+            if not isinstance(feature, tf.tpu.experimental.embedding.FeatureConfig):
+                raise ValueError(f"feature '{path}': expected a tf.tpu.experimental.embedding."
+                                 f"FeatureConfig, got {type(feature).__name__}")
+            if not any(feature.table is t for t in tables):
+                tables.append(feature.table)
+        names = [_table_name(t, i) for i, t in enumerate(tables)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"table names must be unique, got {names}")
+        return tables
+
+    def _place_tables(self, tables, optimizer, output_shapes, config):
+        samples = {id(t): 0 for t in tables}
+        counts = {id(t): 0 for t in tables}
+        for path, feature in self.flat_paths_and_features:
+            samples[id(feature.table)] += functools.reduce(operator.mul, output_shapes[path], 1)
+            counts[id(feature.table)] += 1
+        stacker = LayoutStacker(self.num_replicas, self.sparse_cores_per_replica,
+                                disable_table_stacking=bool(config and
+                                                            config.disable_table_stacking))
+        bound, groups = {}, {}
+        named = sorted(((_table_name(t, i), t) for i, t in enumerate(tables)), key=lambda x: x[0])
+        for name, table in named:
+            where = f"table '{name}'"
+            table_optimizer = table.optimizer if table.optimizer is not None else optimizer
+            if table_optimizer is None:
+                raise ValueError(f"{where} has no optimizer and no global optimizer was given")
+            if table.combiner not in ("sum", "mean", "sqrtn"):
+                raise ValueError(f"{where}: combiner must be 'sum', 'mean' or 'sqrtn', got "
+                                 f"'{table.combiner}'")
+            bound[name] = fused_optimizer(table_optimizer, where)
+            key = (bound[name].stacking_key(), repr(table.quantization_config))
+            group = groups.setdefault(key, f"group_{len(groups):04d}")
+            stacker.add_table(name, table.vocabulary_size, table.dim, group,
+                              output_samples=samples[id(table)], num_features=counts[id(table)])
+        by_name = dict(named)
+        return {layout.table_name: TablePlacement(by_name[layout.table_name], layout.table_name,
+                                                  layout, bound[layout.table_name],
+                                                  by_name[layout.table_name].combiner)
+                for layout in stacker.get_layouts()}
+
+    def _place_features(self, placements, output_shapes):
+        by_table = {id(p.config): p for p in placements.values()}
+        offsets: Dict[str, int] = {}
+        features = []
+        for path, feature in self.flat_paths_and_features:
+            table = by_table[id(feature.table)]
+            stacked = table.layout.stacked_table_name
+            shape = tuple(output_shapes[path])
+            placement = FeaturePlacement(path, feature, table, shape, offsets.get(stacked, 0))
+            offsets[stacked] = placement.sample_offset + placement.sample_count
+            features.append(placement)
+        return tuple(features)
+
+    def _stack(self, placements, config):
+        stacks: Dict[str, List[TablePlacement]] = {}
+        for p in placements.values():
+            stacks.setdefault(p.layout.stacked_table_name, []).append(p)
+        max_ids = (config.max_ids_per_table if config and config.max_ids_per_table else {})
+        max_uniques = (config.max_unique_ids_per_table
+                       if config and config.max_unique_ids_per_table else {})
+        result = {}
+        for name, members in stacks.items():
+            members.sort(key=lambda p: p.layout.sparse_core_shard_row_offset)
+            features = tuple(f for f in self.features if f.table.layout.stacked_table_name == name)
+            result[name] = StackedTable(
+                name=name, tables=tuple(members), features=features,
+                num_sparse_cores=self.num_sparse_cores,
+                rows_per_shard=members[0].layout.total_rows_per_sparse_core_shard,
+                padded_width=members[0].layout.padded_width,
+                sample_count=sum(f.sample_count for f in features),
+                max_ids_per_partition=max_ids.get(name, DEFAULT_MAX_IDS_PER_TABLE),
+                max_unique_ids_per_partition=max_uniques.get(name,
+                                                             DEFAULT_MAX_UNIQUE_IDS_PER_TABLE))
+        return result
+
+    def table_layouts(self) -> Dict[str, TableLayout]:
+        """Layout of every user table, by table name."""
+        return {t.name: t.layout for s in self.stacked_tables.values() for t in s.tables}

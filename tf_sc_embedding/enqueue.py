@@ -1,0 +1,100 @@
+"""Host preprocessing: user features -> per stacked table sorted, deduplicated, bucketed ids.
+
+Per feature, `convert_to_list_of_sparse_core_coo_tensors` applies the combiner and the stacking
+transform (sample offset, row offset, rotation); per stacked table the features' lists are
+concatenated in SparseCore-major order and `get_minibatch_splits_with_physical_replica` sorts,
+deduplicates and buckets them and proposes minibatch splits. Packing into CSR buffers waits for
+the replicas to agree on the splits (see `lookup.py`). Everything here is plain TensorFlow ops on
+the host, so it also runs inside `tf.data.Dataset.map`.
+"""
+import collections
+
+import tensorflow as tf
+
+from tf_sc_embedding import ops
+
+PreprocessedTable = collections.namedtuple(
+    "PreprocessedTable",
+    ["sorted_row_ids", "sorted_col_ids", "sorted_gains", "splits", "id_counts"])
+
+_INT32_MAX = 2 ** 31 - 1
+
+
+def _ids_as_int32(values, path):
+    if values.dtype == tf.int32:
+        return values
+    if values.dtype != tf.int64:
+        raise ValueError(f"feature '{path}': ids must be int32 or int64, got {values.dtype.name}")
+    check = tf.debugging.assert_less_equal(
+        values, tf.constant(_INT32_MAX, tf.int64),
+        message=f"feature '{path}': int64 ids above 2^31 - 1 cannot be looked up")
+    with tf.control_dependencies([check]):
+        return tf.cast(values, tf.int32)
+
+
+def _weights_values(weights, kind, path):
+    if weights is None:
+        return tf.constant(1.0, tf.float32)
+    if kind == "ragged" and isinstance(weights, tf.RaggedTensor):
+        return tf.cast(weights.flat_values, tf.float32)
+    if kind == "sparse" and isinstance(weights, tf.SparseTensor):
+        return tf.cast(weights.values, tf.float32)
+    if kind == "dense" and isinstance(weights, tf.Tensor):
+        return tf.reshape(tf.cast(weights, tf.float32), [-1])
+    raise ValueError(f"feature '{path}': weights must have the same kind as the ids ({kind})")
+
+
+def feature_as_id_input(ids, weights, path):
+    """(indices_or_row_splits, values, weights, kind) of one feature's input."""
+    if isinstance(ids, tf.RaggedTensor):
+        if ids.ragged_rank != 1 or ids.shape.rank != 2:
+            raise ValueError(f"feature '{path}': ragged ids must have shape [batch, None], got "
+                             f"{ids.shape}")
+        return (tf.cast(ids.row_splits, tf.int32), _ids_as_int32(ids.values, path),
+                _weights_values(weights, "ragged", path), "ragged")
+    if isinstance(ids, tf.SparseTensor):
+        if ids.shape.rank != 2:
+            raise ValueError(f"feature '{path}': sparse ids must have rank 2, got {ids.shape}")
+        return (tf.cast(ids.indices, tf.int32), _ids_as_int32(ids.values, path),
+                _weights_values(weights, "sparse", path), "sparse")
+    if isinstance(ids, (tf.Tensor, tf.Variable)) or hasattr(ids, "dtype"):
+        ids = tf.convert_to_tensor(ids)
+        return (tf.zeros([0], tf.int32), _ids_as_int32(tf.reshape(ids, [-1]), path),
+                _weights_values(weights, "dense", path), "dense")
+    raise ValueError(f"feature '{path}': expected a tf.Tensor, tf.SparseTensor or "
+                     f"tf.RaggedTensor, got {type(ids).__name__}")
+
+
+def preprocess(layout, flat_features, flat_weights):
+    """Per stacked table name, the PreprocessedTable of one replica's batch."""
+    S = layout.sparse_cores_per_replica
+    lists = {name: [] for name in layout.stacked_tables}
+    for placement, ids, weights in zip(layout.features, flat_features, flat_weights):
+        indices, values, gains, _ = feature_as_id_input(ids, weights, placement.path)
+        table = placement.table
+        stacked = layout.stacked_tables[table.layout.stacked_table_name]
+        per_sc = ops.convert_to_list_of_sparse_core_coo_tensors(
+            indices, values, gains, sample_count=placement.sample_count, num_sc_per_chip=S,
+            row_offset=placement.sample_offset, col_offset=table.col_offset,
+            col_shift=table.layout.sparse_core_shard_rotation,
+            num_sc_shards=layout.num_sparse_cores,
+            stacked_table_sample_count=stacked.sample_count, combiner=table.combiner,
+            vocabulary_size=table.vocabulary_size, table_name=table.name,
+            feature_name=placement.path)
+        lists[stacked.name].append(per_sc)
+    result = {}
+    for name, stacked in layout.stacked_tables.items():
+        per_feature = lists[name]
+        # SparseCore-major order keeps rows sorted: SC i's rows are [i*B_sc, (i+1)*B_sc).
+        rows = tf.concat([f[0][i] for i in range(S) for f in per_feature], axis=0)
+        cols = tf.concat([f[1][i] for i in range(S) for f in per_feature], axis=0)
+        gains = tf.concat([f[2][i] for i in range(S) for f in per_feature], axis=0)
+        splits = ops.get_minibatch_splits_with_physical_replica(
+            tf.constant([""]), rows, cols, gains, sample_count=stacked.sample_count,
+            num_replica=layout.num_replicas, table_vocab_size=stacked.total_rows,
+            feature_width=stacked.padded_width, num_sc_per_chip=S, table_name=name,
+            mini_batch_splits="", max_ids_per_partition=stacked.max_ids_per_partition,
+            max_unique_ids_per_partition=stacked.max_unique_ids_per_partition)
+        result[name] = PreprocessedTable(splits.sorted_row_ids, splits.sorted_col_ids,
+                                         splits.sorted_gains, splits.splits, splits.id_counts)
+    return result

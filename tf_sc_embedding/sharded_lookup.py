@@ -1,0 +1,154 @@
+"""Lookup and fused update of mod-sharded tables across data-parallel replicas.
+
+Each replica holds SparseCore shards [d*S, (d+1)*S) of every stacked table. A step:
+1. the replicas agree on minibatch splits (OR of every replica's bitmask) and pack CSR buffers;
+2. the CSR buffers are all-gathered, every replica looks up the rows it holds for *all* samples,
+   and a sum all-reduce assembles each replica's activations (forward);
+3. activation gradients are all-gathered and every replica applies the fused optimizer to the rows
+   it holds, summing contributions from all replicas first (backward).
+All cross-replica movement goes through `tf.distribute` collectives of the replica context.
+"""
+import collections
+
+import tensorflow as tf
+from absl import logging
+
+from tf_sc_embedding import ops
+
+# What apply_gradients needs from the forward pass of one stacked table.
+PreservedCsr = collections.namedtuple(
+    "PreservedCsr", ["row_pointers", "sorted_sample_ids", "sorted_token_ids", "sorted_gains",
+                     "num_minibatches"])
+
+MAX_MINIBATCHES_PER_SPARSE_CORE = 64
+
+
+class ReplicaView:
+    """The calling replica's id, the replica count and its collectives (none for one replica)."""
+
+    def __init__(self, num_replicas):
+        self.num_replicas = num_replicas
+        self.context = tf.distribute.get_replica_context()
+        if num_replicas > 1 and self.context is None:
+            raise RuntimeError("with several replicas, the embedding must be called inside "
+                               "strategy.run (in replica context)")
+        if num_replicas == 1:
+            self.replica_id = 0
+        else:
+            self.replica_id = tf.get_static_value(self.context.replica_id_in_sync_group)
+            if self.replica_id is None:
+                raise RuntimeError("the replica id must be known when the step is traced")
+
+    def all_gather(self, value):
+        return value if self.num_replicas == 1 else self.context.all_gather(value, axis=0)
+
+    def all_sum(self, value):
+        if self.num_replicas == 1:
+            return value
+        return self.context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+    def all_max(self, value):
+        if self.num_replicas == 1:
+            return value
+        return tf.reduce_max(self.context.all_gather(tf.reshape(value, [1]), axis=0))
+
+
+def _agreed_splits(view, splits):
+    gathered = view.all_gather(tf.reshape(splits, [1]))
+    return tf.foldl(tf.bitwise.bitwise_or, gathered, initializer=tf.constant(0, tf.int64))
+
+
+def _gathered_ids(view, values, size, pad_value):
+    """Trims a CSR id buffer to `size` (padded to the largest across replicas) and gathers it."""
+    trimmed = values[:size]
+    if view.num_replicas == 1:
+        return trimmed
+    largest = view.all_max(size)
+    trimmed = tf.pad(trimmed, [[0, largest - size]], constant_values=pad_value)
+    return view.all_gather(trimmed)
+
+
+def pack_and_gather(view, layout, stacked, preprocessed, sparse_core_config):
+    """Agreed splits -> CSR buffers of this replica -> gathered buffers of all replicas."""
+    splits = _agreed_splits(view, preprocessed.splits)
+    per_sample = sparse_core_config.max_ids_per_chip_per_sample if sparse_core_config else 64
+    allow_dropping = bool(sparse_core_config and sparse_core_config.allow_id_dropping)
+    csr = ops.get_minibatches_in_csr_with_physical_replica(
+        tf.constant([""]), preprocessed.sorted_row_ids, preprocessed.sorted_col_ids,
+        preprocessed.sorted_gains, splits, preprocessed.id_counts,
+        sample_count=stacked.sample_count, num_replica=layout.num_replicas,
+        max_minibatches_per_sc=MAX_MINIBATCHES_PER_SPARSE_CORE,
+        max_ids_per_chip_per_sample=per_sample, table_vocab_size=stacked.total_rows,
+        feature_width=stacked.padded_width, num_sc_per_chip=layout.sparse_cores_per_replica,
+        table_name=stacked.name, mini_batch_in_csr="", allow_id_dropping=allow_dropping)
+    pad = 2 ** 31 - 1
+    size = csr.ids_unpadded_size
+    return PreservedCsr(
+        view.all_gather(csr.row_pointers[:csr.row_pointers_unpadded_size]),
+        _gathered_ids(view, csr.sorted_sample_ids, size, pad),
+        _gathered_ids(view, csr.sorted_token_ids, size, pad),
+        _gathered_ids(view, csr.sorted_gains, size, float(pad)),
+        csr.num_minibatches_per_physical_sparse_core)
+
+
+def _shard_arguments(view, layout):
+    S = layout.sparse_cores_per_replica
+    return dict(num_sparsecores_per_device=S, num_replica=layout.num_replicas,
+                num_source_replicas=layout.num_replicas, first_local_shard=view.replica_id * S,
+                num_local_shards=S)
+
+
+def lookup(view, layout, stacked, csr, table_shard):
+    """This replica's [B_stk, padded_width] activations of one stacked table."""
+    q = stacked.quantization
+    partial = ops.xla_sparse_dense_matmul_with_csr_input(
+        csr.row_pointers, csr.sorted_sample_ids, csr.sorted_token_ids, csr.sorted_gains,
+        table_shard, csr.num_minibatches, input_size=layout.num_replicas * stacked.sample_count,
+        quantization_config_low=float(q.lower) if q else 0.0,
+        quantization_config_high=float(q.upper) if q else 0.0,
+        quantization_config_num_buckets=int(q.num_buckets) if q else 0,
+        table_name=stacked.name, **_shard_arguments(view, layout))
+    full = view.all_sum(partial)
+    start = view.replica_id * stacked.sample_count
+    return full[start:start + stacked.sample_count]
+
+
+def apply_update(view, layout, stacked, csr, gradients, table_shard, slot_shards):
+    """Fused optimizer update of the rows this replica holds, from all replicas' gradients."""
+    definition = ops.OPTIMIZERS[stacked.optimizer.definition_name]
+    slots = dict(zip(definition.slots, slot_shards))
+    return stacked.optimizer.apply(
+        row_pointers=csr.row_pointers, sorted_sample_ids=csr.sorted_sample_ids,
+        sorted_token_ids=csr.sorted_token_ids, sorted_gains=csr.sorted_gains,
+        activation_gradients=view.all_gather(gradients), embedding_table=table_shard,
+        num_minibatches_per_physical_sparse_core=csr.num_minibatches, table_name=stacked.name,
+        **slots, **_shard_arguments(view, layout))
+
+
+def unstack_activations(layout, stacked, activations):
+    """Per feature path, the user's activations (padding columns dropped; spec §15)."""
+    S = layout.sparse_cores_per_replica
+    blocks = tf.reshape(activations, [S, stacked.sample_count // S, stacked.padded_width])
+    result = {}
+    for feature in stacked.features:
+        start = feature.sample_offset // S
+        part = blocks[:, start:start + feature.sample_count // S, :feature.table.dim]
+        result[feature.path] = tf.reshape(part, list(feature.output_shape) + [feature.table.dim])
+    return result
+
+
+def stack_gradients(layout, stacked, gradients_by_path):
+    """Inverse of unstack_activations; a None gradient becomes zeros (with a warning)."""
+    S = layout.sparse_cores_per_replica
+    parts = []
+    for feature in stacked.features:
+        grad = gradients_by_path[feature.path]
+        if grad is None:
+            logging.warning("No gradient for feature '%s': applying a zero gradient to its rows "
+                            "(this still updates optimizer state such as Adam's moments).",
+                            feature.path)
+            grad = tf.zeros([feature.sample_count, feature.table.dim], tf.float32)
+        grad = tf.reshape(tf.cast(grad, tf.float32), [feature.sample_count, feature.table.dim])
+        grad = tf.pad(grad, [[0, 0], [0, stacked.padded_width - feature.table.dim]])
+        parts.append(tf.reshape(grad, [S, feature.sample_count // S, stacked.padded_width]))
+    return tf.reshape(tf.concat(parts, axis=1), [stacked.sample_count, stacked.padded_width])
