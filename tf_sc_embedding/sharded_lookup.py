@@ -59,13 +59,12 @@ def _agreed_splits(view, splits):
 
 
 def _gathered_ids(view, values, size, pad_value):
-    """Trims a CSR id buffer to `size` (padded to the largest across replicas) and gathers it."""
-    trimmed = values[:size]
+    """Gathers a trimmed CSR id buffer, padded to the largest across replicas (equal chunks)."""
     if view.num_replicas == 1:
-        return trimmed
+        return values
     largest = view.all_max(size)
-    trimmed = tf.pad(trimmed, [[0, largest - size]], constant_values=pad_value)
-    return view.all_gather(trimmed)
+    padded = tf.pad(values, [[0, largest - size]], constant_values=pad_value)
+    return view.all_gather(padded)
 
 
 def pack_and_gather(view, layout, stacked, preprocessed, sparse_core_config):
@@ -80,11 +79,12 @@ def pack_and_gather(view, layout, stacked, preprocessed, sparse_core_config):
         max_minibatches_per_sc=MAX_MINIBATCHES_PER_SPARSE_CORE,
         max_ids_per_chip_per_sample=per_sample, table_vocab_size=stacked.total_rows,
         feature_width=stacked.padded_width, num_sc_per_chip=layout.sparse_cores_per_replica,
-        table_name=stacked.name, mini_batch_in_csr="", allow_id_dropping=allow_dropping)
+        table_name=stacked.name, mini_batch_in_csr="", allow_id_dropping=allow_dropping,
+        trim_to_size=True)
     pad = 2 ** 31 - 1
     size = csr.ids_unpadded_size
     return PreservedCsr(
-        view.all_gather(csr.row_pointers[:csr.row_pointers_unpadded_size]),
+        view.all_gather(csr.row_pointers),
         _gathered_ids(view, csr.sorted_sample_ids, size, pad),
         _gathered_ids(view, csr.sorted_token_ids, size, pad),
         _gathered_ids(view, csr.sorted_gains, size, float(pad)),

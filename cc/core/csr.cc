@@ -61,6 +61,10 @@ Status Pack(int64_t splits, const CsrParams& params, ViewOf view_of, SegmentOf s
   points.push_back(static_cast<int32_t>(D));
 
   const int64_t row_pointer_capacity = params.max_minibatches_per_sc * S * block;
+  // Without output buffers this is a dry run that only computes the sizes and drop count.
+  const bool write = out->token_ids != nullptr;
+  const int64_t id_buffer_size = write ? out->id_buffer_size : capacity;
+  const int64_t row_pointer_buffer_size = write ? out->row_pointer_buffer_size : row_pointer_capacity;
   out->num_dropped_ids = 0;
   int64_t g = 0, k = 0;
   for (int64_t s = 0; s < S; ++s) {
@@ -80,26 +84,32 @@ Status Pack(int64_t splits, const CsrParams& params, ViewOf view_of, SegmentOf s
           out->num_dropped_ids += count - (capacity - g);
           count = capacity - g;
         }
-        std::copy(v.cols + begin, v.cols + begin + count, out->token_ids + g);
-        std::copy(v.rows + begin, v.rows + begin + count, out->sample_ids + g);
-        std::copy(v.gains + begin, v.gains + begin + count, out->gains + g);
-        g += count;
-        out->row_pointers[k++] = static_cast<int32_t>(g);
-        const int64_t aligned = RoundUp(g, kXlaPadSize);
-        std::fill(out->token_ids + g, out->token_ids + aligned, kPad);
-        std::fill(out->sample_ids + g, out->sample_ids + aligned, kPad);
-        std::fill(out->gains + g, out->gains + aligned, static_cast<float>(kPad));
+        const int64_t aligned = RoundUp(g + count, kXlaPadSize);
+        if (write) {
+          std::copy(v.cols + begin, v.cols + begin + count, out->token_ids + g);
+          std::copy(v.rows + begin, v.rows + begin + count, out->sample_ids + g);
+          std::copy(v.gains + begin, v.gains + begin + count, out->gains + g);
+          out->row_pointers[k] = static_cast<int32_t>(g + count);
+          std::fill(out->token_ids + g + count, out->token_ids + aligned, kPad);
+          std::fill(out->sample_ids + g + count, out->sample_ids + aligned, kPad);
+          std::fill(out->gains + g + count, out->gains + aligned, static_cast<float>(kPad));
+        }
+        ++k;
         g = aligned;
       }
       const int64_t block_end = RoundUp(k, kXlaPadSize);
-      std::fill(out->row_pointers + k, out->row_pointers + block_end, static_cast<int32_t>(g));
+      if (write) {
+        std::fill(out->row_pointers + k, out->row_pointers + block_end, static_cast<int32_t>(g));
+      }
       k = block_end;
     }
   }
-  std::fill(out->row_pointers + k, out->row_pointers + row_pointer_capacity, kPad);
-  std::fill(out->token_ids + g, out->token_ids + capacity, kPad);
-  std::fill(out->sample_ids + g, out->sample_ids + capacity, kPad);
-  std::fill(out->gains + g, out->gains + capacity, static_cast<float>(kPad));
+  if (write) {
+    std::fill(out->row_pointers + k, out->row_pointers + row_pointer_buffer_size, kPad);
+    std::fill(out->token_ids + g, out->token_ids + id_buffer_size, kPad);
+    std::fill(out->sample_ids + g, out->sample_ids + id_buffer_size, kPad);
+    std::fill(out->gains + g, out->gains + id_buffer_size, static_cast<float>(kPad));
+  }
   out->ids_unpadded_size = g;
   out->row_pointers_unpadded_size = num_minibatches * S * block;
   out->num_minibatches = num_minibatches;

@@ -35,13 +35,17 @@ struct CsrParams {
   std::string table_name;
 };
 
-// Output buffers, allocated by the caller with the sizes CsrBufferSizes() returns. Entries past
-// the unpadded sizes are filled with PAD (TensorFlow leaves them uninitialized).
+// Output buffers, allocated by the caller: at the full sizes GetCsrBufferSizes() returns
+// (TensorFlow's static shapes) or, after a dry run with null pointers has computed the unpadded
+// sizes, at exactly those. Entries past the unpadded sizes are filled with PAD (TensorFlow leaves
+// them uninitialized).
 struct CsrBuffers {
   int32_t* row_pointers = nullptr;
   int32_t* sample_ids = nullptr;
-  int32_t* token_ids = nullptr;
+  int32_t* token_ids = nullptr;  // nullptr: dry run, only sizes and num_dropped_ids are computed
   float* gains = nullptr;
+  int64_t row_pointer_buffer_size = 0;
+  int64_t id_buffer_size = 0;
   int64_t row_pointers_unpadded_size = 0;
   int64_t ids_unpadded_size = 0;
   int64_t num_minibatches = 0;

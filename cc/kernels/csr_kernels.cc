@@ -25,10 +25,19 @@ int64_t OrOfSplits(const Tensor& splits) {
   return bits;
 }
 
-// Allocates the four CSR buffers, runs `pack` into them and writes the scalar outputs.
+// Allocates the four CSR buffers, runs `pack` into them and writes the scalar outputs. With
+// `trim_to_size` the buffers hold exactly the unpadded sizes (a dry run computes them first)
+// instead of TensorFlow's static capacity, which saves filling megabytes of padding per step.
 template <typename PackFn>
-void PackIntoOutputs(OpKernelContext* ctx, const sce::CsrParams& params, PackFn pack) {
-  const sce::CsrBufferSizes sizes = sce::GetCsrBufferSizes(params);
+void PackIntoOutputs(OpKernelContext* ctx, const sce::CsrParams& params, bool trim_to_size,
+                     PackFn pack) {
+  sce::CsrBufferSizes sizes = sce::GetCsrBufferSizes(params);
+  if (trim_to_size) {
+    sce::CsrBuffers dry_run;
+    OP_REQUIRES_OK(ctx, ToTf(pack(&dry_run)));
+    sizes.row_pointers = dry_run.row_pointers_unpadded_size;
+    sizes.ids = dry_run.ids_unpadded_size;
+  }
   Tensor *row_pointers, *samples, *tokens, *gains;
   OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({sizes.row_pointers}), &row_pointers));
   OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({sizes.ids}), &samples));
@@ -39,6 +48,8 @@ void PackIntoOutputs(OpKernelContext* ctx, const sce::CsrParams& params, PackFn 
   buffers.sample_ids = samples->flat<int32_t>().data();
   buffers.token_ids = tokens->flat<int32_t>().data();
   buffers.gains = gains->flat<float>().data();
+  buffers.row_pointer_buffer_size = sizes.row_pointers;
+  buffers.id_buffer_size = sizes.ids;
   OP_REQUIRES_OK(ctx, ToTf(pack(&buffers)));
   OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, 4, buffers.row_pointers_unpadded_size));
   OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, 5, buffers.ids_unpadded_size));
@@ -62,6 +73,7 @@ class ConvertToCsrWrappedCooTensorOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &params_.table_name));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("allow_id_dropping", &params_.allow_id_dropping));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_division_level", &params_.max_division_level));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("trim_to_size", &trim_to_size_));
     params_.max_ids_buffer_size = per_sample * per_sc * params_.num_sc_per_chip;
   }
 
@@ -85,14 +97,19 @@ class ConvertToCsrWrappedCooTensorOp : public OpKernel {
                    cols[s].NumElements(),           gains[s].NumElements(),
                    counts[s].flat<int32_t>().data(), counts[s].NumElements()};
     }
-    const int64_t splits = OrOfSplits(ctx->input(4));
-    PackIntoOutputs(ctx, params_, [&](sce::CsrBuffers* out) {
+    // The four list inputs hold num_sc_per_chip tensors each, so `splits` is looked up by name
+    // (its flat input index is 4 * num_sc_per_chip, not 4).
+    const Tensor* splits_tensor;
+    OP_REQUIRES_OK(ctx, ctx->input("splits", &splits_tensor));
+    const int64_t splits = OrOfSplits(*splits_tensor);
+    PackIntoOutputs(ctx, params_, trim_to_size_, [&](sce::CsrBuffers* out) {
       return sce::PackCsrFromSortedLists(per_sc, splits, params_, out);
     });
   }
 
  private:
   sce::CsrParams params_;
+  bool trim_to_size_ = false;
 };
 
 class GetMinibatchSplitsOp : public OpKernel {
@@ -148,6 +165,7 @@ class GetMinibatchesInCsrOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &params_.table_name));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("allow_id_dropping", &params_.allow_id_dropping));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_division_level", &params_.max_division_level));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("trim_to_size", &trim_to_size_));
     OP_REQUIRES(ctx, sample_count % params_.num_sc_per_chip == 0,
                 absl::InvalidArgumentError(absl::StrCat(
                     "table '", params_.table_name, "': sample_count (", sample_count,
@@ -174,13 +192,14 @@ class GetMinibatchesInCsrOp : public OpKernel {
                            counts.flat<int32_t>().data(),
                            counts.NumElements()};
     const int64_t splits = OrOfSplits(ctx->input(4));
-    PackIntoOutputs(ctx, params_, [&](sce::CsrBuffers* out) {
+    PackIntoOutputs(ctx, params_, trim_to_size_, [&](sce::CsrBuffers* out) {
       return sce::PackCsrFromMinibatchSplits(ids, splits, params_, out);
     });
   }
 
  private:
   sce::CsrParams params_;
+  bool trim_to_size_ = false;
 };
 
 REGISTER_KERNEL_BUILDER(Name("SceConvertToSparseCoreCsrWrappedCooTensor").Device(DEVICE_CPU),

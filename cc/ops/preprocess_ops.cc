@@ -138,6 +138,7 @@ REGISTER_OP("SceConvertToSparseCoreCsrWrappedCooTensor")
     .Attr("table_name: string")
     .Attr("allow_id_dropping: bool")
     .Attr("max_division_level: int = 6")
+    .Attr("trim_to_size: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       int64_t per_sc, replicas, minibatches, per_sample, cores;
       TF_RETURN_IF_ERROR(c->GetAttr("sample_count_per_sc", &per_sc));
@@ -145,6 +146,9 @@ REGISTER_OP("SceConvertToSparseCoreCsrWrappedCooTensor")
       TF_RETURN_IF_ERROR(c->GetAttr("max_minibatches_per_sc", &minibatches));
       TF_RETURN_IF_ERROR(c->GetAttr("max_ids_per_chip_per_sample", &per_sample));
       TF_RETURN_IF_ERROR(c->GetAttr("num_sc_per_chip", &cores));
+      bool trim;
+      TF_RETURN_IF_ERROR(c->GetAttr("trim_to_size", &trim));
+      if (trim) return CsrShapes(c, InferenceContext::kUnknownDim, InferenceContext::kUnknownDim);
       return CsrShapes(c, minibatches * cores * RoundUpTo8(replicas * cores),
                        per_sample * per_sc * cores);
     });
@@ -214,6 +218,7 @@ REGISTER_OP("SceGetMinibatchesInCsrWithPhysicalReplica")
     .Attr("mini_batch_in_csr: string")
     .Attr("allow_id_dropping: bool = false")
     .Attr("max_division_level: int = 6")
+    .Attr("trim_to_size: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       int64_t samples, replicas, minibatches, per_sample, cores;
       TF_RETURN_IF_ERROR(c->GetAttr("sample_count", &samples));
@@ -221,6 +226,9 @@ REGISTER_OP("SceGetMinibatchesInCsrWithPhysicalReplica")
       TF_RETURN_IF_ERROR(c->GetAttr("max_minibatches_per_sc", &minibatches));
       TF_RETURN_IF_ERROR(c->GetAttr("max_ids_per_chip_per_sample", &per_sample));
       TF_RETURN_IF_ERROR(c->GetAttr("num_sc_per_chip", &cores));
+      bool trim;
+      TF_RETURN_IF_ERROR(c->GetAttr("trim_to_size", &trim));
+      if (trim) return CsrShapes(c, InferenceContext::kUnknownDim, InferenceContext::kUnknownDim);
       return CsrShapes(c, minibatches * cores * RoundUpTo8(replicas * cores), per_sample * samples);
     });
 

@@ -88,8 +88,12 @@ def convert_to_sparse_core_csr_wrapped_coo_tensor(
         sorted_row_ids_list, sorted_col_ids_list, sorted_gains_list, id_counts_list, splits,
         sample_count_per_sc, num_replica, max_minibatches_per_sc, max_ids_per_chip_per_sample,
         table_vocab_size, feature_width, table_name, allow_id_dropping,
-        max_division_level=DEFAULT_MAX_DIVISION_LEVEL, name=None):
-    """CSR-wrapped COO buffers from per-SparseCore sorted lists (spec §8)."""
+        max_division_level=DEFAULT_MAX_DIVISION_LEVEL, trim_to_size=False, name=None):
+    """CSR-wrapped COO buffers from per-SparseCore sorted lists (spec §8).
+
+    With `trim_to_size`, the buffers hold exactly the unpadded sizes instead of TensorFlow's static
+    capacity (which is still the overflow limit).
+    """
     return CsrWrappedCooTensor(_lib.sce_convert_to_sparse_core_csr_wrapped_coo_tensor(
         sorted_row_ids_list=sorted_row_ids_list, sorted_col_ids_list=sorted_col_ids_list,
         sorted_gains_list=sorted_gains_list, id_counts_list=id_counts_list, splits=splits,
@@ -97,7 +101,8 @@ def convert_to_sparse_core_csr_wrapped_coo_tensor(
         max_minibatches_per_sc=max_minibatches_per_sc,
         max_ids_per_chip_per_sample=max_ids_per_chip_per_sample,
         table_vocab_size=table_vocab_size, feature_width=feature_width, table_name=table_name,
-        allow_id_dropping=allow_id_dropping, max_division_level=max_division_level, name=name))
+        allow_id_dropping=allow_id_dropping, max_division_level=max_division_level,
+        trim_to_size=trim_to_size, name=name))
 
 
 def get_minibatch_splits_with_physical_replica(
@@ -123,11 +128,12 @@ def get_minibatches_in_csr_with_physical_replica(
         program_key, row_ids, col_ids, gains, splits, id_counts, sample_count, num_replica,
         max_minibatches_per_sc, max_ids_per_chip_per_sample, table_vocab_size, feature_width,
         num_sc_per_chip, table_name, mini_batch_in_csr, allow_id_dropping=False,
-        max_division_level=DEFAULT_MAX_DIVISION_LEVEL, name=None):
+        max_division_level=DEFAULT_MAX_DIVISION_LEVEL, trim_to_size=False, name=None):
     """CSR-wrapped COO buffers, one block per (SparseCore, minibatch) (spec §10).
 
     With `allow_id_dropping`, ids that do not fit are dropped and counted in the result's
-    `num_dropped_ids` attribute instead of failing.
+    `num_dropped_ids` attribute instead of failing. With `trim_to_size`, the buffers hold exactly
+    the unpadded sizes instead of TensorFlow's static capacity (still the overflow limit).
     """
     return MinibatchesInCsr(_lib.sce_get_minibatches_in_csr_with_physical_replica(
         program_key=program_key, row_ids=row_ids, col_ids=col_ids, gains=gains, splits=splits,
@@ -137,4 +143,4 @@ def get_minibatches_in_csr_with_physical_replica(
         table_vocab_size=table_vocab_size, feature_width=feature_width,
         num_sc_per_chip=num_sc_per_chip, table_name=table_name,
         mini_batch_in_csr=mini_batch_in_csr, allow_id_dropping=allow_id_dropping,
-        max_division_level=max_division_level, name=name))
+        max_division_level=max_division_level, trim_to_size=trim_to_size, name=name))
