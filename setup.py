@@ -14,7 +14,7 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CORE_SOURCES = sorted(glob.glob("cc/core/*.cc"))
-COMMON_FLAGS = ["-O3", "-Wno-deprecated-declarations", "-ffp-contract=off", "-fvisibility=hidden", "-Wno-sign-compare"]
+COMMON_FLAGS = ["-O3", "-Wno-deprecated-declarations", "-ffp-contract=off", "-fno-math-errno", "-fvisibility=hidden", "-Wno-sign-compare"]
 
 
 def tensorflow_flags():

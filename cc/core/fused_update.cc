@@ -1,5 +1,7 @@
 #include "cc/core/fused_update.h"
 
+#include "cc/core/radix_sort.h"
+
 namespace sce {
 
 void CollectShardContributions(const CsrView& view, int64_t p, std::vector<RowContribution>* out) {
@@ -20,9 +22,15 @@ void CollectShardContributions(const CsrView& view, int64_t p, std::vector<RowCo
   }
   // Segments are each sorted by token; merging them is a stable sort of the concatenation.
   if (!sorted) {
-    std::stable_sort(out->begin(), out->end(), [](const RowContribution& a, const RowContribution& b) {
-      return a.token < b.token;
-    });
+    thread_local std::vector<int32_t> tokens;
+    thread_local std::vector<uint32_t> order, scratch;
+    thread_local std::vector<RowContribution> merged;
+    tokens.resize(out->size());
+    for (size_t i = 0; i < out->size(); ++i) tokens[i] = (*out)[i].token;
+    StableSortByKey(tokens.data(), static_cast<int64_t>(tokens.size()), &order, &scratch);
+    merged.resize(out->size());
+    for (size_t i = 0; i < order.size(); ++i) merged[i] = (*out)[order[i]];
+    out->swap(merged);
   }
 }
 
