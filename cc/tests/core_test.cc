@@ -1,0 +1,769 @@
+// Unit tests of cc/core (no TensorFlow, no gtest) against the golden worked examples of
+// /work/shared/spec/sparsecore_ops.md. Every CHECK counts one pass or one failure; failures are
+// printed with file:line and both values. The program prints "N passed, N failed" and exits
+// non-zero if anything failed.
+//
+// Build and run: `bazel test //cc/tests:core_test` or `bash cc/tests/run_core_tests.sh`.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cc/core/constants.h"
+#include "cc/core/coo.h"
+#include "cc/core/csr.h"
+#include "cc/core/layout.h"
+#include "cc/core/minibatch_splits.h"
+#include "cc/core/sort_list.h"
+#include "cc/core/split_encoding.h"
+#include "cc/core/status.h"
+
+namespace {
+
+int g_passed = 0;
+int g_failed = 0;
+const char* g_test = "";
+
+template <typename T>
+std::string Str(const T& value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+template <typename T>
+std::string Str(const std::vector<T>& values) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < values.size(); ++i) out << (i ? "," : "") << values[i];
+  out << "]";
+  return out.str();
+}
+
+void Report(bool ok, const char* file, int line, const std::string& what) {
+  if (ok) {
+    ++g_passed;
+    return;
+  }
+  ++g_failed;
+  std::fprintf(stderr, "%s:%d: [%s] CHECK failed: %s\n", file, line, g_test, what.c_str());
+}
+
+template <typename A, typename B>
+void CheckEq(const A& a, const B& b, const char* ea, const char* eb, const char* file, int line) {
+  const bool ok = (a == b);
+  Report(ok, file, line,
+         ok ? std::string() : std::string(ea) + " == " + eb + "\n    got      " + Str(a) +
+                                  "\n    expected " + Str(b));
+}
+
+// Relative tolerance for float results the spec prints with ~8 significant digits.
+void CheckNear(const std::vector<float>& got, const std::vector<double>& want, const char* eg,
+               const char* ew, const char* file, int line) {
+  bool ok = got.size() == want.size();
+  for (size_t i = 0; ok && i < got.size(); ++i) {
+    ok = std::fabs(got[i] - want[i]) <= 1e-6 * std::max(1.0, std::fabs(want[i]));
+  }
+  Report(ok, file, line,
+         ok ? std::string() : std::string(eg) + " ~= " + ew + "\n    got      " + Str(got) +
+                                  "\n    expected " + Str(want));
+}
+
+#define CHECK(cond) Report((cond), __FILE__, __LINE__, #cond)
+#define CHECK_EQ(a, b) CheckEq((a), (b), #a, #b, __FILE__, __LINE__)
+#define CHECK_NEAR(got, ...) \
+  CheckNear((got), std::vector<double>(__VA_ARGS__), #got, #__VA_ARGS__, __FILE__, __LINE__)
+#define CHECK_OK(expr)                                                                   \
+  do {                                                                                   \
+    const ::sce::Status _s = (expr);                                                     \
+    Report(_s.ok(), __FILE__, __LINE__, std::string(#expr) + " returned error: " + _s.message()); \
+  } while (0)
+// Expects an error whose message contains `substring`.
+#define CHECK_ERROR(expr, substring)                                                          \
+  do {                                                                                        \
+    const ::sce::Status _s = (expr);                                                          \
+    Report(!_s.ok() && _s.message().find(substring) != std::string::npos, __FILE__, __LINE__, \
+           std::string(#expr) + " should fail with a message containing '" + (substring) +    \
+               "', got " + (_s.ok() ? std::string("OK") : "'" + _s.message() + "'"));        \
+  } while (0)
+
+using IntVec = std::vector<int32_t>;
+using FloatVec = std::vector<float>;
+
+const int32_t PAD = sce::kPad;
+const float FPAD = static_cast<float>(sce::kPad);  // 2147483648.0f
+
+sce::IdInput Ragged(const IntVec& row_splits, const IntVec& values, const FloatVec& weights) {
+  sce::IdInput in;
+  in.index_data = row_splits.data();
+  in.index_rank = 1;
+  in.index_dim0 = static_cast<int64_t>(row_splits.size());
+  in.values = values.data();
+  in.num_values = static_cast<int64_t>(values.size());
+  in.weights = weights.data();
+  in.weights_rank = weights.size() == 1 && values.size() != 1 ? 0 : 1;
+  in.num_weights = static_cast<int64_t>(weights.size());
+  return in;
+}
+
+// `indices` is row-major [n, 2].
+sce::IdInput Sparse(const IntVec& indices, const IntVec& values, const FloatVec& weights) {
+  sce::IdInput in = Ragged(indices, values, weights);
+  in.index_rank = 2;
+  in.index_dim0 = static_cast<int64_t>(indices.size() / 2);
+  in.index_dim1 = 2;
+  return in;
+}
+
+sce::IdInput Dense(const IntVec& values, const FloatVec& weights) {
+  sce::IdInput in = Ragged({}, values, weights);
+  in.index_data = nullptr;
+  in.index_dim0 = 0;
+  return in;
+}
+
+// "[a, b, c, ...]" in the spec: the listed prefix, then the last listed value repeated.
+IntVec Block(IntVec prefix, size_t size = 8) {
+  while (prefix.size() < size) prefix.push_back(prefix.back());
+  return prefix;
+}
+
+IntVec Slice(const int32_t* data, int64_t begin, int64_t end) {
+  return IntVec(data + begin, data + end);
+}
+
+// Output buffers of PackCsr*: pointers and the allocated sizes.
+sce::CsrBuffers Bind(IntVec* row_pointers, IntVec* samples, IntVec* tokens, FloatVec* gains) {
+  sce::CsrBuffers out;
+  out.row_pointers = row_pointers->data();
+  out.sample_ids = samples->data();
+  out.token_ids = tokens->data();
+  out.gains = gains->data();
+  out.row_pointer_buffer_size = static_cast<int64_t>(row_pointers->size());
+  out.id_buffer_size = static_cast<int64_t>(tokens->size());
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------------
+// §4 ConvertToCooTensor
+// ------------------------------------------------------------------------------------------------
+
+const IntVec kRowSplits4 = {0, 4, 4, 6, 8};
+const IntVec kIndices4 = {0, 0, 0, 1, 0, 2, 0, 3, 2, 0, 2, 1, 3, 0, 3, 1};
+const IntVec kValues4 = {5, 5, 2, 5, 7, 3, 1, 1};
+const FloatVec kWeights4 = {1, 2, 1, 1, .5f, .5f, 1, 3};
+
+void TestConvertToCoo() {
+  g_test = "ConvertToCoo §4";
+  struct Case {
+    const char* combiner;
+    std::vector<double> gains;
+  };
+  const std::vector<Case> cases = {
+      {"sum", {3, 1, 1, 0.5, 0.5, 4}},
+      {"mean", {0.6, 0.2, 0.2, 0.5, 0.5, 1.0}},
+      {"sqrtn", {1.1338935, 0.3779645, 0.3779645, 0.70710677, 0.70710677, 1.2649111}},
+  };
+  const sce::Context ctx{"t", "f"};
+  for (const Case& c : cases) {
+    sce::Combiner combiner;
+    CHECK_OK(sce::ParseCombiner(c.combiner, &combiner));
+    sce::CooEntries ragged, sparse;
+    CHECK_OK(sce::ConvertToCoo(Ragged(kRowSplits4, kValues4, kWeights4), 4, combiner, -1, ctx,
+                               &ragged));
+    CHECK_EQ(ragged.rows, (IntVec{0, 0, 0, 2, 2, 3}));
+    CHECK_EQ(ragged.cols, (IntVec{5, 2, 5, 7, 3, 1}));
+    CHECK_NEAR(ragged.gains, c.gains);
+    // The SparseTensor form gives bit-identical output.
+    CHECK_OK(sce::ConvertToCoo(Sparse(kIndices4, kValues4, kWeights4), 4, combiner, -1, ctx,
+                               &sparse));
+    CHECK_EQ(sparse.rows, ragged.rows);
+    CHECK_EQ(sparse.cols, ragged.cols);
+    CHECK_EQ(sparse.gains, ragged.gains);
+    // A vocabulary that holds every id passes the range check with the same result.
+    sce::CooEntries checked;
+    CHECK_OK(sce::ConvertToCoo(Ragged(kRowSplits4, kValues4, kWeights4), 4, combiner, 8, ctx,
+                               &checked));
+    CHECK_EQ(checked.gains, ragged.gains);
+  }
+
+  g_test = "ConvertToCoo §4 dense";
+  sce::CooEntries dense;
+  CHECK_OK(sce::ConvertToCoo(Dense({5, 5, 2, 9}, {1.0f}), 4, sce::Combiner::kMean, -1, ctx,
+                             &dense));
+  CHECK_EQ(dense.rows, (IntVec{0, 1, 2, 3}));
+  CHECK_EQ(dense.cols, (IntVec{5, 5, 2, 9}));
+  CHECK_EQ(dense.gains, (FloatVec{1, 1, 1, 1}));
+
+  g_test = "ConvertToCoo §3.3 adjacent-only merge";
+  sce::CooEntries merged;
+  CHECK_OK(sce::ConvertToCoo(Ragged({0, 3}, {5, 2, 5}, {1.0f}), 1, sce::Combiner::kSum, -1, ctx,
+                             &merged));
+  CHECK_EQ(merged.cols, (IntVec{5, 2, 5}));
+  CHECK_EQ(merged.gains, (FloatVec{1, 1, 1}));
+
+  g_test = "ConvertToCoo errors";
+  sce::CooEntries out;
+  sce::Combiner combiner;
+  CHECK_ERROR(sce::ParseCombiner("max", &combiner), "combiner");
+  CHECK_ERROR(sce::ConvertToCoo(Ragged({0, 2, 3}, {1, -4, 2}, {1.0f}), 2, sce::Combiner::kSum, -1,
+                                ctx, &out),
+              "negative");
+  CHECK_ERROR(sce::ConvertToCoo(Ragged({0, 2, 3}, {1, 4, 2}, {1.0f}), 2, sce::Combiner::kSum, 4,
+                                ctx, &out),
+              "out of range");
+  CHECK_ERROR(sce::ConvertToCoo(Ragged({0, 3, 2, 4}, {1, 2, 3, 4}, {1.0f}), 3, sce::Combiner::kSum,
+                                -1, ctx, &out),
+              "non-decreasing");
+  CHECK_ERROR(sce::ConvertToCoo(Ragged({1, 2, 4}, {1, 2, 3, 4}, {1.0f}), 2, sce::Combiner::kSum,
+                                -1, ctx, &out),
+              "start at 0");
+  CHECK_ERROR(sce::ConvertToCoo(Ragged({0, 2, 4}, {1, 2, 3, 4}, {1.0f}), 3, sce::Combiner::kSum,
+                                -1, ctx, &out),
+              "row_splits");
+  CHECK_ERROR(sce::ConvertToCoo(Sparse({1, 0, 0, 0}, {1, 2}, {1.0f}), 2, sce::Combiner::kSum, -1,
+                                ctx, &out),
+              "sorted");
+  CHECK_ERROR(sce::ConvertToCoo(Sparse({0, 0, 2, 0}, {1, 2}, {1.0f}), 2, sce::Combiner::kSum, -1,
+                                ctx, &out),
+              "sample_count");
+  CHECK_ERROR(sce::ConvertToCoo(Dense({1, 2, 3}, {1.0f}), 4, sce::Combiner::kSum, -1, ctx, &out),
+              "dense");
+  CHECK_ERROR(sce::ConvertToCoo(Ragged({0, 2}, {1, 2}, {1, 1, 1}), 1, sce::Combiner::kSum, -1, ctx,
+                                &out),
+              "weights");
+}
+
+// ------------------------------------------------------------------------------------------------
+// §5 / §6 / §7 / §8: the user/video stacked table, C = 2, S = 4, N = P = 8.
+// ------------------------------------------------------------------------------------------------
+
+constexpr int64_t kChips = 2;
+constexpr int64_t kScPerChip = 4;
+
+const IntVec kUserSplits = {0, 1, 3, 3, 4, 5, 5, 6, 7};
+const IntVec kUserValues = {0, 32, 1, 0, 9, 0, 0};
+const IntVec kVideoSplits = {0, 1, 3, 3, 4, 5, 6, 7, 8};
+const IntVec kVideoValues = {3, 10, 3, 99, 0, 17, 3, 8};
+const FloatVec kOne = {1.0f};
+
+sce::StackingTransform UserTransform() {
+  sce::StackingTransform t;
+  t.num_sc_per_chip = kScPerChip;
+  t.row_offset = 0;
+  t.col_offset = 0;
+  t.col_shift = 0;
+  t.num_sc_shards = kChips * kScPerChip;
+  t.stacked_table_sample_count = 16;
+  return t;
+}
+
+sce::StackingTransform VideoTransform() {
+  sce::StackingTransform t = UserTransform();
+  t.row_offset = 8;
+  t.col_offset = 64;
+  t.col_shift = 4;
+  return t;
+}
+
+struct UserVideo {
+  std::vector<sce::CooEntries> user, video;  // per source SC
+};
+
+bool BuildUserVideo(UserVideo* uv) {
+  const sce::Status a =
+      sce::ConvertToListOfCoo(Ragged(kUserSplits, kUserValues, kOne), 8, sce::Combiner::kSum,
+                              UserTransform(), 33, {"user", "f_user"}, &uv->user);
+  const sce::Status b =
+      sce::ConvertToListOfCoo(Ragged(kVideoSplits, kVideoValues, kOne), 8, sce::Combiner::kSum,
+                              VideoTransform(), 100, {"video", "f_video"}, &uv->video);
+  return a.ok() && b.ok() && uv->user.size() == 4 && uv->video.size() == 4;
+}
+
+void TestConvertToListOfCoo() {
+  g_test = "ConvertToListOfCoo §5";
+  UserVideo uv;
+  CHECK(BuildUserVideo(&uv));
+  if (uv.user.size() != 4 || uv.video.size() != 4) return;
+  const std::vector<IntVec> user_rows = {{0, 1, 1}, {5}, {8}, {12, 13}};
+  const std::vector<IntVec> user_cols = {{0, 32, 1}, {0}, {9}, {0, 0}};
+  const std::vector<IntVec> video_rows = {{2, 3, 3}, {7}, {10, 11}, {14, 15}};
+  const std::vector<IntVec> video_cols = {{71, 78, 71}, {167}, {68, 85}, {71, 76}};
+  for (int sc = 0; sc < 4; ++sc) {
+    CHECK_EQ(uv.user[sc].rows, user_rows[sc]);
+    CHECK_EQ(uv.user[sc].cols, user_cols[sc]);
+    CHECK_EQ(uv.user[sc].gains, FloatVec(user_rows[sc].size(), 1.0f));
+    CHECK_EQ(uv.video[sc].rows, video_rows[sc]);
+    CHECK_EQ(uv.video[sc].cols, video_cols[sc]);
+    CHECK_EQ(uv.video[sc].gains, FloatVec(video_rows[sc].size(), 1.0f));
+  }
+
+  g_test = "ConvertToListOfCoo §5 video col transform";
+  // raw id -> col' (shard (id + 4) mod 8, row in shard 8 + id / 8).
+  const IntVec raw = {3, 10, 99, 0, 17, 8};
+  const IntVec want = {71, 78, 167, 68, 85, 76};
+  for (size_t i = 0; i < raw.size(); ++i) {
+    std::vector<sce::CooEntries> per_sc;
+    CHECK_OK(sce::ConvertToListOfCoo(Ragged({0, 1, 1, 1, 1, 1, 1, 1, 1}, {raw[i]}, kOne), 8,
+                                     sce::Combiner::kSum, VideoTransform(), 100, {}, &per_sc));
+    CHECK_EQ(per_sc.size(), size_t{4});
+    if (per_sc.size() == 4) CHECK_EQ(per_sc[0].cols, (IntVec{want[i]}));
+    CHECK_EQ(want[i] % 8, (raw[i] + 4) % 8);
+    CHECK_EQ(want[i] / 8, 8 + raw[i] / 8);
+  }
+
+  g_test = "ConvertToListOfCoo errors";
+  std::vector<sce::CooEntries> per_sc;
+  sce::StackingTransform bad = UserTransform();
+  bad.num_sc_shards = 6;
+  CHECK_ERROR(sce::ConvertToListOfCoo(Ragged(kUserSplits, kUserValues, kOne), 8,
+                                      sce::Combiner::kSum, bad, -1, {}, &per_sc),
+              "power of two");
+  CHECK_ERROR(sce::ConvertToListOfCoo(Ragged(kUserSplits, {0, 32, 1, 0, -9, 0, 0}, kOne), 8,
+                                      sce::Combiner::kSum, UserTransform(), -1, {}, &per_sc),
+              "negative");
+  CHECK_ERROR(sce::ConvertToListOfCoo(Ragged(kUserSplits, kUserValues, kOne), 8,
+                                      sce::Combiner::kSum, UserTransform(), 32, {}, &per_sc),
+              "out of range");
+}
+
+std::vector<sce::FeatureCooView> ViewsForSc(const UserVideo& uv, int sc) {
+  std::vector<sce::FeatureCooView> views;
+  const sce::CooEntries* entries[2] = {&uv.user[sc], &uv.video[sc]};
+  const int64_t col_offsets[2] = {0, 64};
+  for (int f = 0; f < 2; ++f) {
+    sce::FeatureCooView v;
+    v.rows = entries[f]->rows.data();
+    v.cols = entries[f]->cols.data();
+    v.gains = entries[f]->gains.data();
+    v.num_rows = v.num_cols = v.num_gains = static_cast<int64_t>(entries[f]->size());
+    v.sample_count = 2;  // B_f / S
+    v.col_offset = col_offsets[f];
+    views.push_back(v);
+  }
+  return views;
+}
+
+bool SortAll(const UserVideo& uv, std::vector<sce::SortedCoo>* sorted) {
+  sorted->assign(4, sce::SortedCoo());
+  bool ok = true;
+  for (int sc = 0; sc < 4; ++sc) {
+    ok = ok && sce::SortListOfCoo(ViewsForSc(uv, sc), kChips, kScPerChip, 256, 256, "user_video",
+                                  &(*sorted)[sc])
+                   .ok();
+  }
+  return ok;
+}
+
+void TestSortListOfCoo() {
+  g_test = "SortListOfCoo §6";
+  UserVideo uv;
+  CHECK(BuildUserVideo(&uv));
+  if (uv.user.size() != 4 || uv.video.size() != 4) return;
+  std::vector<sce::SortedCoo> sorted;
+  CHECK(SortAll(uv, &sorted));
+  const std::vector<IntVec> rows = {{0, 1, 1, 3, 2, 3}, {1, 3}, {0, 2, 3}, {0, 1, 3, 2}};
+  const std::vector<IntVec> cols = {{0, 4, 0, 9, 8, 8}, {0, 20}, {1, 8, 10}, {0, 0, 9, 8}};
+  const std::vector<IntVec> id_counts = {{0, 2, 3, 3, 3, 3, 3, 4, 6},
+                                         {0, 1, 1, 1, 1, 1, 1, 1, 2},
+                                         {0, 0, 1, 1, 1, 2, 3, 3, 3},
+                                         {0, 2, 2, 2, 2, 3, 3, 3, 4}};
+  for (int sc = 0; sc < 4; ++sc) {
+    CHECK_EQ(sorted[sc].rows, rows[sc]);
+    CHECK_EQ(sorted[sc].cols, cols[sc]);
+    CHECK_EQ(sorted[sc].id_counts, id_counts[sc]);
+    CHECK_EQ(sorted[sc].gains, FloatVec(rows[sc].size(), 1.0f));
+  }
+
+  g_test = "GetStatsFromListOfSparseCoreCooTensors §7 (SC0)";
+  sce::ShardCounts counts;
+  CHECK_OK(sce::CountIdsPerShard(ViewsForSc(uv, 0), kChips, kScPerChip, "user_video", &counts));
+  CHECK_EQ(counts.ids, (std::vector<int64_t>{2, 1, 0, 0, 0, 0, 1, 2}));
+  CHECK_EQ(counts.uniques, (std::vector<int64_t>{2, 1, 0, 0, 0, 0, 1, 1}));
+
+  g_test = "SortListOfCoo §6 dedup merges into the first occurrence";
+  // Two features of the same member table (same col_offset) on one SC; (row 1, col 8) appears
+  // in both and (row 0, col 3) twice in the first. P = 8.
+  const IntVec r1 = {0, 0, 1}, c1 = {3, 3, 8};
+  const FloatVec g1 = {1, 2, 4};
+  const IntVec r2 = {1, 2}, c2 = {8, 3};
+  const FloatVec g2 = {8, 16};
+  std::vector<sce::FeatureCooView> views(2);
+  views[0] = {r1.data(), c1.data(), g1.data(), 3, 3, 3, 2, 0};
+  views[1] = {r2.data(), c2.data(), g2.data(), 2, 2, 2, 2, 0};
+  sce::SortedCoo dedup;
+  CHECK_OK(sce::SortListOfCoo(views, kChips, kScPerChip, 256, 256, "t", &dedup));
+  CHECK_EQ(dedup.rows, (IntVec{1, 0, 2}));  // shard 0: (8, r1); shard 3: (3, r0), (3, r2)
+  CHECK_EQ(dedup.cols, (IntVec{1, 0, 0}));
+  CHECK_EQ(dedup.gains, (FloatVec{12, 3, 16}));
+  CHECK_EQ(dedup.id_counts, (IntVec{0, 1, 1, 1, 3, 3, 3, 3, 3}));
+
+  g_test = "SortListOfCoo errors";
+  sce::SortedCoo out;
+  CHECK_ERROR(sce::SortListOfCoo(ViewsForSc(uv, 0), kChips, kScPerChip, 1, 256, "user_video", &out),
+              "max ids per sparse core");
+  CHECK_ERROR(sce::SortListOfCoo(ViewsForSc(uv, 0), kChips, kScPerChip, 256, 1, "user_video", &out),
+              "unique ids");
+  CHECK_ERROR(sce::SortListOfCoo(ViewsForSc(uv, 0), 3, kScPerChip, 256, 256, "user_video", &out),
+              "power of two");
+  const IntVec neg_cols = {3, -1, 8};
+  views[0].cols = neg_cols.data();
+  CHECK_ERROR(sce::SortListOfCoo(views, kChips, kScPerChip, 256, 256, "t", &out), "negative");
+}
+
+void TestPackCsrFromSortedLists() {
+  g_test = "PackCsrFromSortedLists §8";
+  UserVideo uv;
+  CHECK(BuildUserVideo(&uv));
+  if (uv.user.size() != 4 || uv.video.size() != 4) return;
+  std::vector<sce::SortedCoo> sorted;
+  CHECK(SortAll(uv, &sorted));
+  std::vector<sce::SortedIdsView> views;
+  for (const sce::SortedCoo& s : sorted) {
+    sce::SortedIdsView v;
+    v.rows = s.rows.data();
+    v.cols = s.cols.data();
+    v.gains = s.gains.data();
+    v.num_rows = v.num_cols = v.num_gains = static_cast<int64_t>(s.rows.size());
+    v.id_counts = s.id_counts.data();
+    v.num_id_counts = static_cast<int64_t>(s.id_counts.size());
+    views.push_back(v);
+  }
+  sce::CsrParams params;
+  params.num_replica = kChips;
+  params.num_sc_per_chip = kScPerChip;
+  params.max_minibatches_per_sc = 1;
+  params.max_ids_buffer_size = 8 * 4 * 4;  // max_ids_per_chip_per_sample * B_stk_sc * S = 128
+  params.table_name = "user_video";
+  const sce::CsrBufferSizes sizes = sce::GetCsrBufferSizes(params);
+  CHECK_EQ(sizes.row_pointers, int64_t{32});
+  CHECK_EQ(sizes.ids, int64_t{128});
+  IntVec row_pointers(sizes.row_pointers, -1), samples(sizes.ids, -1), tokens(sizes.ids, -1);
+  FloatVec gains(sizes.ids, -1.0f);
+  sce::CsrBuffers out = Bind(&row_pointers, &samples, &tokens, &gains);
+  CHECK_OK(sce::PackCsrFromSortedLists(views, 0, params, &out));
+  CHECK_EQ(Slice(row_pointers.data(), 0, 8), (IntVec{2, 9, 16, 16, 16, 16, 17, 26}));
+  CHECK_EQ(Slice(row_pointers.data(), 8, 16), (IntVec{33, 40, 40, 40, 40, 40, 40, 41}));
+  CHECK_EQ(Slice(row_pointers.data(), 16, 24), (IntVec{48, 49, 56, 56, 57, 65, 72, 72}));
+  CHECK_EQ(Slice(row_pointers.data(), 24, 32), (IntVec{74, 80, 80, 80, 81, 88, 88, 89}));
+  CHECK_EQ(out.ids_unpadded_size, int64_t{96});
+  CHECK_EQ(out.row_pointers_unpadded_size, int64_t{32});
+  CHECK_EQ(out.num_minibatches, int64_t{1});
+  CHECK_EQ(out.num_dropped_ids, int64_t{0});
+  const IntVec P6(6, PAD), P7(7, PAD);
+  auto cat = [](IntVec a, const IntVec& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  CHECK_EQ(Slice(samples.data(), 0, 8), cat({0, 1}, P6));
+  CHECK_EQ(Slice(tokens.data(), 0, 8), cat({0, 4}, P6));
+  CHECK_EQ(Slice(samples.data(), 8, 16), cat({1}, P7));
+  CHECK_EQ(Slice(tokens.data(), 8, 16), cat({0}, P7));
+  CHECK_EQ(Slice(samples.data(), 16, 24), cat({3}, P7));
+  CHECK_EQ(Slice(tokens.data(), 16, 24), cat({9}, P7));
+  CHECK_EQ(Slice(samples.data(), 24, 32), cat({2, 3}, P6));
+  CHECK_EQ(Slice(tokens.data(), 24, 32), cat({8, 8}, P6));
+  // Valid gains are 1 and padding gains are float(PAD) = 2147483648.0.
+  int valid = 0, bad_gain = 0;
+  for (int64_t i = 0; i < out.ids_unpadded_size; ++i) {
+    if (tokens[i] == PAD) {
+      bad_gain += !(samples[i] == PAD && gains[i] == FPAD);
+    } else {
+      ++valid;
+      bad_gain += gains[i] != 1.0f;
+    }
+  }
+  CHECK_EQ(valid, 15);
+  CHECK_EQ(bad_gain, 0);
+  CHECK_EQ(FPAD, 2147483648.0f);
+
+  g_test = "PackCsrFromSortedLists §8 dry run + exact-size buffers";
+  sce::CsrBuffers dry_run;  // null buffers: only the sizes are computed
+  CHECK_OK(sce::PackCsrFromSortedLists(views, 0, params, &dry_run));
+  CHECK_EQ(dry_run.ids_unpadded_size, int64_t{96});
+  CHECK_EQ(dry_run.row_pointers_unpadded_size, int64_t{32});
+  CHECK_EQ(dry_run.num_minibatches, int64_t{1});
+  IntVec rp_exact(dry_run.row_pointers_unpadded_size, -1);
+  IntVec samples_exact(dry_run.ids_unpadded_size, -1), tokens_exact(dry_run.ids_unpadded_size, -1);
+  FloatVec gains_exact(dry_run.ids_unpadded_size, -1.0f);
+  sce::CsrBuffers exact = Bind(&rp_exact, &samples_exact, &tokens_exact, &gains_exact);
+  CHECK_OK(sce::PackCsrFromSortedLists(views, 0, params, &exact));
+  CHECK_EQ(rp_exact, Slice(row_pointers.data(), 0, 32));
+  CHECK_EQ(samples_exact, Slice(samples.data(), 0, 96));
+  CHECK_EQ(tokens_exact, Slice(tokens.data(), 0, 96));
+  CHECK(gains_exact == FloatVec(gains.begin(), gains.begin() + 96));
+  // The full-size buffers are PAD past the unpadded sizes.
+  CHECK_EQ(Slice(tokens.data(), 96, 128), IntVec(32, PAD));
+
+  g_test = "PackCsrFromSortedLists §8 overflow";
+  params.max_ids_buffer_size = 64;
+  CHECK_ERROR(sce::PackCsrFromSortedLists(views, 0, params, &out), "allow_id_dropping");
+  params.allow_id_dropping = true;
+  CHECK_OK(sce::PackCsrFromSortedLists(views, 0, params, &out));
+  // SC2 keeps its replicas 1 and 4 (ending at 57 -> 64) and drops replica 5; SC3 drops all 4.
+  CHECK_EQ(out.ids_unpadded_size, int64_t{64});
+  CHECK_EQ(out.num_dropped_ids, int64_t{5});
+  CHECK_EQ(Slice(row_pointers.data(), 16, 24), (IntVec{48, 49, 56, 56, 57, 64, 64, 64}));
+  CHECK_EQ(Slice(row_pointers.data(), 24, 32), Block({64}));
+
+  g_test = "PackCsrFromSortedLists errors";
+  params.allow_id_dropping = false;
+  params.max_ids_buffer_size = 100;
+  CHECK_ERROR(sce::PackCsrFromSortedLists(views, 0, params, &out), "multiple of 8");
+  params.max_ids_buffer_size = 128;
+  std::vector<sce::SortedIdsView> three(views.begin(), views.begin() + 3);
+  CHECK_ERROR(sce::PackCsrFromSortedLists(three, 0, params, &out), "one list entry per sparse core");
+}
+
+// ------------------------------------------------------------------------------------------------
+// §9 GetMinibatchSplitsWithPhysicalReplica and §10 GetMinibatchesInCsrWithPhysicalReplica
+// ------------------------------------------------------------------------------------------------
+
+void TestSplitEncoding() {
+  g_test = "split encoding §9.3";
+  CHECK_EQ(sce::BinaryToBucketSplits(1 << 0, 6), (IntVec{32}));
+  CHECK_EQ(sce::BinaryToBucketSplits(1 << 1, 6), (IntVec{16}));
+  CHECK_EQ(sce::BinaryToBucketSplits(1 << 2, 6), (IntVec{48}));
+  CHECK_EQ(sce::BinaryToBucketSplits(1 << 3, 6), (IntVec{8}));
+  CHECK_EQ(sce::BinaryToBucketSplits(13, 6), (IntVec{8, 32, 48}));
+  CHECK_EQ(sce::BinaryToBucketSplits(0, 6), IntVec{});
+  CHECK_EQ(sce::BucketSplitsToBinary({32}, 6), int64_t{1});
+  CHECK_EQ(sce::BucketSplitsToBinary({16}, 6), int64_t{2});
+  CHECK_EQ(sce::BucketSplitsToBinary({48}, 6), int64_t{4});
+  CHECK_EQ(sce::BucketSplitsToBinary({8}, 6), int64_t{8});
+  CHECK_EQ(sce::BucketSplitsToBinary({8, 32, 48}, 6), int64_t{13});
+  CHECK_EQ(sce::BucketSplitsToBinary({}, 6), int64_t{0});
+  // Round trip over every single split point and over every bit mask of a smaller tree.
+  int bad = 0;
+  for (int32_t x = 1; x < 64; ++x) {
+    bad += sce::BinaryToBucketSplits(sce::BucketSplitsToBinary({x}, 6), 6) != IntVec{x};
+  }
+  for (int64_t bits = 0; bits < (1 << 7); ++bits) {  // L = 3: 7 bits, points in (0, 8)
+    bad += sce::BucketSplitsToBinary(sce::BinaryToBucketSplits(bits, 3), 3) != bits;
+  }
+  CHECK_EQ(bad, 0);
+}
+
+const IntVec kRows9 = {0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 4, 7};
+const IntVec kCols9 = {0, 8, 40, 44, 48, 44, 5, 2, 6, 10, 3, 63};
+const FloatVec kGains9 = {1, 1, 1, 1, 1, 0.5f, 1, 1, 1, 1, 1, 1};
+
+sce::MinibatchSplitsParams Params9() {
+  sce::MinibatchSplitsParams p;
+  p.sample_count = 8;
+  p.num_replica = 1;
+  p.num_sc_per_chip = 4;
+  p.table_vocab_size = 64;
+  p.max_ids_per_partition = 2;
+  p.max_unique_ids_per_partition = 2;
+  p.max_division_level = 6;
+  p.table_name = "t";
+  return p;
+}
+
+void TestGetMinibatchSplits() {
+  g_test = "GetMinibatchSplits §9.4";
+  sce::MinibatchSplits out;
+  CHECK_OK(sce::GetMinibatchSplits(kRows9.data(), kCols9.data(), kGains9.data(), 12, 12, 12,
+                                   Params9(), &out));
+  CHECK_EQ(out.splits, int64_t{13});
+  CHECK_EQ(sce::BinaryToBucketSplits(out.splits, 6), (IntVec{8, 32, 48}));
+  CHECK_EQ(out.max_ids, int64_t{5});
+  CHECK_EQ(out.max_uniques, int64_t{5});
+  CHECK_EQ(out.rows, (IntVec{0, 0, 0, 1, 1, 1, 0, 0, 1, 0, 1}));
+  CHECK_EQ(out.cols, (IntVec{0, 2, 10, 11, 12, 1, 0, 1, 2, 0, 15}));
+  CHECK_EQ(out.gains, (FloatVec{1, 1, 1, 1.5f, 1, 1, 1, 1, 1, 1, 1}));
+  CHECK_EQ(out.id_counts.size(), size_t{4 * 4 * 64 + 1});
+  std::vector<IntVec> steps;  // (index, value) where id_counts changes
+  for (size_t i = 1; i < out.id_counts.size(); ++i) {
+    if (out.id_counts[i] != out.id_counts[i - 1]) {
+      steps.push_back({static_cast<int32_t>(i), out.id_counts[i]});
+    }
+  }
+  const std::vector<IntVec> want = {{1, 1},   {9, 2},   {41, 3},  {45, 4},  {49, 5},   {70, 6},
+                                    {387, 7}, {391, 8}, {395, 9}, {708, 10}, {1024, 11}};
+  CHECK_EQ(steps.size(), want.size());
+  CHECK(steps == want);
+  if (steps != want) {
+    for (const IntVec& s : steps) std::fprintf(stderr, "    step %d:%d\n", s[0], s[1]);
+  }
+  if (!out.id_counts.empty()) CHECK_EQ(out.id_counts[0], 0);
+
+  g_test = "GetMinibatchSplits errors";
+  const IntVec unsorted = {0, 0, 0, 1, 1, 1, 0, 2, 2, 3, 4, 7};
+  CHECK_ERROR(sce::GetMinibatchSplits(unsorted.data(), kCols9.data(), kGains9.data(), 12, 12, 12,
+                                      Params9(), &out),
+              "sorted");
+  const IntVec negative = {0, 8, 40, 44, 48, 44, 5, 2, -6, 10, 3, 63};
+  CHECK_ERROR(sce::GetMinibatchSplits(kRows9.data(), negative.data(), kGains9.data(), 12, 12, 12,
+                                      Params9(), &out),
+              "out of range");
+  sce::MinibatchSplitsParams coarse = Params9();
+  coarse.max_division_level = 0;  // one division: 5 ids of replica 0 on SC0 cannot fit in 2
+  CHECK_ERROR(sce::GetMinibatchSplits(kRows9.data(), kCols9.data(), kGains9.data(), 12, 12, 12,
+                                      coarse, &out),
+              "too many ids");
+  sce::MinibatchSplitsParams odd = Params9();
+  odd.sample_count = 6;
+  CHECK_ERROR(sce::GetMinibatchSplits(kRows9.data(), kCols9.data(), kGains9.data(), 12, 12, 12,
+                                      odd, &out),
+              "multiple");
+}
+
+void TestPackCsrFromMinibatchSplits() {
+  g_test = "PackCsrFromMinibatchSplits §10";
+  sce::MinibatchSplits mb;
+  CHECK_OK(sce::GetMinibatchSplits(kRows9.data(), kCols9.data(), kGains9.data(), 12, 12, 12,
+                                   Params9(), &mb));
+  if (mb.id_counts.size() != 4 * 4 * 64 + 1) return;
+  sce::SortedIdsView view;
+  view.rows = mb.rows.data();
+  view.cols = mb.cols.data();
+  view.gains = mb.gains.data();
+  view.num_rows = view.num_cols = view.num_gains = static_cast<int64_t>(mb.rows.size());
+  view.id_counts = mb.id_counts.data();
+  view.num_id_counts = static_cast<int64_t>(mb.id_counts.size());
+  sce::CsrParams params;
+  params.num_replica = 1;
+  params.num_sc_per_chip = 4;
+  params.max_minibatches_per_sc = 8;
+  params.max_ids_buffer_size = 16 * 8;  // max_ids_per_chip_per_sample * sample_count = 128
+  params.max_division_level = 6;
+  params.table_name = "t";
+  const sce::CsrBufferSizes sizes = sce::GetCsrBufferSizes(params);
+  CHECK_EQ(sizes.row_pointers, int64_t{8 * 4 * 8});
+  IntVec row_pointers(sizes.row_pointers, -1), samples(sizes.ids, -1), tokens(sizes.ids, -1);
+  FloatVec gains(sizes.ids, -1.0f);
+  sce::CsrBuffers out = Bind(&row_pointers, &samples, &tokens, &gains);
+  CHECK_OK(sce::PackCsrFromMinibatchSplits(view, mb.splits, params, &out));
+  CHECK_EQ(out.num_minibatches, int64_t{4});
+  CHECK_EQ(out.row_pointers_unpadded_size, int64_t{128});
+  CHECK_EQ(out.ids_unpadded_size, int64_t{72});
+  auto block = [&](int sc, int minibatch) {
+    const int64_t k = (sc * out.num_minibatches + minibatch) * 8;
+    return Slice(row_pointers.data(), k, k + 8);
+  };
+  CHECK_EQ(block(0, 0), (IntVec{1, 9, 16, 16, 16, 16, 16, 16}));
+  CHECK_EQ(block(0, 1), Block({17, 24}));
+  CHECK_EQ(block(0, 2), Block({26, 32}));
+  CHECK_EQ(block(0, 3), Block({33, 40}));
+  CHECK_EQ(block(1, 0), Block({40, 40, 42, 48}));
+  CHECK_EQ(block(1, 1), Block({48, 48, 49, 56}));
+  CHECK_EQ(block(2, 0), Block({56, 56, 56, 57, 64}));
+  CHECK_EQ(block(3, 3), Block({64, 64, 64, 65, 72}));
+  // Non-pad slots: slot -> (token, sample, gain); every other slot below 72 is PAD.
+  const std::vector<std::vector<double>> want = {
+      {0, 0, 0, 1},   {8, 1, 1, 1},    {16, 2, 0, 1},   {24, 10, 0, 1},
+      {25, 11, 1, 1.5}, {32, 12, 1, 1}, {40, 0, 0, 1},   {41, 1, 0, 1},
+      {48, 2, 1, 1},  {56, 0, 0, 1},   {64, 15, 1, 1}};
+  std::vector<std::vector<double>> got;
+  int bad_pad = 0;
+  for (int64_t i = 0; i < out.ids_unpadded_size; ++i) {
+    if (tokens[i] != PAD) {
+      got.push_back({static_cast<double>(i), static_cast<double>(tokens[i]),
+                     static_cast<double>(samples[i]), gains[i]});
+    } else {
+      bad_pad += !(samples[i] == PAD && gains[i] == FPAD);
+    }
+  }
+  CHECK(got == want);
+  if (got != want) {
+    for (const auto& g : got) std::fprintf(stderr, "    slot %g: %g %g %g\n", g[0], g[1], g[2], g[3]);
+  }
+  CHECK_EQ(bad_pad, 0);
+
+  g_test = "PackCsrFromMinibatchSplits errors";
+  params.max_minibatches_per_sc = 3;
+  CHECK_ERROR(sce::PackCsrFromMinibatchSplits(view, mb.splits, params, &out), "minibatches");
+  params.max_minibatches_per_sc = 8;
+  params.max_ids_buffer_size = 64;
+  CHECK_ERROR(sce::PackCsrFromMinibatchSplits(view, mb.splits, params, &out), "allow_id_dropping");
+  params.max_ids_buffer_size = 128;
+  view.num_id_counts = 257;
+  CHECK_ERROR(sce::PackCsrFromMinibatchSplits(view, mb.splits, params, &out), "id_counts");
+}
+
+// ------------------------------------------------------------------------------------------------
+// §2.4 layout stacker
+// ------------------------------------------------------------------------------------------------
+
+void TestLayoutStacker() {
+  g_test = "LayoutStacker §2.4";
+  sce::LayoutStacker stacker(/*num_partitions=*/2, /*sparse_cores_per_partition=*/4,
+                             /*disable_table_stacking=*/false);
+  // Python adds tables in name order; only the first table gets samples (the 2.21 bug).
+  CHECK_OK(stacker.AddTable("b", 100, 16, "g1", 8, 1));
+  CHECK_OK(stacker.AddTable("a", 33, 10, "g1", 0, 0));
+  CHECK_OK(stacker.AddTable("d", 50, 12, "g0", 0, 0));
+  CHECK_OK(stacker.AddTable("c", 70, 13, "g1", 0, 0));
+  CHECK_OK(stacker.AddTable("e", 64, 16, "g1", 0, 0));
+  const std::vector<sce::TableLayout> layouts = stacker.GetLayouts();
+  CHECK_EQ(layouts.size(), size_t{5});
+  if (layouts.size() != 5) return;
+  std::vector<std::string> names;
+  for (const sce::TableLayout& t : layouts) names.push_back(t.table_name);
+  CHECK_EQ(names, (std::vector<std::string>{"d", "b", "a", "c", "e"}));
+  const sce::TableLayout& d = layouts[0];
+  CHECK_EQ(d.stacked_table_name, std::string("d"));
+  CHECK_EQ(d.padded_width, int64_t{16});
+  CHECK_EQ(d.padded_height, int64_t{64});
+  CHECK_EQ(d.sparse_core_shard_row_offset, int64_t{0});
+  CHECK_EQ(d.sparse_core_shard_rotation, int64_t{0});
+  CHECK_EQ(d.total_rows_per_sparse_core_shard, int64_t{8});
+  const int64_t padded_rows[] = {128, 64, 128, 64};
+  const int64_t row_offsets[] = {0, 16, 24, 40};
+  const int64_t rotations[] = {0, 4, 0, 4};
+  for (int i = 0; i < 4; ++i) {
+    const sce::TableLayout& t = layouts[i + 1];
+    CHECK_EQ(t.stacked_table_name, std::string("b_a_c_e"));
+    CHECK_EQ(t.padded_height, padded_rows[i]);
+    CHECK_EQ(t.padded_width, int64_t{16});
+    CHECK_EQ(t.sparse_core_shard_row_offset, row_offsets[i]);
+    CHECK_EQ(t.sparse_core_shard_rotation, rotations[i]);
+    CHECK_EQ(t.total_rows_per_sparse_core_shard, int64_t{48});
+    CHECK_EQ(t.num_sparse_cores, int64_t{8});
+    CHECK_EQ(t.num_partitions, int64_t{2});
+  }
+  CHECK_EQ(layouts[1].per_sparse_core_batch_size, int64_t{2});
+  CHECK_EQ(layouts[1].num_features, int64_t{1});
+
+  g_test = "LayoutStacker §2.2 limits and disabled stacking";
+  sce::LayoutStacker unstacked(2, 4, /*disable_table_stacking=*/true);
+  CHECK_OK(unstacked.AddTable("x", 100, 16, "g", 0, 0));
+  CHECK_OK(unstacked.AddTable("y", 100, 16, "g", 0, 0));
+  const std::vector<sce::TableLayout> separate = unstacked.GetLayouts();
+  CHECK_EQ(separate.size(), size_t{2});
+  if (separate.size() == 2) {
+    CHECK_EQ(separate[1].stacked_table_name, std::string("y"));
+    CHECK_EQ(separate[1].sparse_core_shard_row_offset, int64_t{0});
+  }
+  // A sum equal to the activation limit is rejected: 4 * 16 * 8 = 512 bytes per table.
+  sce::StackerLimits limits;
+  limits.activation_mem_bytes = 1024;
+  sce::LayoutStacker limited(2, 4, false, limits);
+  CHECK_OK(limited.AddTable("p", 8, 16, "g", 32, 1));
+  CHECK_OK(limited.AddTable("q", 8, 16, "g", 32, 1));
+  const std::vector<sce::TableLayout> split = limited.GetLayouts();
+  CHECK_EQ(split.size(), size_t{2});
+  if (split.size() == 2) CHECK_EQ(split[0].stacked_table_name, std::string("p"));
+
+  g_test = "LayoutStacker errors";
+  CHECK_ERROR(stacker.AddTable("b", 10, 16, "g1", 0, 0), "twice");
+  CHECK_ERROR(stacker.AddTable("z", 0, 16, "g1", 0, 0), ">= 1");
+}
+
+}  // namespace
+
+int main() {
+  const std::vector<std::function<void()>> tests = {
+      TestConvertToCoo,   TestConvertToListOfCoo, TestSortListOfCoo,
+      TestPackCsrFromSortedLists, TestSplitEncoding, TestGetMinibatchSplits,
+      TestPackCsrFromMinibatchSplits, TestLayoutStacker,
+  };
+  for (const auto& test : tests) test();
+  std::printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
