@@ -345,6 +345,21 @@ def csr_dict(result, last="num_minibatches_per_sc"):
     return d
 
 
+def run_csr(op, last="num_minibatches_per_sc", **kwargs):
+    """Runs a CSR op with TensorFlow's static buffer sizes and again with trim_to_size: the trimmed
+    buffers must be exactly the unpadded prefixes. Returns the full-size outputs."""
+    full = csr_dict(op(**kwargs), last)
+    trimmed = csr_dict(op(trim_to_size=True, **kwargs), last)
+    sizes = {"row_pointers": "row_pointers_unpadded_size"}
+    for key in ("row_pointers", "sorted_sample_ids", "sorted_token_ids", "sorted_gains"):
+        size = int(full[sizes.get(key, "ids_unpadded_size")])
+        assert_same(trimmed[key], full[key][:size], "trimmed " + key)
+    for key in ("row_pointers_unpadded_size", "ids_unpadded_size", "num_minibatches",
+                "num_dropped_ids"):
+        assert int(trimmed[key]) == int(full[key]), "trimmed " + key
+    return full
+
+
 def assert_csr_equal(got, want):
     event(f"minibatches: {want['num_minibatches']}")
     event(f"ids dropped: {want['num_dropped_ids'] > 0}")
@@ -360,8 +375,8 @@ def assert_csr_equal(got, want):
 def test_convert_to_sparse_core_csr_wrapped_coo_tensor(inputs):
     S = len(inputs["sorted_row_ids_list"])
     got, want = expect_failure_or_compare(
-        lambda: csr_dict(ops.convert_to_sparse_core_csr_wrapped_coo_tensor(
-            table_vocab_size=1000, feature_width=8, table_name="t", **inputs)),
+        lambda: run_csr(ops.convert_to_sparse_core_csr_wrapped_coo_tensor,
+                        table_vocab_size=1000, feature_width=8, table_name="t", **inputs),
         lambda: ref.convert_to_sparse_core_csr_wrapped_coo_tensor(num_sc_per_chip=S, **inputs))
     if got is not None:
         assert_csr_equal(got, want)
@@ -475,11 +490,13 @@ def test_coo_to_minibatch_splits_to_csr_chain(setup, max_minibatches, per_sample
     # The splits of several hosts are ORed: pass the mask twice, in a [2] vector.
     splits = np.array([splits_out["splits"], 0], np.int64)
     got, want = expect_failure_or_compare(
-        lambda: csr_dict(ops.get_minibatches_in_csr_with_physical_replica(
-            ["key"], splits_out["sorted_row_ids"], splits_out["sorted_col_ids"],
-            splits_out["sorted_gains"], splits, splits_out["id_counts"],
+        lambda: run_csr(
+            ops.get_minibatches_in_csr_with_physical_replica,
+            last="num_minibatches_per_physical_sparse_core", program_key=["key"],
+            row_ids=splits_out["sorted_row_ids"], col_ids=splits_out["sorted_col_ids"],
+            gains=splits_out["sorted_gains"], splits=splits, id_counts=splits_out["id_counts"],
             table_vocab_size=setup["table_vocab_size"], feature_width=8, table_name="t",
-            mini_batch_in_csr="", **args), last="num_minibatches_per_physical_sparse_core"),
+            mini_batch_in_csr="", **args),
         lambda: ref.get_minibatches_in_csr_with_physical_replica(
             splits_out["sorted_row_ids"], splits_out["sorted_col_ids"],
             splits_out["sorted_gains"], splits, splits_out["id_counts"], **args))
@@ -589,8 +606,8 @@ def test_list_sort_csr_wrapped_chain(table, per_sample, dropping, small_limits):
                     sample_count_per_sc=B_stk_sc, num_replica=C, max_minibatches_per_sc=1,
                     max_ids_per_chip_per_sample=per_sample, allow_id_dropping=dropping)
     got, want = expect_failure_or_compare(
-        lambda: csr_dict(ops.convert_to_sparse_core_csr_wrapped_coo_tensor(
-            table_vocab_size=1000, feature_width=8, table_name="t", **csr_args)),
+        lambda: run_csr(ops.convert_to_sparse_core_csr_wrapped_coo_tensor,
+                        table_vocab_size=1000, feature_width=8, table_name="t", **csr_args),
         lambda: ref.convert_to_sparse_core_csr_wrapped_coo_tensor(num_sc_per_chip=S, **csr_args))
     if got is None:
         return
@@ -617,3 +634,16 @@ def test_list_sort_csr_wrapped_chain(table, per_sample, dropping, small_limits):
     assert decoded.keys() == expected.keys()
     for key, value in expected.items():
         np.testing.assert_allclose(decoded[key], value, rtol=1e-5, err_msg=str(key))
+
+
+def test_trim_to_size_without_any_ids():
+    """Regression: with no ids the trimmed id buffers are empty (null data) and the row pointers
+    were left unwritten, because an empty id buffer was taken for a dry run."""
+    empty = np.zeros(0, np.int32)
+    result = ops.convert_to_sparse_core_csr_wrapped_coo_tensor(
+        [empty] * 2, [empty] * 2, [np.zeros(0, np.float32)] * 2, [np.zeros(3, np.int32)] * 2,
+        np.int64(0), sample_count_per_sc=1, num_replica=1, max_minibatches_per_sc=1,
+        max_ids_per_chip_per_sample=8, table_vocab_size=8, feature_width=1, table_name="t",
+        allow_id_dropping=False, trim_to_size=True)
+    np.testing.assert_array_equal(result.row_pointers.numpy(), np.zeros(16, np.int32))
+    assert result.sorted_token_ids.shape == (0,) and int(result.ids_unpadded_size) == 0

@@ -61,8 +61,10 @@ Status Pack(int64_t splits, const CsrParams& params, ViewOf view_of, SegmentOf s
   points.push_back(static_cast<int32_t>(D));
 
   const int64_t row_pointer_capacity = params.max_minibatches_per_sc * S * block;
-  // Without output buffers this is a dry run that only computes the sizes and drop count.
-  const bool write = out->token_ids != nullptr;
+  // Without output buffers this is a dry run that only computes the sizes and drop count. The
+  // row-pointer buffer decides: it always has at least one 8-entry block, whereas the id buffers
+  // of an exact-size (trimmed) run are empty, with a null data pointer, when there are no ids.
+  const bool write = out->row_pointers != nullptr;
   const int64_t id_buffer_size = write ? out->id_buffer_size : capacity;
   const int64_t row_pointer_buffer_size = write ? out->row_pointer_buffer_size : row_pointer_capacity;
   out->num_dropped_ids = 0;

@@ -40,9 +40,9 @@ struct CsrParams {
 // sizes, at exactly those. Entries past the unpadded sizes are filled with PAD (TensorFlow leaves
 // them uninitialized).
 struct CsrBuffers {
-  int32_t* row_pointers = nullptr;
+  int32_t* row_pointers = nullptr;  // nullptr: dry run, only sizes and num_dropped_ids computed
   int32_t* sample_ids = nullptr;
-  int32_t* token_ids = nullptr;  // nullptr: dry run, only sizes and num_dropped_ids are computed
+  int32_t* token_ids = nullptr;
   float* gains = nullptr;
   int64_t row_pointer_buffer_size = 0;
   int64_t id_buffer_size = 0;
