@@ -87,6 +87,11 @@ Status Pack(int64_t splits, const CsrParams& params, ViewOf view_of, SegmentOf s
           count = capacity - g;
         }
         const int64_t aligned = RoundUp(g + count, kXlaPadSize);
+        if (write && (aligned > id_buffer_size || RoundUp(k + 1, kXlaPadSize) > row_pointer_buffer_size)) {
+          return InvalidArgument("table '", params.table_name, "': the output buffers (",
+                                 row_pointer_buffer_size, " row pointers, ", id_buffer_size,
+                                 " ids) are too small for the packed ids");
+        }
         if (write) {
           std::copy(v.cols + begin, v.cols + begin + count, out->token_ids + g);
           std::copy(v.rows + begin, v.rows + begin + count, out->sample_ids + g);
