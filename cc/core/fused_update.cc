@@ -4,6 +4,11 @@
 
 namespace sce {
 
+__attribute__((target_clones("avx2", "default"))) void AccumulateScaled(float* sum, const float* g,
+                                                                        float gain, int64_t dim) {
+  for (int64_t j = 0; j < dim; ++j) sum[j] += gain * g[j];
+}
+
 void CollectShardContributions(const CsrView& view, int64_t p, std::vector<RowContribution>* out) {
   out->clear();
   const int64_t samples_per_sc = view.samples_per_sc();

@@ -23,6 +23,9 @@ struct RowContribution {
   float gain;
 };
 
+// sum[0:dim] += gain * g[0:dim] (multiversioned for AVX2; see lookup.cc).
+void AccumulateScaled(float* sum, const float* g, float gain, int64_t dim);
+
 // All contributions to shard p (a global shard index), sorted by token (stable, so the summation
 // order is fixed: source SparseCore, minibatch, position).
 void CollectShardContributions(const CsrView& view, int64_t p, std::vector<RowContribution>* out);
@@ -50,7 +53,7 @@ void FusedUpdate(const CsrView& view, const float* grads, int64_t dim, float lea
         for (; i < entries.size() && entries[i].token == token; ++i) {
           const float gain = entries[i].gain;
           const float* g = grads + static_cast<int64_t>(entries[i].activation) * dim;
-          for (int64_t j = 0; j < dim; ++j) sum[j] += gain * g[j];
+          AccumulateScaled(sum.data(), g, gain, dim);
         }
         const int64_t row = (p * rows_per_shard + token) * dim;
         for (size_t k = 0; k < kNumSlots; ++k) slot_rows[k] = slots[k] + row;

@@ -24,6 +24,41 @@ inline float Quantize(float v, float low, float high, float quantum) {
   return std::floor((v - low) / quantum + 0.5f) * quantum + low;
 }
 
+// Sums one segment's gain-weighted rows into the activation block. Built for AVX2 and for the
+// baseline ISA; the loader picks the best one for the CPU (TensorFlow's wheel targets SSE only).
+__attribute__((target_clones("avx2", "default"))) void AccumulateSegment(
+    const CsrView& view, int64_t begin, int64_t end, const float* shard, int64_t dim,
+    float* block) {
+  const int64_t lines_per_row = (dim * static_cast<int64_t>(sizeof(float)) + 63) / 64;
+  constexpr int64_t kPrefetchDistance = 8;
+  for (int64_t i = begin; i < end; ++i) {
+    const int32_t token = view.token_ids[i], sample = view.sample_ids[i];
+    if (token == kPad || sample == kPad) continue;
+    if (i + kPrefetchDistance < end && view.token_ids[i + kPrefetchDistance] != kPad) {
+      const char* ahead = reinterpret_cast<const char*>(
+          shard + static_cast<int64_t>(view.token_ids[i + kPrefetchDistance]) * dim);
+      for (int64_t line = 0; line < lines_per_row; ++line) __builtin_prefetch(ahead + 64 * line);
+    }
+    const float gain = view.gains[i];
+    const float* row = shard + static_cast<int64_t>(token) * dim;
+    float* out = block + static_cast<int64_t>(sample) * dim;
+    for (int64_t j = 0; j < dim; ++j) out[j] += gain * row[j];
+  }
+}
+
+void AccumulateQuantizedSegment(const CsrView& view, int64_t begin, int64_t end,
+                                const float* shard, int64_t dim, const Quantization& q,
+                                float quantum, float* block) {
+  for (int64_t i = begin; i < end; ++i) {
+    const int32_t token = view.token_ids[i], sample = view.sample_ids[i];
+    if (token == kPad || sample == kPad) continue;
+    const float gain = view.gains[i];
+    const float* row = shard + static_cast<int64_t>(token) * dim;
+    float* out = block + static_cast<int64_t>(sample) * dim;
+    for (int64_t j = 0; j < dim; ++j) out[j] += gain * Quantize(row[j], q.low, q.high, quantum);
+  }
+}
+
 }  // namespace
 
 void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
@@ -43,20 +78,10 @@ void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
           int64_t begin, end;
           view.Segment(s, b, view.first_local_shard + p, &begin, &end);
           const float* shard = table + p * rows_per_shard * dim;
-          for (int64_t i = begin; i < end; ++i) {
-            const int32_t token = view.token_ids[i], sample = view.sample_ids[i];
-            if (token == kPad || sample == kPad) continue;
-            if (i + 4 < end && view.token_ids[i + 4] != kPad) {
-              __builtin_prefetch(shard + static_cast<int64_t>(view.token_ids[i + 4]) * dim);
-            }
-            const float gain = view.gains[i];
-            const float* row = shard + static_cast<int64_t>(token) * dim;
-            float* out = block + static_cast<int64_t>(sample) * dim;
-            if (q.enabled()) {
-              for (int64_t j = 0; j < dim; ++j) out[j] += gain * Quantize(row[j], q.low, q.high, quantum);
-            } else {
-              for (int64_t j = 0; j < dim; ++j) out[j] += gain * row[j];
-            }
+          if (q.enabled()) {
+            AccumulateQuantizedSegment(view, begin, end, shard, dim, q, quantum, block);
+          } else {
+            AccumulateSegment(view, begin, end, shard, dim, block);
           }
         }
       }
