@@ -154,23 +154,33 @@ Status BuildEntries(const IdInput& in, int64_t sample_count, Combiner combiner,
   }
   SCE_RETURN_IF_ERROR(CheckIds(in, vocabulary_size, ctx));
   const std::vector<float> scale = CombinerScales(in, rows, sample_count, combiner);
-  out->rows.clear();
-  out->cols.clear();
-  out->gains.clear();
-  out->Reserve(in.num_values);
+  // Written through raw pointers into pre-sized vectors: this loop runs once per id per step.
+  const int64_t n = in.num_values;
+  out->rows.resize(n);
+  out->cols.resize(n);
+  out->gains.resize(n);
+  int32_t* out_rows = out->rows.data();
+  int32_t* out_cols = out->cols.data();
+  float* out_gains = out->gains.data();
   const bool per_id = in.weights_rank == 1;
-  for (int64_t i = 0; i < in.num_values; ++i) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
     const float w = per_id ? in.weights[i] : in.weights[0];
-    const size_t last = out->size();
-    if (last > 0 && out->rows[last - 1] == rows[i] && out->cols[last - 1] == in.values[i]) {
-      out->gains[last - 1] += w;
+    if (count > 0 && out_rows[count - 1] == rows[i] && out_cols[count - 1] == in.values[i]) {
+      out_gains[count - 1] += w;
     } else {
-      out->Push(rows[i], in.values[i], w);
+      out_rows[count] = rows[i];
+      out_cols[count] = in.values[i];
+      out_gains[count] = w;
+      ++count;
     }
   }
   if (!scale.empty()) {
-    for (size_t k = 0; k < out->size(); ++k) out->gains[k] *= scale[out->rows[k]];
+    for (int64_t k = 0; k < count; ++k) out_gains[k] *= scale[out_rows[k]];
   }
+  out->rows.resize(count);
+  out->cols.resize(count);
+  out->gains.resize(count);
   return Status::Ok();
 }
 
