@@ -13,8 +13,10 @@ from typing import Any, Optional
 import tensorflow as tf
 from tensorflow.python.util import nest
 
+from tf_sc_embedding import checkpointing
 from tf_sc_embedding import enqueue as enqueue_lib
 from tf_sc_embedding import sharded_lookup
+from tf_sc_embedding import sharded_tables
 from tf_sc_embedding.layout import EmbeddingLayout
 from tf_sc_embedding.sharded_tables import create_sharded_tables, read_logical_table
 
@@ -41,7 +43,13 @@ class TPUEmbeddingV2(tf.Module):
         self._tables = None
         self._flat_paths = [p for p, _ in nest.flatten_with_joined_string_paths(feature_config)]
         # Fail fast on bad configs (optimizers, combiners, names) before any input is seen.
-        self._check_config()
+        config_layout = self._check_config()
+        # Checkpoint nodes, one per user table, named by table (see checkpointing.py). They exist
+        # before build() so that a checkpoint restored early is consumed by build().
+        self._pending_restore = None
+        self._logical_nodes = {
+            t.name: checkpointing.LogicalTable(self, t.name, t.config, t.optimizer.slot_names)
+            for s in config_layout.stacked_tables.values() for t in s.tables}
 
     # ----------------------------------------------------------------------------- building
     def _replica_devices(self):
@@ -55,8 +63,8 @@ class TPUEmbeddingV2(tf.Module):
 
     def _check_config(self):
         shapes = {p: (self._sparse_cores,) for p in self._flat_paths}
-        EmbeddingLayout(self._feature_config, self._optimizer, self._num_replicas,
-                        self._sparse_cores, shapes, self._sparse_core_config)
+        return EmbeddingLayout(self._feature_config, self._optimizer, self._num_replicas,
+                               self._sparse_cores, shapes, self._sparse_core_config)
 
     def build(self, per_replica_batch_size=None, output_shapes=None):
         """Lays out and creates the tables for a per-replica batch size (or per-feature shapes)."""
@@ -88,11 +96,19 @@ class TPUEmbeddingV2(tf.Module):
                 shapes[path] = shape
             layout = EmbeddingLayout(self._feature_config, self._optimizer, self._num_replicas,
                                      self._sparse_cores, shapes, self._sparse_core_config)
+            pending = self._pending_restore
+
+            def from_checkpoint(table, kind):
+                if pending is None or not pending.has(table.name, kind):
+                    return None
+                return pending.read(table.name, kind)
+
             with tf.init_scope():
                 self._tables = {name: create_sharded_tables(stacked, self._devices,
-                                                            self._sparse_cores)
+                                                            self._sparse_cores, from_checkpoint)
                                 for name, stacked in layout.stacked_tables.items()}
             self._layout = layout
+            self._pending_restore = None
 
     def _output_shapes_of(self, flat_features):
         shapes = []
@@ -149,6 +165,72 @@ class TPUEmbeddingV2(tf.Module):
                 if t.config is table_config:
                     return read_logical_table(self._tables[name][slot_name], t, self._sparse_cores)
         raise KeyError(f"unknown table {table_config}")
+
+    def logical_tables(self, include_slots=False, as_numpy=True):
+        """Table name -> logical [vocabulary_size, dim] table (numpy, or tf.Tensor if not as_numpy).
+
+        With include_slots, table name -> {"parameters": ..., <slot name>: ...}.
+        """
+        self._require_built("logical_tables")
+        result = {}
+        for name, node in self._logical_nodes.items():
+            kinds = node.kinds if include_slots else (checkpointing.PARAMETERS,)
+            values = {}
+            for kind in kinds:
+                value = self._gather_logical(name, kind)
+                values[kind] = value if as_numpy else sharded_tables.as_tensor_zero_copy(value)
+            result[name] = values if include_slots else values[checkpointing.PARAMETERS]
+        return result
+
+    def export_serving(self, export_dir, **kwargs):
+        """Writes a SavedModel that looks features up with stock TensorFlow ops only.
+
+        See `tf_sc_embedding.serving.export_serving` for the signatures.
+        """
+        from tf_sc_embedding import serving  # pylint: disable=import-outside-toplevel
+        return serving.export_serving(self, export_dir, **kwargs)
+
+    # ----------------------------------------------------------------------------- checkpoints
+    def _trackable_children(self, save_type=None, **kwargs):
+        # Only the per-table logical nodes: the per-replica variables depend on the topology and
+        # are never checkpointed directly.
+        return dict(self._logical_nodes)
+
+    def _placement(self, table_name):
+        for stacked in self._layout.stacked_tables.values():
+            for table in stacked.tables:
+                if table.name == table_name:
+                    return table
+        raise KeyError(f"unknown table '{table_name}'")
+
+    def _gather_logical(self, table_name, kind):
+        """The logical value of one table's parameters or slot (numpy, or a tensor in graphs)."""
+        placement = self._placement(table_name)
+        sharded = self._tables[placement.layout.stacked_table_name][kind]
+        if tf.executing_eagerly():
+            return sharded_tables.gather_logical(sharded, placement, self._sparse_cores)
+        return sharded_tables.gather_logical_tf(sharded, placement, self._sparse_cores)
+
+    def _restore_logical(self, pending):
+        """Restores checkpointed logical tables now, or at build() if not built yet."""
+        with self._build_lock:
+            if self._layout is None:
+                if self._pending_restore is not None:   # a later restore wins per table
+                    merged = dict(self._pending_restore.keys)
+                    prefixes = {self._pending_restore.prefix, pending.prefix}
+                    if len(prefixes) == 1:
+                        merged.update(pending.keys)
+                        pending = checkpointing.PendingRestore(pending.prefix, merged)
+                self._pending_restore = pending
+                return
+        with tf.init_scope():
+            for name, kinds in pending.keys.items():
+                placement = self._placement(name)
+                for kind in kinds:
+                    sharded = self._tables[placement.layout.stacked_table_name][kind]
+                    value = pending.read(name, kind)
+                    sharded_tables.assign_logical(sharded, placement, self._sparse_cores, value)
+                    del value
 
     def _require_built(self, what):
         if self._layout is None:

@@ -71,29 +71,47 @@ class ShardedTable(tf.Module):
         return tf.TensorShape([sum(v.shape[0] for v in self.shards), self.shards[0].shape[1]])
 
 
-def create_sharded_tables(stacked, devices, sparse_cores_per_replica):
+def create_sharded_tables(stacked, devices, sparse_cores_per_replica, from_checkpoint=None):
     """Creates the parameters and slots of one stacked table, one variable per device.
 
+    `from_checkpoint(table_placement, kind)`, if given, returns the logical [vocabulary_size, dim]
+    values of a member table's parameters (kind "parameters") or slot, or None; such values are
+    used instead of the initializer (deferred checkpoint restoration).
     Returns {"parameters": ShardedTable, <slot name>: ShardedTable, ...}.
     """
     num_replicas = len(devices)
     shard_rows = sparse_cores_per_replica * stacked.rows_per_shard
     width = stacked.padded_width
     optimizer = stacked.optimizer
+    slot_initializers = dict(zip(optimizer.slot_names, optimizer.slot_initializers))
 
-    def build(kind, make_logical):
-        values = [np.zeros((shard_rows, width), np.float32) for _ in devices]
+    def build(kind, make_logical, from_checkpoint):
+        values = [aligned_zeros((shard_rows, width)) for _ in devices]
         for table in stacked.tables:
+            restored = from_checkpoint(table, kind) if from_checkpoint else None
+            if restored is not None:
+                # Variables are created from the checkpointed logical table (no initializer),
+                # written straight into the device buffers one table at a time.
+                if kind != "parameters":
+                    _fill_slot_padding(values, table, num_replicas, sparse_cores_per_replica,
+                                       slot_initializers[kind])
+                _place_logical(values, table, num_replicas, sparse_cores_per_replica, restored)
+                del restored
+                continue
             logical = make_logical(table)
             replica, row = storage_coordinates(table, num_replicas, sparse_cores_per_replica)
             for d in range(num_replicas):
                 mask = replica == d
                 values[d][row[mask], :] = logical[mask]
+            del logical
         shards = []
         for d, device in enumerate(devices):
             with tf.device(device):
+                initial = as_tensor_zero_copy(values[d])
+                values[d] = None  # the variable now owns the buffer: no second copy
                 shards.append(resource_variable_ops.ResourceVariable(
-                    values[d], name=f"{stacked.name}/{kind}/replica_{d}", trainable=False))
+                    initial, name=f"{stacked.name}/{kind}/replica_{d}", trainable=False))
+                del initial
         return ShardedTable(f"{stacked.name}/{kind}", shards)
 
     def table_values(table):
@@ -104,21 +122,155 @@ def create_sharded_tables(stacked, devices, sparse_cores_per_replica):
         padded[:layout.height, :layout.width] = logical
         return padded
 
-    variables = {"parameters": build("parameters", table_values)}
+    variables = {"parameters": build("parameters", table_values, from_checkpoint)}
     for slot, initializer in zip(optimizer.slot_names, optimizer.slot_initializers):
-        variables[slot] = build(slot, lambda t, i=initializer: _call_initializer(
-            i, [t.layout.padded_height, t.layout.padded_width], f"slot '{slot}' of '{t.name}'"))
+        variables[slot] = build(slot, lambda t, i=initializer, s=slot: _call_initializer(
+            i, [t.layout.padded_height, t.layout.padded_width], f"slot '{s}' of '{t.name}'"),
+            from_checkpoint)
     return variables
 
 
 def read_logical_table(sharded, placement, sparse_cores_per_replica):
     """The user's [vocabulary_size, dim] view of one member table, as a numpy array."""
-    num_replicas = len(sharded.shards)
-    layout = placement.layout
-    replica, row = storage_coordinates(placement, num_replicas, sparse_cores_per_replica,
-                                       rows=np.arange(layout.height))
-    out = np.empty((layout.height, layout.width), np.float32)
-    for d, shard in enumerate(sharded.shards):
-        mask = replica == d
-        out[mask] = shard.numpy()[row[mask], :layout.width]
+    return gather_logical(sharded, placement, sparse_cores_per_replica)
+
+
+# ---------------------------------------------------------------------------------------------
+# Logical <-> storage copies without index arrays.
+#
+# padded_height is a multiple of N (spec §2.2), so logical row j*N + k of a member table lives in
+# shard s = (k + rotation) mod N at row row_offset + j: for a fixed k the rows form one contiguous
+# block of a shard, and the logical table viewed as [padded_height / N, N, dim] is N strided block
+# copies. These helpers hold no temporary beyond the output (or a bounded chunk).
+
+_ALIGN = 64            # EIGEN_MAX_ALIGN_BYTES
+_ASSIGN_CHUNK_ROWS = 1 << 18
+
+
+def aligned_empty(shape, dtype=np.float32):
+    """An uninitialized C-contiguous array whose data is 64-byte aligned (zero-copy to TF)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    buffer = np.empty(nbytes + _ALIGN, np.uint8)
+    start = (-buffer.ctypes.data) % _ALIGN
+    return buffer[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def aligned_zeros(shape, dtype=np.float32):
+    out = aligned_empty(shape, dtype)
+    out.fill(0)
     return out
+
+
+def as_tensor_zero_copy(array):
+    """An eager tensor sharing `array`'s memory (DLPack); falls back to a copy if impossible."""
+    array = np.asarray(array)
+    if array.flags.c_contiguous and array.ctypes.data % _ALIGN == 0 and array.size:
+        try:
+            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+        except Exception:  # pylint: disable=broad-except
+            pass
+    return tf.convert_to_tensor(array)
+
+
+def _shard_views(sharded):
+    """Zero-copy numpy views of the current values of every replica's variable."""
+    return [shard.read_value()._numpy() for shard in sharded.shards]  # pylint: disable=protected-access
+
+
+def _blocks(placement, num_replicas, sparse_cores_per_replica):
+    """Per k in [0, N): (replica, first row in its variable, number of logical rows < height)."""
+    layout = placement.layout
+    n = num_replicas * sparse_cores_per_replica
+    rows_per_shard = layout.total_rows_per_sparse_core_shard
+    for k in range(n):
+        shard = (k + layout.sparse_core_shard_rotation) % n
+        start = (shard % sparse_cores_per_replica) * rows_per_shard + \
+            layout.sparse_core_shard_row_offset
+        count = max(0, -(-(layout.height - k) // n))
+        yield k, shard // sparse_cores_per_replica, start, count
+
+
+def gather_logical(sharded, placement, sparse_cores_per_replica, out=None):
+    """The logical [vocabulary_size, dim] table from the shards (64-byte aligned numpy array).
+
+    Holds no memory beyond the result: the shards are read through zero-copy views.
+    """
+    layout = placement.layout
+    num_replicas = len(sharded.shards)
+    n = num_replicas * sparse_cores_per_replica
+    if layout.padded_height % n:
+        raise AssertionError(f"table '{placement.name}': padded height {layout.padded_height} "
+                             f"is not a multiple of {n} SparseCores")
+    if out is None:
+        out = aligned_empty((layout.padded_height, layout.width))
+    views = _shard_views(sharded)
+    blocked = out[:layout.padded_height].reshape(layout.padded_height // n, n, layout.width)
+    for k, replica, start, count in _blocks(placement, num_replicas, sparse_cores_per_replica):
+        blocked[:count, k, :] = views[replica][start:start + count, :layout.width]
+    del views
+    return out[:layout.height]
+
+
+def gather_logical_tf(sharded, placement, sparse_cores_per_replica):
+    """gather_logical with TensorFlow ops (for graph contexts, e.g. SavedModel tracing)."""
+    layout = placement.layout
+    num_replicas = len(sharded.shards)
+    n = num_replicas * sparse_cores_per_replica
+    rows = layout.padded_height // n
+    pieces = [sharded.shards[replica][start:start + rows, :layout.width]
+              for _, replica, start, _ in _blocks(placement, num_replicas,
+                                                  sparse_cores_per_replica)]
+    return tf.reshape(tf.stack(pieces, axis=1), [layout.padded_height, layout.width])[
+        :layout.height]
+
+
+def assign_logical(sharded, placement, sparse_cores_per_replica, logical):
+    """Writes a logical [vocabulary_size, dim] table into the shards, in place.
+
+    Padding rows and columns keep their values. Copies go through chunks of at most
+    `_ASSIGN_CHUNK_ROWS` rows, so the only large buffer is `logical` itself.
+    """
+    layout = placement.layout
+    logical = np.asarray(logical)
+    num_replicas = len(sharded.shards)
+    n = num_replicas * sparse_cores_per_replica
+    for k, replica, start, count in _blocks(placement, num_replicas, sparse_cores_per_replica):
+        variable = sharded.shards[replica]
+        for first in range(0, count, _ASSIGN_CHUNK_ROWS):
+            rows = min(_ASSIGN_CHUNK_ROWS, count - first)
+            chunk = np.ascontiguousarray(logical[k + first * n: k + (first + rows) * n: n])
+            with tf.device(variable.device):
+                variable[start + first:start + first + rows, :layout.width].assign(chunk)
+
+
+def _place_logical(values, placement, num_replicas, sparse_cores_per_replica, logical):
+    """assign_logical into numpy device buffers (before the variables exist)."""
+    layout = placement.layout
+    n = num_replicas * sparse_cores_per_replica
+    logical = np.asarray(logical)
+    for k, replica, start, count in _blocks(placement, num_replicas, sparse_cores_per_replica):
+        values[replica][start:start + count, :layout.width] = logical[k::n]
+
+
+def constant_initializer_value(initializer):
+    """The scalar of a constant initializer (TensorFlow's slot initializers), else None."""
+    try:
+        config = initializer.get_config()
+    except Exception:  # pylint: disable=broad-except
+        return None
+    value = config.get("value") if isinstance(config, dict) else None
+    if value is None or np.ndim(value) != 0:
+        return None
+    return float(value)
+
+
+def _fill_slot_padding(values, placement, num_replicas, sparse_cores_per_replica, initializer):
+    """Fills a slot's whole padded region with its constant initial value (as a fresh build)."""
+    value = constant_initializer_value(initializer)
+    if not value:
+        return
+    layout = placement.layout
+    rows = layout.padded_height // (num_replicas * sparse_cores_per_replica)
+    for _, replica, start, _ in _blocks(placement, num_replicas, sparse_cores_per_replica):
+        values[replica][start:start + rows, :] = value

@@ -1,0 +1,32 @@
+"""Configures 8 logical CPU devices before any TensorFlow op runs (MirroredStrategy with 1, 2, 4
+and 8 replicas in one process); tests needing more replicas than configured skip themselves."""
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+NUM_LOGICAL_CPUS = 8
+
+
+def _configure():
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)
+    except RuntimeError:  # the runtime is already initialized
+        pass
+    return len(tf.config.list_logical_devices("CPU"))
+
+
+AVAILABLE_CPUS = _configure()
+
+
+def require_replicas(*counts):
+    for n in counts:
+        if n > AVAILABLE_CPUS:
+            pytest.skip(f"needs {n} logical CPU devices, only {AVAILABLE_CPUS} are configured")
