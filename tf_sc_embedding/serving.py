@@ -1,0 +1,127 @@
+"""Serving export: a SavedModel that looks features up with stock TensorFlow ops only.
+
+`export_serving(embedding, export_dir)` writes the *logical* tables (one plain `tf.Variable` per
+user table, no stacking, padding or sharding) and lookup functions built from `tf.gather` and
+`tf.math.unsorted_segment_sum`, so the SavedModel loads in any TensorFlow process (and TensorFlow
+Serving) without the tf_sc_embedding op library. Combiners and weights follow the training-time
+lookup (spec §3.2): per sample, ``sum`` is sum(w_i * e_i), ``mean`` divides it by sum(w_i) and
+``sqrtn`` by sqrt(sum(w_i^2)); an empty sample gives zeros.
+
+Signatures (flat, for TensorFlow Serving), with ``<f>`` the feature path with non-alphanumeric
+characters replaced by ``_``:
+
+* ``serving_default``: inputs ``<f>_ids`` (int64 [n]) and ``<f>_row_splits`` (int64 [batch + 1]),
+  a ragged batch per feature; outputs ``<f>``: float32 [batch, dim];
+* ``serving_weighted``: the same plus ``<f>_weights`` (float32 [n]).
+
+The loaded object also has ``lookup(features)`` and ``lookup_weighted(features, weights)`` taking
+the feature structure of the `FeatureConfig`s with a `tf.RaggedTensor` ([batch, None] int64) per
+feature, and ``tables``, a dict of the logical table variables.
+"""
+import re
+
+import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.util import nest
+
+
+def _flat_name(path):
+    return re.sub(r"[^A-Za-z0-9]", "_", path)
+
+
+def combine(table, ids, row_splits, weights, combiner):
+    """Stock-op lookup of a ragged batch: [batch, dim] activations with a combiner."""
+    ids = tf.cast(ids, tf.int64)
+    row_splits = tf.cast(row_splits, tf.int64)
+    num_rows = tf.shape(row_splits, out_type=tf.int64)[0] - 1
+    segments = tf.ragged.row_splits_to_segment_ids(row_splits)
+    if weights is None:
+        weights = tf.ones(tf.shape(ids), tf.float32)
+    weights = tf.cast(weights, tf.float32)
+    rows = tf.gather(table, ids)
+    summed = tf.math.unsorted_segment_sum(rows * weights[:, None], segments, num_rows)
+    if combiner == "sum":
+        return summed
+    if combiner == "mean":
+        scale = tf.math.unsorted_segment_sum(weights, segments, num_rows)
+    else:  # sqrtn
+        scale = tf.sqrt(tf.math.unsorted_segment_sum(weights * weights, segments, num_rows))
+    return tf.math.divide_no_nan(summed, scale[:, None])
+
+
+class ServingModule(tf.Module):
+    """Logical tables as plain variables and stock-op lookup functions (see the module doc)."""
+
+    def __init__(self, logical_tables, feature_config, table_names):
+        super().__init__(name="embedding_serving")
+        # Plain resource variables (not created through a tf.distribute scope the caller may be in).
+        self.tables = {name: resource_variable_ops.ResourceVariable(value, trainable=False,
+                                                                    name=name)
+                       for name, value in logical_tables.items()}
+        self._feature_config = feature_config
+        flat = nest.flatten_with_joined_string_paths(feature_config)
+        self._features = [(path, table_names[id(feature.table)], feature.table.combiner)
+                          for path, feature in flat]
+        names = [_flat_name(p) for p, _, _ in self._features]
+        if len(set(names)) != len(names):
+            raise ValueError(f"feature paths collide once flattened for the signature: {names}")
+        ragged = nest.map_structure(
+            lambda _: tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1), feature_config)
+        weights = nest.map_structure(
+            lambda _: tf.RaggedTensorSpec([None, None], tf.float32, ragged_rank=1),
+            feature_config)
+        self.lookup = tf.function(self._lookup, input_signature=[ragged])
+        self.lookup_weighted = tf.function(self._lookup_weighted,
+                                           input_signature=[ragged, weights])
+        self.serving_default = tf.function(self._serving, input_signature=[{
+            **{f"{n}_ids": tf.TensorSpec([None], tf.int64, name=f"{n}_ids") for n in names},
+            **{f"{n}_row_splits": tf.TensorSpec([None], tf.int64, name=f"{n}_row_splits")
+               for n in names}}])
+        self.serving_weighted = tf.function(self._serving, input_signature=[{
+            **{f"{n}_ids": tf.TensorSpec([None], tf.int64, name=f"{n}_ids") for n in names},
+            **{f"{n}_row_splits": tf.TensorSpec([None], tf.int64, name=f"{n}_row_splits")
+               for n in names},
+            **{f"{n}_weights": tf.TensorSpec([None], tf.float32, name=f"{n}_weights")
+               for n in names}}])
+
+    def _lookup_flat(self, flat_ids, flat_weights):
+        out = []
+        for (_, table, combiner), ids, weights in zip(self._features, flat_ids, flat_weights):
+            out.append(combine(self.tables[table], ids.values, ids.row_splits,
+                               None if weights is None else weights.values, combiner))
+        return nest.pack_sequence_as(self._feature_config, out)
+
+    def _lookup(self, features):
+        flat = nest.flatten(features)
+        return self._lookup_flat(flat, [None] * len(flat))
+
+    def _lookup_weighted(self, features, weights):
+        return self._lookup_flat(nest.flatten(features), nest.flatten(weights))
+
+    def _serving(self, inputs):
+        out = {}
+        for path, table, combiner in self._features:
+            n = _flat_name(path)
+            out[n] = combine(self.tables[table], inputs[f"{n}_ids"], inputs[f"{n}_row_splits"],
+                             inputs.get(f"{n}_weights"), combiner)
+        return out
+
+
+def serving_module(embedding):
+    """A `ServingModule` holding a copy of the embedding's current logical tables."""
+    names = {}
+    for stacked in embedding._layout.stacked_tables.values():  # pylint: disable=protected-access
+        for table in stacked.tables:
+            names[id(table.config)] = table.name
+    with tf.init_scope():
+        return ServingModule(embedding.logical_tables(as_numpy=False),
+                             embedding._feature_config, names)  # pylint: disable=protected-access
+
+
+def export_serving(embedding, export_dir):
+    """Writes the serving SavedModel to export_dir; returns the `ServingModule` it saved."""
+    module = serving_module(embedding)
+    tf.saved_model.save(module, export_dir, signatures={
+        "serving_default": module.serving_default.get_concrete_function(),
+        "serving_weighted": module.serving_weighted.get_concrete_function()})
+    return module
