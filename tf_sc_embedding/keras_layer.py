@@ -1,0 +1,260 @@
+"""`EmbeddingLayer`: a Keras 3 layer (TensorFlow backend) that owns a `TPUEmbeddingV2`.
+
+    with strategy.scope():                      # or no strategy
+        layer = EmbeddingLayer(feature_config, optimizer=E.Adagrad(0.05), batch_size=1024)
+        activations = layer(ids)                # nested dense / ragged / sparse int ids
+
+The layer is used like any Keras layer in functional and subclassed models; `model.fit`,
+`evaluate` and `predict` work unchanged, and the tables train with **their own fused per-table
+optimizer** (the `optimizer` given here or each `TableConfig.optimizer`), never with the model's.
+
+How `fit` reaches the fused update: Keras differentiates the loss only with respect to the model's
+trainable variables, and the tables are not Keras variables (the model optimizer never sees them,
+so it creates no slot for any table row). The layer owns one scalar trainable variable, the
+*trigger* (always 0). The activations are passed through a `tf.custom_gradient` function whose
+inputs include the trigger; its gradient function receives the activations' gradients, runs
+`TPUEmbeddingV2.apply_gradients` with them (as a control dependency of its result) and returns a
+zero gradient for the trigger, so any model optimizer leaves the trigger at 0. Under
+`MirroredStrategy` this runs in replica context, inside Keras's per-replica train step; Keras scales
+each replica's loss by 1 / replicas and the embedding sums the replicas' gradients, so a step
+applies the gradient of the global batch's mean loss, as for the dense weights.
+`predict` and `evaluate` compute no gradients and never update the tables; `training=False` and
+`layer.trainable = False` (frozen tables) detach the update path entirely.
+
+Batch size: the tables' layout depends on the per-replica batch, fixed when the tables are built:
+from `batch_size` (global) if given, else from the static batch size of the first call. Smaller
+batches (e.g. the last one of `predict`) are padded with empty samples and the padding is sliced
+off; use `drop_remainder=True` for training data so every training batch is full.
+
+Checkpoints: `tf.train.Checkpoint(model=model)` saves the tables per user table in their logical
+(unstacked, unsharded) form via `TPUEmbeddingV2`'s checkpoint nodes (topology independent); the
+Keras weight files (`model.save_weights`, `ModelCheckpoint(save_weights_only=True)`,
+`BackupAndRestore`) store the logical tables and optimizer slots as well (`save_own_variables`).
+Custom training loops keep working: `layer.embedding` is the `TPUEmbeddingV2` (enqueue, dequeue,
+apply_gradients), and a loop differentiating a loss with respect to `model.trainable_variables`
+updates the tables through the trigger exactly as `fit` does.
+"""
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.util import nest
+
+import keras
+
+from tf_sc_embedding import checkpointing
+from tf_sc_embedding import sharded_tables
+from tf_sc_embedding.embedding import DEFAULT_SPARSE_CORES_PER_REPLICA, TPUEmbeddingV2
+
+_TABLE_KEY = "table:{table}:{kind}"
+_TRIGGER_KEY = "trigger"
+
+
+def _batch_size_of(feature):
+    """Dynamic batch size (rows) of a dense, ragged or sparse feature tensor."""
+    if isinstance(feature, tf.RaggedTensor):
+        return feature.nrows(out_type=tf.int32)
+    if isinstance(feature, tf.SparseTensor):
+        return tf.cast(feature.dense_shape[0], tf.int32)
+    return tf.shape(feature, out_type=tf.int32)[0]
+
+
+def _static_batch_size(feature):
+    if isinstance(feature, tf.SparseTensor):
+        value = tf.get_static_value(feature.dense_shape)
+        return None if value is None else int(value[0])
+    return feature.shape[0]
+
+
+def _pad_to(feature, rows):
+    """Pads a feature to exactly `rows` samples (empty samples; id 0 for dense features)."""
+    if isinstance(feature, tf.RaggedTensor):
+        splits = feature.row_splits
+        extra = rows + 1 - tf.shape(splits, out_type=splits.dtype)[0]
+        splits = tf.concat([splits, tf.fill(tf.reshape(extra, [1]), splits[-1])], axis=0)
+        splits = tf.ensure_shape(splits, [rows + 1])
+        return tf.RaggedTensor.from_row_splits(feature.values, splits, validate=False)
+    if isinstance(feature, tf.SparseTensor):
+        shape = tf.concat([tf.constant([rows], tf.int64), feature.dense_shape[1:]], axis=0)
+        static = [rows] + feature.shape.as_list()[1:]
+        return tf.SparseTensor(feature.indices, feature.values, tf.ensure_shape(shape, [len(static)]))
+    feature = tf.convert_to_tensor(feature)
+    extra = rows - tf.shape(feature)[0]
+    paddings = tf.concat([tf.reshape(extra, [1, 1]) * tf.constant([[0, 1]]),
+                          tf.zeros([feature.shape.rank - 1, 2], tf.int32)], axis=0)
+    padded = tf.pad(feature, paddings)
+    return tf.ensure_shape(padded, [rows] + feature.shape.as_list()[1:])
+
+
+class EmbeddingLayer(keras.layers.Layer):
+    """A Keras layer owning a `TPUEmbeddingV2`; see the module docstring.
+
+    Args:
+      feature_config: nested `tf.tpu.experimental.embedding.FeatureConfig`s (as for
+        `TPUEmbeddingV2`); the layer's input must have the same structure.
+      optimizer: the default per-table optimizer (a `tf.tpu.experimental.embedding` optimizer);
+        tables with their own `TableConfig.optimizer` use that one.
+      batch_size: optional global batch size; builds the tables now (per-replica batch =
+        batch_size / replicas). Otherwise they are built at the first call.
+      sparse_core_embedding_config, sparse_cores_per_replica: as for `TPUEmbeddingV2`.
+    Call: ``layer(features, weights=None, training=None)`` -> activations with the structure of
+      `feature_config`: [batch, dim] per ragged, sparse or 1-D dense feature, [batch, n, dim] per
+      2-D dense feature.
+    """
+
+    def __init__(self, feature_config, optimizer=None, batch_size=None,
+                 sparse_core_embedding_config=None,
+                 sparse_cores_per_replica=DEFAULT_SPARSE_CORES_PER_REPLICA, **kwargs):
+        super().__init__(**kwargs)
+        self._feature_config = feature_config
+        self.embedding = TPUEmbeddingV2(
+            feature_config, optimizer=optimizer,
+            sparse_core_embedding_config=sparse_core_embedding_config,
+            sparse_cores_per_replica=sparse_cores_per_replica)
+        self._num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        self._pending_tables = None
+        # The scalar trainable variable that puts the tables' update on Keras's gradient path.
+        self.trigger = self.add_weight(name="table_update_trigger", shape=(),
+                                       initializer="zeros", trainable=True)
+        if batch_size is not None:
+            if batch_size % self._num_replicas:
+                raise ValueError(f"batch_size {batch_size} is not divisible by the "
+                                 f"{self._num_replicas} replicas")
+            self.embedding.build(per_replica_batch_size=batch_size // self._num_replicas)
+        self.built = True
+
+    @property
+    def feature_config(self):
+        return self._feature_config
+
+    # -------------------------------------------------------------------------- Keras plumbing
+    def build(self, *args, **kwargs):  # the tables are built from the batch size, not shapes
+        self.built = True
+
+    def compute_output_spec(self, features, weights=None, training=None):
+        def spec(feature, config):
+            if getattr(feature, "ragged", False) or getattr(feature, "sparse", False) or \
+                    isinstance(feature, (tf.RaggedTensor, tf.SparseTensor)) or \
+                    len(feature.shape) == 1:
+                shape = (feature.shape[0], config.table.dim)
+            else:
+                shape = tuple(feature.shape) + (config.table.dim,)
+            return keras.KerasTensor(shape, dtype="float32")
+        return nest.map_structure_up_to(self._feature_config, spec, features,
+                                        self._feature_config)
+
+    # -------------------------------------------------------------------------- forward
+    def _per_replica_rows(self):
+        return [p.output_shape[0] for p in self.embedding._layout.features]  # pylint: disable=protected-access
+
+    def _ensure_built(self, flat):
+        if self.embedding.built:
+            return
+        shapes = []
+        for path, feature in zip(self.embedding._flat_paths, flat):  # pylint: disable=protected-access
+            rows = _static_batch_size(feature)
+            if rows is None:
+                raise ValueError(
+                    f"feature '{path}': the batch size is not static, so the embedding tables "
+                    "cannot be laid out; pass batch_size= to EmbeddingLayer (the global batch) "
+                    "or batch the dataset with drop_remainder=True")
+            if isinstance(feature, (tf.RaggedTensor, tf.SparseTensor)):
+                shapes.append([rows])
+            else:
+                shapes.append([rows] + tf.convert_to_tensor(feature).shape.as_list()[1:])
+        self.embedding.build(output_shapes=nest.pack_sequence_as(self._feature_config, shapes))
+        self._restore_pending_tables()
+
+    def call(self, features, weights=None, training=None):
+        flat = self.embedding._flatten(features, "features")  # pylint: disable=protected-access
+        flat_weights = (None if weights is None else
+                        self.embedding._flatten(weights, "weights", allow_none=True))  # pylint: disable=protected-access
+        self._ensure_built(flat)
+        rows = self._per_replica_rows()
+        sizes = [_batch_size_of(f) for f in flat]
+        padded = []
+        needs_slice = []
+        for feature, n, static in zip(flat, rows, (_static_batch_size(f) for f in flat)):
+            padded.append(feature if static == n else _pad_to(feature, n))
+            needs_slice.append(static != n)
+        if flat_weights is not None:
+            flat_weights = [w if w is None or not pad else _pad_to(w, n)
+                            for w, n, pad in zip(flat_weights, rows, needs_slice)]
+            flat_weights = nest.pack_sequence_as(self._feature_config, flat_weights)
+        activations, preserved = self.embedding(
+            nest.pack_sequence_as(self._feature_config, padded), flat_weights)
+        flat_activations = nest.flatten(activations)
+        if self.trainable and training is not False:
+            flat_activations = self._attach_update(flat_activations, preserved)
+        flat_activations = [a[:size] if pad else a
+                            for a, size, pad in zip(flat_activations, sizes, needs_slice)]
+        return nest.pack_sequence_as(self._feature_config, flat_activations)
+
+    def _attach_update(self, flat_activations, preserved):
+        """Identity on the activations whose gradient applies the fused per-table update."""
+        embedding = self.embedding
+        structure = self._feature_config
+        trigger = tf.convert_to_tensor(self.trigger)
+
+        @tf.custom_gradient
+        def attach(trigger, *activations):
+            def grad(*upstream):
+                updates = embedding.apply_gradients(
+                    nest.pack_sequence_as(structure, list(upstream)), preserved)
+                with tf.control_dependencies(nest.flatten(updates)):
+                    trigger_grad = tf.zeros_like(trigger)
+                return [trigger_grad] + [None] * len(activations)
+            return [tf.identity(a) for a in activations], grad
+
+        return attach(trigger, *[tf.stop_gradient(a) for a in flat_activations])
+
+    # -------------------------------------------------------------------------- Keras weights
+    def save_own_variables(self, store):
+        """Keras weight files: the trigger and every table's logical parameters and slots."""
+        store[_TRIGGER_KEY] = np.asarray(self.trigger.numpy())
+        if not self.embedding.built:
+            if self._pending_tables:
+                for key, value in self._pending_tables.items():
+                    store[key] = value
+            return
+        for table, values in self.embedding.logical_tables(include_slots=True).items():
+            for kind, value in values.items():
+                store[_TABLE_KEY.format(table=table, kind=kind)] = value
+
+    def load_own_variables(self, store):
+        keys = set(store.keys())
+        if _TRIGGER_KEY in keys:
+            self.trigger.assign(np.asarray(store[_TRIGGER_KEY]))
+        tables = {}
+        for key in keys:
+            if key.startswith("table:"):
+                tables[key] = np.asarray(store[key])
+        self._check_tables(tables)
+        self._pending_tables = tables
+        if self.embedding.built:
+            self._restore_pending_tables()
+
+    def _check_tables(self, tables):
+        for name, node in self.embedding._logical_nodes.items():  # pylint: disable=protected-access
+            key = _TABLE_KEY.format(table=name, kind=checkpointing.PARAMETERS)
+            if key not in tables:
+                raise ValueError(f"the weights file has no table '{name}'")
+            for kind in node.kinds:
+                value = tables.get(_TABLE_KEY.format(table=name, kind=kind))
+                if value is not None and tuple(value.shape) != node.logical_shape:
+                    raise ValueError(f"table '{name}': the weights file's {kind} has shape "
+                                     f"{list(value.shape)}, the TableConfig "
+                                     f"{list(node.logical_shape)}")
+
+    def _restore_pending_tables(self):
+        if not self._pending_tables:
+            return
+        embedding = self.embedding
+        with tf.init_scope():
+            for name, node in embedding._logical_nodes.items():  # pylint: disable=protected-access
+                placement = embedding._placement(name)  # pylint: disable=protected-access
+                stacked = embedding.variables[placement.layout.stacked_table_name]
+                for kind in node.kinds:
+                    value = self._pending_tables.get(_TABLE_KEY.format(table=name, kind=kind))
+                    if value is not None:
+                        sharded_tables.assign_logical(stacked[kind], placement,
+                                                      embedding._sparse_cores, value)  # pylint: disable=protected-access
+        self._pending_tables = None
