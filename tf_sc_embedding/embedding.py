@@ -73,8 +73,8 @@ class TPUEmbeddingV2(tf.Module):
                 return
             shapes = {}
             flat_features = nest.flatten(self._feature_config)
-            given = nest.flatten(output_shapes) if output_shapes is not None else [None] * len(
-                flat_features)
+            given = (nest.flatten_up_to(self._feature_config, output_shapes)
+                     if output_shapes is not None else [None] * len(flat_features))
             for path, feature, shape in zip(self._flat_paths, flat_features, given):
                 if shape is None and feature.output_shape.rank:
                     shape = feature.output_shape.as_list()
@@ -293,12 +293,16 @@ class TPUEmbeddingV2(tf.Module):
         by_path = dict(zip(self._flat_paths, flat))
         view = sharded_lookup.ReplicaView(self._num_replicas)
         updates = []
+        # No table is updated before every table's inputs passed validation: a bad id in one
+        # feature must leave all tables unchanged, not only the table it belongs to.
+        validated = [t for t in nest.flatten(preserved_outputs) if isinstance(t, tf.Tensor)]
         for name, stacked in self._layout.stacked_tables.items():
             grads = sharded_lookup.stack_gradients(self._layout, stacked, by_path)
             variables = self._tables[name]
             slots = [variables[s].shards[view.replica_id] for s in stacked.optimizer.slot_names]
-            updates.append(sharded_lookup.apply_update(
-                view, self._layout, stacked, preserved_outputs[name], grads,
-                variables["parameters"].shards[view.replica_id], slots))
+            with tf.control_dependencies(validated):
+                updates.append(sharded_lookup.apply_update(
+                    view, self._layout, stacked, preserved_outputs[name], grads,
+                    variables["parameters"].shards[view.replica_id], slots))
         return updates
 

@@ -25,10 +25,14 @@ def _ids_as_int32(values, path):
         return values
     if values.dtype != tf.int64:
         raise ValueError(f"feature '{path}': ids must be int32 or int64, got {values.dtype.name}")
-    check = tf.debugging.assert_less_equal(
-        values, tf.constant(_INT32_MAX, tf.int64),
-        message=f"feature '{path}': int64 ids above 2^31 - 1 cannot be looked up")
-    with tf.control_dependencies([check]):
+    checks = [
+        tf.debugging.assert_less_equal(
+            values, tf.constant(_INT32_MAX, tf.int64),
+            message=f"feature '{path}': int64 ids above 2^31 - 1 cannot be looked up"),
+        tf.debugging.assert_greater_equal(
+            values, tf.constant(-_INT32_MAX - 1, tf.int64),
+            message=f"feature '{path}': int64 ids below -2^31 cannot be looked up")]
+    with tf.control_dependencies(checks):
         return tf.cast(values, tf.int32)
 
 

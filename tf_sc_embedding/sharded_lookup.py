@@ -29,7 +29,9 @@ class ReplicaView:
     def __init__(self, num_replicas):
         self.num_replicas = num_replicas
         self.context = tf.distribute.get_replica_context()
-        if num_replicas > 1 and self.context is None:
+        # Outside strategy.run the context is None (cross-replica) or the default strategy's.
+        if num_replicas > 1 and (self.context is None or
+                                 self.context.num_replicas_in_sync != num_replicas):
             raise RuntimeError("with several replicas, the embedding must be called inside "
                                "strategy.run (in replica context)")
         if num_replicas == 1:
@@ -148,6 +150,10 @@ def stack_gradients(layout, stacked, gradients_by_path):
                             "(this still updates optimizer state such as Adam's moments).",
                             feature.path)
             grad = tf.zeros([feature.sample_count, feature.table.dim], tf.float32)
+        expected = tf.TensorShape(list(feature.output_shape) + [feature.table.dim])
+        if not tf.TensorShape(grad.shape).is_compatible_with(expected):
+            raise ValueError(f"feature '{feature.path}': gradient has shape {grad.shape}, "
+                             f"expected {expected} (the shape of its activations)")
         grad = tf.reshape(tf.cast(grad, tf.float32), [feature.sample_count, feature.table.dim])
         grad = tf.pad(grad, [[0, 0], [0, stacked.padded_width - feature.table.dim]])
         parts.append(tf.reshape(grad, [S, feature.sample_count // S, stacked.padded_width]))

@@ -169,12 +169,6 @@ def test_multi_replica_lookup_in_cross_replica_context():
             embedding.apply_gradients({"f": tf.ones([4, 4])}, preserved)
 
 
-@pytest.mark.xfail(strict=True, raises=tf.errors.InvalidArgumentError, reason=(
-    "Outside strategy.scope() (and outside strategy.run), tf.distribute.get_replica_context() "
-    "returns the default strategy's replica context, not None, so ReplicaView's check for "
-    "several replicas does not fire: the lookup runs as replica 0 of 2 without collectives and "
-    "fails deep in the op with 'row_pointers has 16 entries per replica but 32 are needed ...' "
-    "instead of the intended RuntimeError asking for strategy.run."))
 def test_multi_replica_lookup_outside_strategy_scope():
     _, embedding = _two_replica_embedding()
     with pytest.raises(RuntimeError, match="strategy.run"):
@@ -333,12 +327,6 @@ def test_out_of_range_ids_fail_and_change_nothing(replicas, use_function, key, s
     trainer.step(feats, targets)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "A step that fails on a bad id of one stacked table still applies the updates of the other "
-    "stacked tables: in a tf.function the update of a stacked table depends only on that "
-    "table's own preprocessing, lookup and gradients, so nothing orders it after the "
-    "validation of the other tables' ids (with one replica there are no collectives to "
-    "serialize them). Here 'big_small' is updated although feature 'c' (table 'wide') fails."))
 def test_failing_step_changes_nothing_in_other_stacked_tables_single_replica():
     trainer = Trainer("none", make_optimizer("sgd"), "sum", "dense")
     embedding = trainer.embedding
@@ -383,10 +371,6 @@ def test_int64_ids_beyond_int32_range(use_function):
         np.testing.assert_array_equal(value, before[table])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "int64 ids below -2^31 are cast to int32 unchecked (enqueue._ids_as_int32 only asserts "
-    "ids <= 2^31 - 1), so -(2^32) + 3 wraps around to the valid id 3 and is looked up silently "
-    "instead of failing as a negative id."))
 def test_int64_ids_below_int32_range_fail():
     embedding = small_embedding()
     with pytest.raises(tf.errors.InvalidArgumentError, match="feature 'f'"):

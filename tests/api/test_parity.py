@@ -890,15 +890,9 @@ def test_minibatching_gives_identical_results(optimizer_name, kind, replicas):
 
 
 # --------------------------------------------------------------------------------------------
-# Library bugs (strict xfail: they start failing the suite once fixed)
+# Regression tests of library bugs found by this suite
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "TPUEmbeddingV2.enqueue/embedding_lookup build the tables from the input shapes with "
-    "build(output_shapes=nest.pack_sequence_as(feature_config, [[batch], ...])); build() then "
-    "nest.flatten()s those per-feature shape lists into bare ints and fails with "
-    "TypeError: 'int' object is not iterable. build(output_shapes={'f': [4]}) fails the same "
-    "way; only build(per_replica_batch_size=...) works."))
 @pytest.mark.parametrize("replicas", ["none"])
 def test_lazy_build_from_first_lookup(replicas):
     run_parity("sgd", "sum", "dense", False, replicas, build=False)
