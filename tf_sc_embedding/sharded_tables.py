@@ -86,12 +86,17 @@ def create_sharded_tables(stacked, devices, sparse_cores_per_replica, from_check
     slot_initializers = dict(zip(optimizer.slot_names, optimizer.slot_initializers))
 
     def build(kind, make_logical, from_checkpoint):
-        values = [aligned_zeros((shard_rows, width)) for _ in devices]
+        # The variables are created first (zeros in TensorFlow-owned buffers) and the values are
+        # written into them in place, one member table at a time: no second copy of a shard.
+        shards = [zeros_variable((shard_rows, width), f"{stacked.name}/{kind}/replica_{d}", device)
+                  for d, device in enumerate(devices)]
+        sharded = ShardedTable(f"{stacked.name}/{kind}", shards)
+        values = writable_views(sharded)
         for table in stacked.tables:
             restored = from_checkpoint(table, kind) if from_checkpoint else None
             if restored is not None:
-                # Variables are created from the checkpointed logical table (no initializer),
-                # written straight into the device buffers one table at a time.
+                # Deferred checkpoint restoration: the checkpointed logical table is used
+                # instead of the initializer.
                 if kind != "parameters":
                     _fill_slot_padding(values, table, num_replicas, sparse_cores_per_replica,
                                        slot_initializers[kind])
@@ -104,15 +109,8 @@ def create_sharded_tables(stacked, devices, sparse_cores_per_replica, from_check
                 mask = replica == d
                 values[d][row[mask], :] = logical[mask]
             del logical
-        shards = []
-        for d, device in enumerate(devices):
-            with tf.device(device):
-                initial = as_tensor_zero_copy(values[d])
-                values[d] = None  # the variable now owns the buffer: no second copy
-                shards.append(resource_variable_ops.ResourceVariable(
-                    initial, name=f"{stacked.name}/{kind}/replica_{d}", trainable=False))
-                del initial
-        return ShardedTable(f"{stacked.name}/{kind}", shards)
+        del values   # drop the views: the variables' buffers are exclusively theirs again
+        return sharded
 
     def table_values(table):
         layout = table.layout
@@ -228,9 +226,21 @@ def gather_logical_tf(sharded, placement, sparse_cores_per_replica):
 def assign_logical(sharded, placement, sparse_cores_per_replica, logical):
     """Writes a logical [vocabulary_size, dim] table into the shards, in place.
 
-    Padding rows and columns keep their values. Copies go through chunks of at most
-    `_ASSIGN_CHUNK_ROWS` rows, so the only large buffer is `logical` itself.
+    Padding rows and columns keep their values. Writes go through views of the variables'
+    buffers (no TensorFlow op copies the variables or switches them to copy-on-read); when a
+    variable is already in copy-on-read mode (someone used a sparse op on it), `scatter_update`
+    in chunks of `_ASSIGN_CHUNK_ROWS` rows is used instead.
     """
+    try:
+        views = writable_views(sharded)
+    except _CopyOnRead:
+        _assign_logical_with_ops(sharded, placement, sparse_cores_per_replica, logical)
+        return
+    _place_logical(views, placement, len(sharded.shards), sparse_cores_per_replica, logical)
+    del views
+
+
+def _assign_logical_with_ops(sharded, placement, sparse_cores_per_replica, logical):
     layout = placement.layout
     logical = np.asarray(logical)
     num_replicas = len(sharded.shards)
@@ -239,9 +249,45 @@ def assign_logical(sharded, placement, sparse_cores_per_replica, logical):
         variable = sharded.shards[replica]
         for first in range(0, count, _ASSIGN_CHUNK_ROWS):
             rows = min(_ASSIGN_CHUNK_ROWS, count - first)
-            chunk = np.ascontiguousarray(logical[k + first * n: k + (first + rows) * n: n])
+            indices = np.arange(start + first, start + first + rows)
             with tf.device(variable.device):
-                variable[start + first:start + first + rows, :layout.width].assign(chunk)
+                current = tf.gather(variable, indices).numpy()
+                current[:, :layout.width] = logical[k + first * n: k + (first + rows) * n: n]
+                variable.scatter_update(tf.IndexedSlices(current, indices))
+
+
+class _CopyOnRead(Exception):
+    pass
+
+
+def writable_views(sharded):
+    """Numpy views aliasing the variables' buffers (for in-place writes by the library itself).
+
+    Only valid while no TensorFlow op runs on the variables; drop the views before the next op
+    (a kernel that updates in place copies a buffer that is still referenced).
+    """
+    views = []
+    for shard in sharded.shards:
+        first = shard.read_value()._numpy()  # pylint: disable=protected-access
+        second = shard.read_value()._numpy()  # pylint: disable=protected-access
+        if first.ctypes.data != second.ctypes.data:   # copy-on-read mode: reads are copies
+            raise _CopyOnRead()
+        views.append(first)
+        del second
+    return views
+
+
+def zeros_variable(shape, name, device):
+    """A float32 resource variable of zeros whose buffer is owned by TensorFlow alone."""
+    with tf.init_scope(), tf.device(device):
+        variable = resource_variable_ops.UninitializedVariable(
+            shape=shape, dtype=tf.float32, name=name, trainable=False)
+        # A freshly allocated buffer (an eager Fill, not a cached or folded constant) that the
+        # variable adopts; once `zeros` is dropped the variable is its only owner.
+        zeros = tf.fill(tf.constant(shape, tf.int64), tf.constant(0.0, tf.float32))
+        variable.assign(zeros)
+        del zeros
+    return variable
 
 
 def _place_logical(values, placement, num_replicas, sparse_cores_per_replica, logical):

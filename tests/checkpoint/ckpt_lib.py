@@ -14,6 +14,15 @@ COMBINER = {"video": "sum", "user": "mean", "item": "sqrtn"}
 FEATURES = {"f_video": "video", "f_video2": "video", "f_user": "user", "f_item": "item"}
 
 
+def require_replicas(*counts):
+    """Skips the calling test when fewer logical CPUs than needed are configured."""
+    import pytest  # pylint: disable=import-outside-toplevel
+    available = len(tf.config.list_logical_devices("CPU"))
+    for n in counts:
+        if n > available:
+            pytest.skip(f"needs {n} logical CPU devices, only {available} are configured")
+
+
 def configure_devices(n=8):
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)

@@ -5,7 +5,6 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -25,8 +24,3 @@ def _configure():
 
 AVAILABLE_CPUS = _configure()
 
-
-def require_replicas(*counts):
-    for n in counts:
-        if n > AVAILABLE_CPUS:
-            pytest.skip(f"needs {n} logical CPU devices, only {AVAILABLE_CPUS} are configured")

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import ckpt_lib
-from conftest import require_replicas
+from ckpt_lib import require_replicas
 import tf_sc_embedding as sce
 from tf_sc_embedding import sharded_tables
 

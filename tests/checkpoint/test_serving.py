@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 import ckpt_lib
-from conftest import require_replicas
+from ckpt_lib import require_replicas
 from tf_sc_embedding import serving
 
 HERE = os.path.dirname(os.path.abspath(__file__))
