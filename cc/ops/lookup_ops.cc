@@ -1,5 +1,7 @@
 // Registration of the forward sparse-dense matmul (spec §13), in a tensor form (TensorFlow's
 // signature) and a resource form that reads the table variable in place.
+#include <string>
+
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -17,56 +19,53 @@ absl::Status ActivationShape(InferenceContext* c, ShapeHandle table) {
   return absl::OkStatus();
 }
 
-REGISTER_OP("SceXlaSparseDenseMatmulWithCsrInput")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("embedding_table: float32")
-    .Input("num_minibatches_per_physical_sparse_core: int32")
-    .Output("activations: float32")
-    .Attr("input_size: int >= 0")
-    .Attr("quantization_config_low: float")
-    .Attr("quantization_config_high: float")
-    .Attr("quantization_config_num_buckets: int >= 0")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .Attr("num_replica: int = 1")
-    .Attr("num_source_replicas: int = 1")
-    .Attr("first_local_shard: int = 0")
-    .Attr("num_local_shards: int = -1")
-    .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle table;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 2, &table));
-      return ActivationShape(c, table);
-    });
+// The tensor form has TensorFlow's signature; the resource form reads the variable in place.
+void RegisterLookupOp(const char* name, const char* table_type,
+                      absl::Status (*table_shape)(InferenceContext*, ShapeHandle*)) {
+  register_op::OpDefBuilderWrapper op(name);
+  op.Input("row_pointers: int32")
+      .Input("sorted_sample_ids: int32")
+      .Input("sorted_token_ids: int32")
+      .Input("sorted_gains: float32")
+      .Input(std::string("embedding_table: ") + table_type)
+      .Input("num_minibatches_per_physical_sparse_core: int32")
+      .Output("activations: float32")
+      .Attr("input_size: int >= 0")
+      .Attr("quantization_config_low: float")
+      .Attr("quantization_config_high: float")
+      .Attr("quantization_config_num_buckets: int >= 0")
+      .Attr("table_name: string")
+      .Attr("num_sparsecores_per_device: int = -1")
+      .Attr("num_replica: int = 1")
+      .Attr("num_source_replicas: int = 1")
+      .Attr("first_local_shard: int = 0")
+      .Attr("num_local_shards: int = -1")
+      .SetShapeFn([table_shape](InferenceContext* c) {
+        ShapeHandle table;
+        TF_RETURN_IF_ERROR(table_shape(c, &table));
+        return ActivationShape(c, table);
+      });
+  op();
+}
 
-REGISTER_OP("SceResourceSparseDenseMatmulWithCsrInput")
-    .Input("row_pointers: int32")
-    .Input("sorted_sample_ids: int32")
-    .Input("sorted_token_ids: int32")
-    .Input("sorted_gains: float32")
-    .Input("embedding_table: resource")
-    .Input("num_minibatches_per_physical_sparse_core: int32")
-    .Output("activations: float32")
-    .Attr("input_size: int >= 0")
-    .Attr("quantization_config_low: float")
-    .Attr("quantization_config_high: float")
-    .Attr("quantization_config_num_buckets: int >= 0")
-    .Attr("table_name: string")
-    .Attr("num_sparsecores_per_device: int = -1")
-    .Attr("num_replica: int = 1")
-    .Attr("num_source_replicas: int = 1")
-    .Attr("first_local_shard: int = 0")
-    .Attr("num_local_shards: int = -1")
-    .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle table = c->UnknownShapeOfRank(2);
-      auto* handle_data = c->input_handle_shapes_and_types(4);
-      if (handle_data != nullptr && handle_data->size() == 1) {
-        TF_RETURN_IF_ERROR(c->WithRank((*handle_data)[0].shape, 2, &table));
-      }
-      return ActivationShape(c, table);
-    });
+absl::Status TensorTableShape(InferenceContext* c, ShapeHandle* table) {
+  return c->WithRank(c->input(4), 2, table);
+}
+
+absl::Status ResourceTableShape(InferenceContext* c, ShapeHandle* table) {
+  *table = c->UnknownShapeOfRank(2);
+  auto* handle_data = c->input_handle_shapes_and_types(4);
+  if (handle_data != nullptr && handle_data->size() == 1) {
+    return c->WithRank((*handle_data)[0].shape, 2, table);
+  }
+  return absl::OkStatus();
+}
+
+const bool kRegistered = [] {
+  RegisterLookupOp("SceXlaSparseDenseMatmulWithCsrInput", "float32", TensorTableShape);
+  RegisterLookupOp("SceResourceSparseDenseMatmulWithCsrInput", "resource", ResourceTableShape);
+  return true;
+}();
 
 }  // namespace
 }  // namespace tensorflow
