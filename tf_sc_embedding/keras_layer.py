@@ -200,7 +200,9 @@ class EmbeddingLayer(keras.layers.Layer):
                 updates = embedding.apply_gradients(
                     nest.pack_sequence_as(structure, list(upstream)), preserved)
                 with tf.control_dependencies(nest.flatten(updates)):
-                    trigger_grad = tf.zeros_like(trigger)
+                    # Computed from the trigger's value rather than a constant zero: Grappler
+                    # folds a constant gradient and prunes the update it depends on.
+                    trigger_grad = tf.identity(trigger) * 0.0
                 return [trigger_grad] + [None] * len(activations)
             return [tf.identity(a) for a in activations], grad
 

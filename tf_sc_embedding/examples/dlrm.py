@@ -1,0 +1,417 @@
+"""The main job: train a DLRM-style click model with tf_sc_embedding and Keras, end to end.
+
+    python -m tf_sc_embedding.examples.dlrm [--steps 600] [--batch-size 1024] [--replicas 1] ...
+
+Data: the built-in Criteo-like workload (26 multi-hot categorical features, Zipf-distributed ids,
+vocabularies scaled by --vocabulary-scale) plus 13 dense features, labelled by a hidden teacher
+model over the same ids (`tf_sc_embedding.data.teacher`), so there is real signal to learn.
+Model (DLRM): one embedding table per categorical feature (an `EmbeddingLayer` owning a
+`TPUEmbeddingV2`, mean combiner), a bottom MLP on the dense features, pairwise dot-product
+interactions of the 27 vectors, a top MLP and a logit. `model.fit` trains the MLPs with the Keras
+optimizer (--dense-optimizer) and the tables with their own fused optimizer (--optimizer).
+Then: held-out AUC and log loss (`model.evaluate`), a `tf.train.Checkpoint` of the model, and a
+serving SavedModel (stock TensorFlow ops only: the logical tables from
+`tf_sc_embedding.serving`, the MLPs) that maps raw ids and dense features to a click probability.
+Everything is written under --output-dir.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+E = None  # tf.tpu.experimental.embedding, set by _import_tf()
+
+TABLE_OPTIMIZERS = ("adagrad", "sgd", "adam", "ftrl")
+DENSE_OPTIMIZERS = ("adam", "adagrad", "sgd")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m tf_sc_embedding.examples.dlrm",
+        description="Train a DLRM-style click model on the built-in teacher-labelled Criteo-like "
+                    "data with tf_sc_embedding's Keras EmbeddingLayer; report held-out AUC and "
+                    "log loss, save a checkpoint and export a serving SavedModel.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--steps", type=int, default=2000,
+                        help="training steps (batches)")
+    parser.add_argument("--train-samples", type=int, default=1 << 19,
+                        help="size of the generated training set; training repeats it when "
+                             "steps x batch size is larger (epochs)")
+    parser.add_argument("--batch-size", type=int, default=1024,
+                        help="global batch size (divisible by replicas x 4 SparseCores)")
+    parser.add_argument("--embedding-dim", type=int, default=16,
+                        help="embedding dimension of every table (also the bottom MLP's output)")
+    parser.add_argument("--optimizer", choices=TABLE_OPTIMIZERS, default="adagrad",
+                        help="fused per-table optimizer of the embedding tables")
+    parser.add_argument("--learning-rate", type=float, default=None,
+                        help="learning rate of the table optimizer (default: 0.5 for adagrad, "
+                             "2.0 for sgd, 0.01 for adam, 0.5 for ftrl)")
+    parser.add_argument("--dense-optimizer", choices=DENSE_OPTIMIZERS, default="adam",
+                        help="Keras optimizer of the MLPs")
+    parser.add_argument("--dense-learning-rate", type=float, default=0.001,
+                        help="learning rate of the Keras optimizer")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="data-parallel replicas (MirroredStrategy over logical CPU devices)")
+    parser.add_argument("--output-dir", default="out",
+                        help="directory for the checkpoint, the serving export and metrics.json "
+                             "(nothing is written elsewhere)")
+    parser.add_argument("--vocabulary-scale", type=float, default=0.01,
+                        help="fraction of the Criteo-like vocabulary sizes (1.0 = 18.8M rows)")
+    parser.add_argument("--eval-samples", type=int, default=65536,
+                        help="held-out samples for AUC and log loss")
+    parser.add_argument("--freeze-tables", action="store_true",
+                        help="keep the tables at their random initial values (baseline: only the "
+                             "MLPs train)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data and the model")
+    parser.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
+                        help="Keras verbosity (1: progress bar)")
+    parser.add_argument("--no-export", action="store_true",
+                        help="skip the checkpoint and the serving export")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.batch_size < 1 or args.embedding_dim < 1 or args.replicas < 1:
+        parser.error("--steps, --batch-size, --embedding-dim and --replicas must be positive")
+    if args.batch_size % (4 * args.replicas):
+        parser.error(f"--batch-size {args.batch_size} must be divisible by replicas x 4 "
+                     f"SparseCores = {4 * args.replicas}")
+    return args
+
+
+def _import_tf(replicas=1):
+    """Imports TensorFlow, configuring `replicas` logical CPU devices first if needed."""
+    global E
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    if replicas > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * max(
+                    replicas, len(tf.config.get_logical_device_configuration(cpu) or [])))
+        except RuntimeError:
+            pass   # already initialized (e.g. configured by the caller)
+        if len(tf.config.list_logical_devices("CPU")) < replicas:
+            raise RuntimeError(f"--replicas {replicas} needs {replicas} logical CPU devices but "
+                               "TensorFlow was initialized with fewer")
+    E = tf.tpu.experimental.embedding
+    return tf
+
+
+def make_strategy(replicas):
+    tf = _import_tf(replicas)
+    if replicas == 1:
+        return tf.distribute.get_strategy()
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+
+
+def table_optimizer(name, learning_rate=None):
+    _import_tf()
+    defaults = {"adagrad": 0.5, "sgd": 2.0, "adam": 0.01, "ftrl": 0.5}
+    lr = defaults[name] if learning_rate is None else learning_rate
+    return {"adagrad": lambda: E.Adagrad(learning_rate=lr),
+            "sgd": lambda: E.SGD(learning_rate=lr),
+            "adam": lambda: E.Adam(learning_rate=lr),
+            "ftrl": lambda: E.FTRL(learning_rate=lr)}[name]()
+
+
+def keras_optimizer(name, learning_rate):
+    import keras  # pylint: disable=import-outside-toplevel
+    return {"adam": keras.optimizers.Adam, "adagrad": keras.optimizers.Adagrad,
+            "sgd": keras.optimizers.SGD}[name](learning_rate=learning_rate)
+
+
+# ----------------------------------------------------------------------------------- data
+def make_dataset(split, batch_size, feature_names, repeat=False):
+    """tf.data of ({"dense": [B, 13], "ids": {name: ragged [B, None] int32}}, labels [B, 1]).
+
+    Batches are full (the tail of the split that does not fill a batch is dropped).
+    """
+    tf = _import_tf()
+    num_batches = len(split) // batch_size
+    n = num_batches * batch_size
+    ids = {}
+    for name, splits, values in zip(feature_names, split.row_splits, split.ids):
+        ragged = tf.RaggedTensor.from_row_splits(values[:splits[n]], splits[:n + 1])
+        ids[name] = tf.RaggedTensor.from_uniform_row_length(ragged, batch_size)
+    dense = split.dense[:n].reshape(num_batches, batch_size, -1)
+    labels = split.labels[:n].reshape(num_batches, batch_size, 1)
+    dataset = tf.data.Dataset.from_tensor_slices(({"dense": dense, "ids": ids}, labels))
+    if repeat:
+        dataset = dataset.repeat()
+    return dataset.prefetch(4)
+
+
+# ----------------------------------------------------------------------------------- models
+def feature_config(vocabulary_sizes, feature_names, dim, seed=0):
+    """One mean-combined table per categorical feature, seeded truncated-normal initial rows."""
+    tf = _import_tf()
+    features = {}
+    for i, (name, vocabulary) in enumerate(zip(feature_names, vocabulary_sizes)):
+        table = E.TableConfig(
+            vocabulary_size=vocabulary, dim=dim, combiner="mean", name=f"table_{name}",
+            initializer=tf.initializers.TruncatedNormal(stddev=1 / np.sqrt(dim), seed=seed + i))
+        features[name] = E.FeatureConfig(table=table, name=name)
+    return features
+
+
+def _dlrm_class():
+    import keras  # pylint: disable=import-outside-toplevel
+    tf = _import_tf()
+
+    class DLRM(keras.Model):
+        """Bottom MLP + embeddings -> pairwise dot interactions -> top MLP -> logit.
+
+        `sparse` is any layer mapping {"name": ids} to {"name": [batch, dim]} activations (the
+        tf_sc_embedding `EmbeddingLayer`, or `KerasEmbeddingTables` for the benchmark baseline).
+        """
+
+        def __init__(self, sparse, feature_names, dim, bottom=(64,), top=(128, 64), seed=0,
+                     **kwargs):
+            super().__init__(**kwargs)
+            self.sparse = sparse
+            self.feature_names = tuple(feature_names)
+            init = lambda i: keras.initializers.GlorotUniform(seed=seed * 100 + i)  # noqa: E731
+            self.bottom = keras.Sequential(
+                [keras.layers.Dense(u, activation="relu", kernel_initializer=init(i))
+                 for i, u in enumerate(bottom)] +
+                [keras.layers.Dense(dim, activation="relu", kernel_initializer=init(10))],
+                name="bottom_mlp")
+            self.top = keras.Sequential(
+                [keras.layers.Dense(u, activation="relu", kernel_initializer=init(20 + i))
+                 for i, u in enumerate(top)] +
+                [keras.layers.Dense(1, kernel_initializer=init(30))], name="top_mlp")
+            count = len(self.feature_names) + 1
+            rows, cols = np.triu_indices(count, 1)
+            self._pairs = tf.constant(rows * count + cols, tf.int32)
+            self._count = count
+
+        def call(self, inputs, training=None):
+            activations = self.sparse(inputs["ids"], training=training)
+            return self.interact_and_predict(inputs["dense"], activations)
+
+        def interact_and_predict(self, dense, activations):
+            """The dense part of the model: logits from dense features and activations."""
+            bottom = self.bottom(dense)
+            vectors = tf.stack([bottom] + [activations[n] for n in self.feature_names], axis=1)
+            dots = tf.matmul(vectors, vectors, transpose_b=True)
+            pairs = tf.gather(tf.reshape(dots, [-1, self._count * self._count]), self._pairs,
+                              axis=1)
+            return self.top(tf.concat([bottom, pairs], axis=1))
+
+    return DLRM
+
+
+def _keras_embedding_tables_class():
+    import keras  # pylint: disable=import-outside-toplevel
+    tf = _import_tf()
+
+    class KerasEmbeddingTables(keras.layers.Layer):
+        """Baseline: one `keras.layers.Embedding` per feature, mean over each sample's ids.
+
+        Trained by the model's Keras optimizer like any other weight (what a Keras user writes
+        today without tf_sc_embedding).
+        """
+
+        def __init__(self, vocabulary_sizes, feature_names, dim, seed=0, **kwargs):
+            super().__init__(**kwargs)
+            self.feature_names = tuple(feature_names)
+            self.tables = [keras.layers.Embedding(
+                v, dim, name=f"table_{n}",
+                embeddings_initializer=keras.initializers.TruncatedNormal(
+                    stddev=1 / np.sqrt(dim), seed=seed + i))
+                for i, (n, v) in enumerate(zip(feature_names, vocabulary_sizes))]
+
+        def call(self, ids):
+            out = {}
+            for name, table in zip(self.feature_names, self.tables):
+                ragged = ids[name]
+                rows = table(ragged.values)
+                out[name] = tf.math.segment_mean(rows, ragged.value_rowids())
+                out[name] = tf.ensure_shape(out[name], [None, rows.shape[-1]])
+            return out
+
+    return KerasEmbeddingTables
+
+
+def build_model(data, args, strategy, baseline=False):
+    """The DLRM (compiled) under the strategy; baseline=True uses Keras Embedding tables."""
+    import keras  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.keras_layer import EmbeddingLayer  # pylint: disable=import-outside-toplevel
+    _import_tf()
+    DLRM = _dlrm_class()
+    with strategy.scope():
+        if baseline:
+            sparse = _keras_embedding_tables_class()(data.vocabulary_sizes, data.feature_names,
+                                                     args.embedding_dim, seed=args.seed,
+                                                     name="keras_embedding_tables")
+        else:
+            sparse = EmbeddingLayer(
+                feature_config(data.vocabulary_sizes, data.feature_names, args.embedding_dim,
+                               args.seed),
+                optimizer=table_optimizer(args.optimizer, args.learning_rate),
+                batch_size=args.batch_size, name="embedding")
+            if args.freeze_tables:
+                sparse.trainable = False
+        model = DLRM(sparse, data.feature_names, args.embedding_dim, seed=args.seed,
+                     name="dlrm")
+        model.compile(
+            optimizer=keras_optimizer(args.dense_optimizer, args.dense_learning_rate),
+            loss=keras.losses.BinaryCrossentropy(from_logits=True),
+            metrics=[keras.metrics.AUC(from_logits=True, num_thresholds=1000, name="auc"),
+                     keras.metrics.BinaryCrossentropy(from_logits=True, name="log_loss")],
+            jit_compile=False)
+    return model
+
+
+# ----------------------------------------------------------------------------------- serving
+def export_serving_model(model, export_dir, dense_features):
+    """SavedModel: click probability from raw ids and dense features, stock TensorFlow ops only.
+
+    Signature ``serving_default`` (flat, for TensorFlow Serving): ``dense`` float32 [batch, 13]
+    and per feature ``<name>_ids`` int64 [n] / ``<name>_row_splits`` int64 [batch + 1];
+    output ``probability`` [batch]. The loaded object also has ``predict(dense, ids)`` with a
+    dict of int64 `tf.RaggedTensor`s, and ``embedding`` (the tf_sc_embedding.serving module).
+    """
+    tf = _import_tf()
+    from tf_sc_embedding import serving  # pylint: disable=import-outside-toplevel
+    names = model.feature_names
+    lookup = serving.serving_module(model.sparse.embedding)
+
+    class ServingModel(tf.Module):
+        def __init__(self):
+            super().__init__(name="dlrm_serving")
+            self.embedding = lookup
+            self.bottom = model.bottom
+            self.top = model.top
+
+        @tf.function(input_signature=[
+            tf.TensorSpec([None, dense_features], tf.float32),
+            {n: tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1) for n in names}])
+        def predict(self, dense, ids):
+            activations = self.embedding.lookup(ids)
+            return tf.sigmoid(model.interact_and_predict(dense, activations))[:, 0]
+
+        @tf.function(input_signature=[{
+            "dense": tf.TensorSpec([None, dense_features], tf.float32, name="dense"),
+            **{f"{n}_ids": tf.TensorSpec([None], tf.int64, name=f"{n}_ids") for n in names},
+            **{f"{n}_row_splits": tf.TensorSpec([None], tf.int64, name=f"{n}_row_splits")
+               for n in names}}])
+        def serving_default(self, inputs):
+            ids = {n: tf.RaggedTensor.from_row_splits(inputs[f"{n}_ids"],
+                                                      inputs[f"{n}_row_splits"])
+                   for n in names}
+            return {"probability": self.predict(inputs["dense"], ids)}
+
+    module = ServingModel()
+    tf.saved_model.save(module, export_dir,
+                        signatures={"serving_default": module.serving_default})
+    return module
+
+
+# ----------------------------------------------------------------------------------- main
+class _Throughput:
+    """Keras callback timing training batches (after `skip` warm-up batches)."""
+
+    def __new__(cls, batch_size, skip=20):
+        import keras  # pylint: disable=import-outside-toplevel
+
+        class Callback(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.batch_size, self.skip = batch_size, skip
+                self.count, self.start, self.elapsed = 0, None, None
+
+            def on_train_batch_end(self, batch, logs=None):
+                self.count += 1
+                if self.count == self.skip:
+                    self.start = time.perf_counter()
+
+            def on_train_end(self, logs=None):
+                if self.start is not None:
+                    self.elapsed = time.perf_counter() - self.start
+
+            @property
+            def samples_per_second(self):
+                if not self.elapsed:
+                    return float("nan")
+                return (self.count - self.skip) * self.batch_size / self.elapsed
+
+        return Callback()
+
+
+def train_and_evaluate(args, strategy=None, baseline=False, export=True):
+    """Builds the data and the model, fits, evaluates; returns a dict of results."""
+    if strategy is None:
+        strategy = make_strategy(args.replicas)
+    tf = _import_tf()
+    from tf_sc_embedding.data.teacher import TeacherLabelledData  # pylint: disable=import-outside-toplevel
+    data = TeacherLabelledData(vocabulary_scale=args.vocabulary_scale, seed=args.seed)
+    started = time.time()
+    train_split = data.split(min(args.steps * args.batch_size,
+                                 max(args.train_samples, args.batch_size)))
+    test_split = data.split(args.eval_samples, test=True)
+    generated = time.time() - started
+    train = make_dataset(train_split, args.batch_size, data.feature_names, repeat=True)
+    test = make_dataset(test_split, args.batch_size, data.feature_names)
+    tf.keras.utils.set_random_seed(args.seed) if hasattr(tf, "keras") else None
+    model = build_model(data, args, strategy, baseline=baseline)
+    throughput = _Throughput(args.batch_size)
+    started = time.time()
+    model.fit(train, epochs=1, steps_per_epoch=args.steps, verbose=args.verbose,
+              callbacks=[throughput])
+    trained = time.time() - started
+    metrics = model.evaluate(test, verbose=0, return_dict=True)
+    n = (len(test_split) // args.batch_size) * args.batch_size
+    results = {
+        "auc": float(metrics["auc"]), "log_loss": float(metrics["log_loss"]),
+        "oracle_auc": _oracle_auc(test_split, n),
+        "positive_rate": float(np.mean(test_split.labels[:n])),
+        "train_seconds": trained, "data_seconds": generated,
+        "samples_per_second": throughput.samples_per_second,
+        "steps": args.steps, "batch_size": args.batch_size, "replicas": args.replicas,
+        "embedding_dim": args.embedding_dim, "optimizer": args.optimizer,
+        "frozen_tables": bool(args.freeze_tables), "baseline": baseline,
+    }
+    if export and not baseline:
+        os.makedirs(args.output_dir, exist_ok=True)
+        checkpoint = tf.train.Checkpoint(model=model)
+        results["checkpoint"] = checkpoint.save(os.path.join(args.output_dir, "checkpoint",
+                                                             "dlrm"))
+        export_dir = os.path.join(args.output_dir, "serving")
+        export_serving_model(model, export_dir, test_split.dense.shape[1])
+        results["export"] = export_dir
+    return results, model, (data, test_split)
+
+
+def _oracle_auc(split, n):
+    from tf_sc_embedding.data.teacher import auc  # pylint: disable=import-outside-toplevel
+    return auc(split.labels[:n], split.logits[:n])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    strategy = make_strategy(args.replicas)
+    print(f"DLRM on teacher-labelled Criteo-like data: {args.steps} steps x batch "
+          f"{args.batch_size}, dim {args.embedding_dim}, tables: {args.optimizer}"
+          f"{' (frozen)' if args.freeze_tables else ''}, MLPs: {args.dense_optimizer}, "
+          f"{args.replicas} replica(s)", flush=True)
+    results, _, _ = train_and_evaluate(args, strategy, export=not args.no_export)
+    print(f"held-out AUC {results['auc']:.4f}  log loss {results['log_loss']:.4f}  "
+          f"(teacher's own AUC {results['oracle_auc']:.4f}, positive rate "
+          f"{results['positive_rate']:.3f})")
+    print(f"training: {results['train_seconds']:.1f} s, "
+          f"{results['samples_per_second']:.0f} samples/s")
+    if "checkpoint" in results:
+        print(f"checkpoint: {results['checkpoint']}")
+        print(f"serving export: {results['export']}")
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:
+        json.dump(results, f, indent=2, sort_keys=True)
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
