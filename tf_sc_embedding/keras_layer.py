@@ -48,6 +48,14 @@ _TABLE_KEY = "table:{table}:{kind}"
 _TRIGGER_KEY = "trigger"
 
 
+def _in_keras_symbolic_scope():
+    try:
+        from keras.src.backend.common.symbolic_scope import in_symbolic_scope  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return False
+    return in_symbolic_scope()
+
+
 def _batch_size_of(feature):
     """Dynamic batch size (rows) of a dense, ragged or sparse feature tensor."""
     if isinstance(feature, tf.RaggedTensor):
@@ -165,6 +173,8 @@ class EmbeddingLayer(keras.layers.Layer):
 
     def call(self, features, weights=None, training=None):
         flat = self.embedding._flatten(features, "features")  # pylint: disable=protected-access
+        if _in_keras_symbolic_scope():
+            return self._symbolic_outputs(flat)
         flat_weights = (None if weights is None else
                         self.embedding._flatten(weights, "weights", allow_none=True))  # pylint: disable=protected-access
         self._ensure_built(flat)
@@ -187,6 +197,26 @@ class EmbeddingLayer(keras.layers.Layer):
         flat_activations = [a[:size] if pad else a
                             for a, size, pad in zip(flat_activations, sizes, needs_slice)]
         return nest.pack_sequence_as(self._feature_config, flat_activations)
+
+    def _symbolic_outputs(self, flat):
+        """Zeros of the activations' shapes, for Keras's symbolic model building (placeholders
+        in a scratch graph, outside replica context, ragged inputs seen as dense)."""
+        built = self.embedding.built
+        placements = self.embedding._layout.features if built else [None] * len(flat)  # pylint: disable=protected-access
+        outputs = []
+        for feature, config, placement in zip(flat, nest.flatten(self._feature_config),
+                                              placements):
+            batch = _batch_size_of(feature)
+            if placement is not None:
+                inner = list(placement.output_shape[1:])
+            elif isinstance(feature, (tf.RaggedTensor, tf.SparseTensor)) or \
+                    feature.shape.rank is None or feature.shape.rank <= 2:
+                inner = []
+            else:
+                inner = feature.shape.as_list()[1:]
+            outputs.append(tf.zeros(tf.concat([[batch], tf.constant(inner + [config.table.dim],
+                                                                     tf.int32)], 0)))
+        return nest.pack_sequence_as(self._feature_config, outputs)
 
     def _attach_update(self, flat_activations, preserved):
         """Identity on the activations whose gradient applies the fused per-table update."""
@@ -260,3 +290,54 @@ class EmbeddingLayer(keras.layers.Layer):
                         sharded_tables.assign_logical(stacked[kind], placement,
                                                       embedding._sparse_cores, value)  # pylint: disable=protected-access
         self._pending_tables = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Keras 3 (TensorFlow backend) builds a model under a tf.distribute strategy from the first batch
+# of `fit`/`evaluate`/`predict` by reducing it across replicas (`strategy.reduce("MEAN", batch)`),
+# which fails for ragged and sparse id tensors ("'RaggedTensor' object has no attribute
+# 'device'"). The replacement below behaves identically except that a batch holding ragged or
+# sparse per-replica values is built from the first replica's values (only shapes and dtypes are
+# used). Installed once, on import of this module.
+def _has_composite_per_replica_values(strategy, batch):
+    for value in tf.nest.flatten(batch):
+        if isinstance(value, tf.distribute.DistributedValues) and any(
+                isinstance(v, (tf.RaggedTensor, tf.SparseTensor))
+                for v in strategy.experimental_local_results(value)):
+            return True
+    return False
+
+
+def _install_keras_symbolic_build_fix():
+    try:
+        from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=import-outside-toplevel
+    except ImportError:   # another backend or layout: nothing to fix
+        return
+    cls = tf_trainer.TensorFlowTrainer
+    original = getattr(cls, "_maybe_symbolic_build", None)
+    if original is None or getattr(original, "_tf_sc_embedding_fix", False):
+        return
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if self._distribute_strategy is None or iterator is None:  # pylint: disable=protected-access
+            return original(self, iterator=iterator, data_batch=data_batch)
+        strategy = self.distribute_strategy
+        batch = None
+        for _, _, it in iterator:       # as Keras does: the first batch of the iterator
+            batch = next(it)
+            break
+        if batch is not None and _has_composite_per_replica_values(strategy, batch):
+            batch = tf.nest.map_structure(
+                lambda v: (strategy.experimental_local_results(v)[0]
+                           if isinstance(v, tf.distribute.DistributedValues) else v), batch)
+        elif batch is not None and all(isinstance(v, tf.distribute.DistributedValues)
+                                       for v in tf.nest.flatten(batch)):
+            batch = strategy.reduce("MEAN", batch, axis=None)
+        with strategy.scope():
+            self._symbolic_build(data_batch=batch)  # pylint: disable=protected-access
+
+    _maybe_symbolic_build._tf_sc_embedding_fix = True  # pylint: disable=protected-access
+    cls._maybe_symbolic_build = _maybe_symbolic_build
+
+
+_install_keras_symbolic_build_fix()

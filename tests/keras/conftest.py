@@ -1,0 +1,47 @@
+"""Configures 8 logical CPU devices before any TensorFlow op runs, so the Keras tests can run
+MirroredStrategy with 2 replicas next to single-replica models in one process; tests needing more
+devices than could be configured (TensorFlow initialized earlier) skip themselves."""
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+NUM_LOGICAL_CPUS = 8
+
+
+def _configure():
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)
+    except RuntimeError:  # the runtime is already initialized
+        pass
+    return len(tf.config.list_logical_devices("CPU"))
+
+
+AVAILABLE_CPUS = _configure()
+
+
+def require_replicas(n):
+    if n > AVAILABLE_CPUS:
+        pytest.skip(f"needs {n} logical CPU devices, only {AVAILABLE_CPUS} are configured")
+
+
+def mirrored_strategy(replicas=2):
+    """A MirroredStrategy over the first logical CPUs, with a fresh collective key base:
+    strategies created in one process must not share collective instance keys (TensorFlow's own
+    strategy_combinations bumps the same base)."""
+    require_replicas(replicas)
+    tf.distribute.MirroredStrategy._collective_key_base += 100000  # pylint: disable=protected-access
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_collective_keys():
+    yield
+    tf.distribute.MirroredStrategy._collective_key_base += 100000  # pylint: disable=protected-access
