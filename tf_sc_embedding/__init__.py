@@ -2,5 +2,13 @@
 from tf_sc_embedding import layout, ops
 from tf_sc_embedding.embedding import TPUEmbeddingV2
 
-__all__ = ["TPUEmbeddingV2", "layout", "ops"]
+__all__ = ["EmbeddingLayer", "TPUEmbeddingV2", "layout", "ops"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The Keras layer is imported on first use, so that importing the package does not import Keras.
+    if name == "EmbeddingLayer":
+        from tf_sc_embedding.keras_layer import EmbeddingLayer  # pylint: disable=import-outside-toplevel
+        return EmbeddingLayer
+    raise AttributeError(f"module 'tf_sc_embedding' has no attribute '{name}'")
