@@ -27,20 +27,6 @@ def _configure():
 AVAILABLE_CPUS = _configure()
 
 
-def require_replicas(n):
-    if n > AVAILABLE_CPUS:
-        pytest.skip(f"needs {n} logical CPU devices, only {AVAILABLE_CPUS} are configured")
-
-
-def mirrored_strategy(replicas=2):
-    """A MirroredStrategy over the first logical CPUs, with a fresh collective key base:
-    strategies created in one process must not share collective instance keys (TensorFlow's own
-    strategy_combinations bumps the same base)."""
-    require_replicas(replicas)
-    tf.distribute.MirroredStrategy._collective_key_base += 100000  # pylint: disable=protected-access
-    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
-
-
 @pytest.fixture(autouse=True, scope="module")
 def _fresh_collective_keys():
     yield

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import keras
 
-from conftest import mirrored_strategy
+from keras_test_utils import mirrored_strategy
 from tf_sc_embedding.keras_layer import EmbeddingLayer
 
 E = tf.tpu.experimental.embedding
