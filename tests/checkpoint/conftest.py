@@ -8,19 +8,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-NUM_LOGICAL_CPUS = 8
+from logical_cpus import NUM_LOGICAL_CPUS, configure  # noqa: E402,F401
 
-
-def _configure():
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    try:
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)
-    except RuntimeError:  # the runtime is already initialized
-        pass
-    return len(tf.config.list_logical_devices("CPU"))
-
-
-AVAILABLE_CPUS = _configure()
+AVAILABLE_CPUS = configure()
 
