@@ -3,10 +3,16 @@
 A custom training loop in the TPUEmbeddingV2 style: each step looks up 26 Criteo-like features
 (ragged, weighted, Zipf-distributed ids), feeds the activations to a small dense model, and applies
 the fused per-table Adagrad update. Labels come from a hidden "teacher" table per feature, so the
-held-out log loss falls as the tables learn. Runs under MirroredStrategy with --replicas > 1.
+held-out log loss falls as the tables learn. Runs under MirroredStrategy with --replicas > 1,
+and under MultiWorkerMirroredStrategy with --workers (one process per worker, each started with
+the same --workers list and its own --task-index; the tables are sharded over the workers).
+With --checkpoint-dir, saves at the end following TensorFlow's multi-worker convention (every
+worker saves, the chief to the real directory) and resumes from the latest checkpoint there.
 """
 import argparse
+import json
 import os
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -23,6 +29,10 @@ def parse_args():
     parser.add_argument("--batch", type=int, default=1024, help="global batch size")
     parser.add_argument("--dim", type=int, default=8, help="embedding dimension")
     parser.add_argument("--replicas", type=int, default=1, help="logical CPU replicas")
+    parser.add_argument("--workers", default="",
+                        help="comma-separated host:port of every worker (MultiWorkerMirrored)")
+    parser.add_argument("--task-index", type=int, default=0, help="this worker's index")
+    parser.add_argument("--checkpoint-dir", default="", help="save here at the end; resume")
     parser.add_argument("--learning-rate", type=float, default=0.2)
     parser.add_argument("--vocabulary-scale", type=float, default=0.001,
                         help="fraction of the Criteo-like vocabulary sizes to use")
@@ -31,7 +41,13 @@ def parse_args():
 
 def main():
     args = parse_args()
-    if args.replicas > 1:
+    if args.workers:
+        os.environ["TF_CONFIG"] = json.dumps({
+            "cluster": {"worker": args.workers.split(",")},
+            "task": {"type": "worker", "index": args.task_index}})
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        args.replicas = strategy.num_replicas_in_sync
+    elif args.replicas > 1:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas)
@@ -54,6 +70,10 @@ def main():
         features = {f"f{i}": E.FeatureConfig(table=t) for i, t in enumerate(tables)}
         embedding = sce.TPUEmbeddingV2(features, E.Adagrad(learning_rate=args.learning_rate))
         embedding.build(per_replica_batch_size=per_replica)
+    checkpoint = tf.train.Checkpoint(embedding=embedding)
+    if args.checkpoint_dir and tf.train.latest_checkpoint(args.checkpoint_dir):
+        checkpoint.restore(tf.train.latest_checkpoint(args.checkpoint_dir))
+        print(f"restored {tf.train.latest_checkpoint(args.checkpoint_dir)}")
     readout = tf.ones([len(vocab) * args.dim, 1]) / args.dim
 
     def labelled_batch(index):
@@ -105,6 +125,14 @@ def main():
             print(f"step {n:4d}  training log loss {loss.numpy():.4f}")
     print(f"held-out log loss after {args.steps} steps: {eval_step(held_out).numpy():.4f} "
           f"({time.time() - start:.1f}s)")
+    if args.checkpoint_dir:
+        # Every worker saves (the embedding gathers each table from all workers); only the
+        # chief's files are kept.
+        chief = args.task_index == 0
+        directory = args.checkpoint_dir if chief else tempfile.mkdtemp()
+        path = checkpoint.save(os.path.join(directory, "ckpt"))
+        if chief:
+            print(f"saved {path}")
 
 
 if __name__ == "__main__":

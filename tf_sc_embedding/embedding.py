@@ -8,59 +8,79 @@ depends on the per-replica batch size.
 """
 import contextlib
 import threading
-from typing import Any, Optional
 
 import tensorflow as tf
-from tensorflow.python.util import nest
 
 from tf_sc_embedding import checkpointing
+from tf_sc_embedding import collectives
 from tf_sc_embedding import enqueue as enqueue_lib
-from tf_sc_embedding import sharded_lookup
-from tf_sc_embedding import sharded_tables
-from tf_sc_embedding.layout import EmbeddingLayout
-from tf_sc_embedding.sharded_tables import create_sharded_tables, read_logical_table
+from tf_sc_embedding import private_tf
+from tf_sc_embedding import exchange as all_to_all_exchange
+from tf_sc_embedding import sharded_lookup as all_gather_exchange
+from tf_sc_embedding.layout import (DEFAULT_SPARSE_CORES_PER_REPLICA, EmbeddingLayout,
+                                    flat_feature_paths)
+from tf_sc_embedding.table_storage import PARAMETERS, TableStorage, as_tensor_zero_copy
 
-DEFAULT_SPARSE_CORES_PER_REPLICA = 4
+EXCHANGES = ("auto", "all_to_all", "all_gather")
+
+
+def _choose_exchange(exchange, num_replicas, sparse_core_config):
+    if num_replicas == 1:
+        return "single"
+    if exchange != "auto":
+        return exchange
+    limits = sparse_core_config is not None and (
+        sparse_core_config.max_ids_per_table or sparse_core_config.max_unique_ids_per_table or
+        sparse_core_config.allow_id_dropping)
+    return "all_gather" if limits else "all_to_all"
 
 
 class TPUEmbeddingV2(tf.Module):
-    """Sharded embedding tables with fused optimizers; see the module docstring."""
+    """Sharded embedding tables with fused optimizers; see the module docstring.
+
+    Extra constructor arguments (not in TensorFlow's signature):
+      sparse_cores_per_replica: SparseCores per replica (the shards of every table per replica).
+      exchange: how replicas exchange ids and rows: "all_to_all" (ids to the owner of their
+        shard, rows back; bytes per replica do not grow with the number of replicas), or
+        "all_gather" (every replica sees every replica's ids and sums partial activations; it
+        implements SparseCore's per-partition limits: minibatching and id dropping). "auto" is
+        "all_gather" when `sparse_core_embedding_config` sets per-table limits or id dropping,
+        else "all_to_all" (which has no partition buffers to limit).
+      collective_timeout_seconds: fail a step whose collective waits longer than this (e.g. a
+        worker died); 0 waits forever (MultiWorkerMirroredStrategy's health checks still abort).
+    """
 
     def __init__(self, feature_config, optimizer=None, pipeline_execution_with_tensor_core=False,
                  sparse_core_embedding_config=None,
-                 sparse_cores_per_replica=DEFAULT_SPARSE_CORES_PER_REPLICA):
+                 sparse_cores_per_replica=DEFAULT_SPARSE_CORES_PER_REPLICA, exchange="auto",
+                 collective_timeout_seconds=collectives.DEFAULT_TIMEOUT_SECONDS):
         super().__init__(name="tpu_embedding_v2")
+        if exchange not in EXCHANGES:
+            raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
         self._feature_config = feature_config
         self._optimizer = optimizer
         self._pipelining = pipeline_execution_with_tensor_core
         self._sparse_core_config = sparse_core_embedding_config
         self._sparse_cores = sparse_cores_per_replica
         self._strategy = tf.distribute.get_strategy()
-        self._num_replicas = self._strategy.num_replicas_in_sync
-        self._devices = self._replica_devices()
+        self._group = collectives.ReplicaGroup(self._strategy, collective_timeout_seconds)
+        self._num_replicas = self._group.num_replicas
+        self._exchange = _choose_exchange(exchange, self._num_replicas,
+                                          sparse_core_embedding_config)
         self._build_lock = threading.Lock()
         self._layout = None
-        self._tables = None
-        self._flat_paths = [p for p, _ in nest.flatten_with_joined_string_paths(feature_config)]
+        self._storage = None
+        self._flat_paths = flat_feature_paths(feature_config)
         # Fail fast on bad configs (optimizers, combiners, names) before any input is seen.
         config_layout = self._check_config()
         # Checkpoint nodes, one per user table, named by table (see checkpointing.py). They exist
         # before build() so that a checkpoint restored early is consumed by build().
-        self._pending_restore = None
+        self._pending_restore = {}
         self._logical_nodes = {
             t.name: checkpointing.LogicalTable(self, t.name, t.config, t.optimizer.slot_names)
             for s in config_layout.stacked_tables.values() for t in s.tables}
 
     # ----------------------------------------------------------------------------- building
-    def _replica_devices(self):
-        try:
-            devices = list(self._strategy.extended.worker_devices)
-        except (RuntimeError, AttributeError):  # the default strategy has no worker devices
-            devices = []
-        if len(devices) != self._num_replicas:
-            devices = [None] * self._num_replicas
-        return devices
-
     def _check_config(self):
         shapes = {p: (self._sparse_cores,) for p in self._flat_paths}
         return EmbeddingLayout(self._feature_config, self._optimizer, self._num_replicas,
@@ -72,8 +92,8 @@ class TPUEmbeddingV2(tf.Module):
             if self._layout is not None:
                 return
             shapes = {}
-            flat_features = nest.flatten(self._feature_config)
-            given = (nest.flatten_up_to(self._feature_config, output_shapes)
+            flat_features = tf.nest.flatten(self._feature_config)
+            given = (private_tf.flatten_up_to(self._feature_config, output_shapes)
                      if output_shapes is not None else [None] * len(flat_features))
             for path, feature, shape in zip(self._flat_paths, flat_features, given):
                 if shape is None and feature.output_shape.rank:
@@ -97,18 +117,12 @@ class TPUEmbeddingV2(tf.Module):
             layout = EmbeddingLayout(self._feature_config, self._optimizer, self._num_replicas,
                                      self._sparse_cores, shapes, self._sparse_core_config)
             pending = self._pending_restore
-
-            def from_checkpoint(table, kind):
-                if pending is None or not pending.has(table.name, kind):
-                    return None
-                return pending.read(table.name, kind)
-
-            with tf.init_scope():
-                self._tables = {name: create_sharded_tables(stacked, self._devices,
-                                                            self._sparse_cores, from_checkpoint)
-                                for name, stacked in layout.stacked_tables.items()}
+            storage = TableStorage(layout, self._group)
+            storage.create(lambda table, kind: pending.get(table, {}).get(kind))
+            self._group.create_variables()
+            self._storage = storage
             self._layout = layout
-            self._pending_restore = None
+            self._pending_restore = {}
 
     def _output_shapes_of(self, flat_features):
         shapes = []
@@ -123,7 +137,7 @@ class TPUEmbeddingV2(tf.Module):
                 raise ValueError(f"feature '{path}': the batch size must be static to build the "
                                  "tables; call build(per_replica_batch_size=...) first")
             shapes.append(shape)
-        return nest.pack_sequence_as(self._feature_config, shapes)
+        return tf.nest.pack_sequence_as(self._feature_config, shapes)
 
     @property
     def built(self):
@@ -131,56 +145,134 @@ class TPUEmbeddingV2(tf.Module):
 
     # ----------------------------------------------------------------------------- properties
     @property
+    def feature_paths(self):
+        """The joined string paths of the features, in `tf.nest.flatten` order."""
+        return list(self._flat_paths)
+
+    @property
+    def feature_config(self):
+        return self._feature_config
+
+    @property
+    def exchange(self):
+        """"all_to_all", "all_gather" or "single" (one replica: no exchange)."""
+        return self._exchange
+
+    @property
+    def replica_group(self):
+        """The replicas (global ids of this process's replicas, devices, workers)."""
+        return self._group
+
+    @property
+    def storage(self):
+        """The `TableStorage` that owns the per-replica variables and the logical views."""
+        self._require_built("storage")
+        return self._storage
+
+    def per_replica_feature_shapes(self):
+        """Per flat feature, the per-replica shape of its samples (after build)."""
+        self._require_built("per_replica_feature_shapes")
+        return [tuple(p.output_shape) for p in self._layout.features]
+
+    @property
+    def table_shapes(self):
+        """Table name -> (vocabulary_size, dim)."""
+        return {name: node.logical_shape for name, node in self._logical_nodes.items()}
+
+    def table_kinds(self, table_name):
+        """("parameters", <slot names>...) of a table."""
+        return self._logical_nodes[table_name].kinds
+
+    @property
     def embedding_layouts(self):
         """Where every table lives: table name -> TableLayout (stacked name, offsets, rotation)."""
         self._require_built("embedding_layouts")
         return self._layout.table_layouts()
 
     @property
+    def placement_plan(self):
+        """Table name -> "sharded" (every table is mod-sharded over all replicas)."""
+        return {name: "sharded" for name in self._logical_nodes}
+
+    @property
     def variables(self):
-        """Stacked table name -> {"parameters": ShardedTable, <slot>: ShardedTable}."""
+        """Stacked table name -> {"parameters": ShardedTable, <slot>: ShardedTable} (local replicas)."""
         self._require_built("variables")
-        return self._tables
+        return self._storage.stacked_variables()
 
     @property
     def embedding_tables(self):
-        """The user's TableConfig -> its logical [vocabulary_size, dim] table (numpy array)."""
+        """The user's TableConfig -> its logical [vocabulary_size, dim] table (numpy array).
+
+        With several worker processes this is a collective read: call it on every worker.
+        """
         self._require_built("embedding_tables")
-        return {t.config: read_logical_table(self._tables[name]["parameters"], t,
-                                             self._sparse_cores)
-                for name, s in self._layout.stacked_tables.items() for t in s.tables}
+        return {self._storage.placement(name).config: self._storage.read_logical(name, PARAMETERS)
+                for name in self._logical_nodes}
 
     @property
     def embedding_table_shards(self):
-        """The user's TableConfig -> the per-replica variables of the stacked table holding it."""
+        """The user's TableConfig -> the variables of the stacked table on this process's replicas."""
         self._require_built("embedding_table_shards")
-        return {t.config: list(self._tables[name]["parameters"].shards)
+        variables = self._storage.stacked_variables()
+        return {t.config: list(variables[name][PARAMETERS].shards)
                 for name, s in self._layout.stacked_tables.items() for t in s.tables}
 
     def logical_slot(self, table_config, slot_name):
         """One optimizer slot of one user table, in the logical [vocabulary_size, dim] view."""
         self._require_built("logical_slot")
-        for name, s in self._layout.stacked_tables.items():
-            for t in s.tables:
-                if t.config is table_config:
-                    return read_logical_table(self._tables[name][slot_name], t, self._sparse_cores)
+        for name in self._logical_nodes:
+            if self._storage.placement(name).config is table_config:
+                return self._storage.read_logical(name, slot_name)
         raise KeyError(f"unknown table {table_config}")
 
     def logical_tables(self, include_slots=False, as_numpy=True):
         """Table name -> logical [vocabulary_size, dim] table (numpy, or tf.Tensor if not as_numpy).
 
-        With include_slots, table name -> {"parameters": ..., <slot name>: ...}.
+        With include_slots, table name -> {"parameters": ..., <slot name>: ...}. With several
+        worker processes this is a collective read: call it on every worker.
         """
         self._require_built("logical_tables")
         result = {}
         for name, node in self._logical_nodes.items():
-            kinds = node.kinds if include_slots else (checkpointing.PARAMETERS,)
+            kinds = node.kinds if include_slots else (PARAMETERS,)
             values = {}
             for kind in kinds:
-                value = self._gather_logical(name, kind)
-                values[kind] = value if as_numpy else sharded_tables.as_tensor_zero_copy(value)
-            result[name] = values if include_slots else values[checkpointing.PARAMETERS]
+                value = self.read_logical(name, kind)
+                values[kind] = value if as_numpy else as_tensor_zero_copy(value)
+            result[name] = values if include_slots else values[PARAMETERS]
         return result
+
+    def read_logical(self, table_name, kind=PARAMETERS):
+        """The logical value of one table's parameters or slot (numpy; a tensor in graphs)."""
+        self._require_built("read_logical")
+        if tf.executing_eagerly():
+            return self._storage.read_logical(table_name, kind)
+        return self._storage.read_logical_tf(table_name, kind)
+
+    def restore_logical(self, values):
+        """Writes logical tables now, or at build() if the embedding is not built yet.
+
+        values: {table name: {kind: numpy array, or a reader (first_row, stop) -> rows}}. Every
+        table's shapes must have been checked by the caller. A later call wins per table and kind.
+        """
+        with self._build_lock:
+            if self._layout is None:
+                for name, kinds in values.items():
+                    self._pending_restore.setdefault(name, {}).update(kinds)
+                return
+        with tf.init_scope():
+            for name, kinds in values.items():
+                for kind, value in kinds.items():
+                    self._storage.write_logical(name, kind, value)
+
+    def pending_restore(self, table_name, kind):
+        """The reader or value a deferred restore holds for a table (None if there is none)."""
+        return self._pending_restore.get(table_name, {}).get(kind)
+
+    def collective_bytes_sent(self):
+        """{local replica id: bytes sent through the embedding's collectives so far}."""
+        return self._group.bytes_sent()
 
     def export_serving(self, export_dir, **kwargs):
         """Writes a SavedModel that looks features up with stock TensorFlow ops only.
@@ -196,86 +288,66 @@ class TPUEmbeddingV2(tf.Module):
         # are never checkpointed directly.
         return dict(self._logical_nodes)
 
-    def _placement(self, table_name):
-        for stacked in self._layout.stacked_tables.values():
-            for table in stacked.tables:
-                if table.name == table_name:
-                    return table
-        raise KeyError(f"unknown table '{table_name}'")
-
-    def _gather_logical(self, table_name, kind):
-        """The logical value of one table's parameters or slot (numpy, or a tensor in graphs)."""
-        placement = self._placement(table_name)
-        sharded = self._tables[placement.layout.stacked_table_name][kind]
-        if tf.executing_eagerly():
-            return sharded_tables.gather_logical(sharded, placement, self._sparse_cores)
-        return sharded_tables.gather_logical_tf(sharded, placement, self._sparse_cores)
-
-    def _restore_logical(self, pending):
-        """Restores checkpointed logical tables now, or at build() if not built yet."""
-        with self._build_lock:
-            if self._layout is None:
-                if self._pending_restore is not None:   # a later restore wins per table
-                    merged = dict(self._pending_restore.keys)
-                    prefixes = {self._pending_restore.prefix, pending.prefix}
-                    if len(prefixes) == 1:
-                        merged.update(pending.keys)
-                        pending = checkpointing.PendingRestore(pending.prefix, merged)
-                self._pending_restore = pending
-                return
-        with tf.init_scope():
-            for name, kinds in pending.keys.items():
-                placement = self._placement(name)
-                for kind in kinds:
-                    sharded = self._tables[placement.layout.stacked_table_name][kind]
-                    value = pending.read(name, kind)
-                    sharded_tables.assign_logical(sharded, placement, self._sparse_cores, value)
-                    del value
-
     def _require_built(self, what):
         if self._layout is None:
             raise RuntimeError(f"{what} needs the tables: call build(), embedding_lookup() or "
                                "enqueue() first")
 
     # ----------------------------------------------------------------------------- steps
-    def _flatten(self, structure, what, allow_none=False):
+    def flatten_features(self, structure, what, allow_none=False):
+        """tf.nest.flatten of a structure that must match feature_config (clear error if not)."""
         try:
-            nest.assert_same_structure(self._feature_config, structure)
+            tf.nest.assert_same_structure(self._feature_config, structure)
         except (ValueError, TypeError) as e:
             raise type(e)(f"{what} must have the same structure as feature_config: {e}") from None
-        flat = nest.flatten(structure)
+        flat = tf.nest.flatten(structure)
         if not allow_none and any(x is None for x in flat):
             raise ValueError(f"{what} contains None")
         return flat
+
+    _flatten = flatten_features
 
     def enqueue(self, features, weights=None, device=None):
         """Host preprocessing of one replica's batch; returns per stacked table sorted ids.
 
         Works eagerly, in `tf.function`, in replica context and inside `tf.data.Dataset.map`.
         """
-        flat = self._flatten(features, "features")
+        flat = self.flatten_features(features, "features")
         flat_weights = ([None] * len(flat) if weights is None else
-                        self._flatten(weights, "weights", allow_none=True))
+                        self.flatten_features(weights, "weights", allow_none=True))
         if not self.built:
             self.build(output_shapes=self._output_shapes_of(flat))
         with tf.device(device) if device else contextlib.nullcontext():
-            return enqueue_lib.preprocess(self._layout, flat, flat_weights)
+            return enqueue_lib.preprocess(self._layout, flat, flat_weights,
+                                          with_splits=self._exchange != "all_to_all")
+
+    def _local_parameters(self, view):
+        variables = self._storage.stacked_variables()
+        return {name: variables[name][PARAMETERS].shard(view.replica_id) for name in variables}
 
     def dequeue(self, preprocessed):
         """Looks up this replica's activations; returns (activations, preserved)."""
         self._require_built("dequeue")
-        view = sharded_lookup.ReplicaView(self._num_replicas)
-        activations_by_path, preserved = {}, {}
+        view = collectives.ReplicaView(self._group)
+        shards = self._local_parameters(view)
+        if self._exchange == "all_to_all":
+            stacked_activations, preserved = all_to_all_exchange.lookup(
+                view, self._layout, preprocessed, shards)
+        else:
+            stacked_activations, preserved = {}, {}
+            for name, stacked in self._layout.stacked_tables.items():
+                csr = all_gather_exchange.pack_and_gather(view, self._layout, stacked,
+                                                          preprocessed[name],
+                                                          self._sparse_core_config)
+                stacked_activations[name] = all_gather_exchange.lookup(
+                    view, self._layout, stacked, csr, shards[name])
+                preserved[name] = csr
+        activations_by_path = {}
         for name, stacked in self._layout.stacked_tables.items():
-            csr = sharded_lookup.pack_and_gather(view, self._layout, stacked, preprocessed[name],
-                                                 self._sparse_core_config)
-            shard = self._tables[name]["parameters"].shards[view.replica_id]
-            activations = sharded_lookup.lookup(view, self._layout, stacked, csr, shard)
-            activations_by_path.update(
-                sharded_lookup.unstack_activations(self._layout, stacked, activations))
-            preserved[name] = csr
+            activations_by_path.update(enqueue_lib.unstack_activations(
+                self._layout, stacked, stacked_activations[name]))
         flat = [activations_by_path[p] for p in self._flat_paths]
-        return nest.pack_sequence_as(self._feature_config, flat), preserved
+        return tf.nest.pack_sequence_as(self._feature_config, flat), preserved
 
     def embedding_lookup(self, features, weights=None):
         """enqueue + dequeue: returns (activations, preserved)."""
@@ -289,20 +361,43 @@ class TPUEmbeddingV2(tf.Module):
         if not self.built:
             raise RuntimeError("apply_gradients called before the tables were built: call "
                                "embedding_lookup (or build) first")
-        flat = self._flatten(gradients, "gradients", allow_none=True)
+        flat = self.flatten_features(gradients, "gradients", allow_none=True)
         by_path = dict(zip(self._flat_paths, flat))
-        view = sharded_lookup.ReplicaView(self._num_replicas)
-        updates = []
+        grads = {name: enqueue_lib.stack_gradients(self._layout, stacked, by_path)
+                 for name, stacked in self._layout.stacked_tables.items()}
+        view = collectives.ReplicaView(self._group)
+        self._check_preserved(preserved_outputs)
+        variables = self._storage.stacked_variables()
+        local = {name: (variables[name][PARAMETERS].shard(view.replica_id),
+                        [variables[name][s].shard(view.replica_id)
+                         for s in stacked.optimizer.slot_names])
+                 for name, stacked in self._layout.stacked_tables.items()}
         # No table is updated before every table's inputs passed validation: a bad id in one
         # feature must leave all tables unchanged, not only the table it belongs to.
-        validated = [t for t in nest.flatten(preserved_outputs) if isinstance(t, tf.Tensor)]
-        for name, stacked in self._layout.stacked_tables.items():
-            grads = sharded_lookup.stack_gradients(self._layout, stacked, by_path)
-            variables = self._tables[name]
-            slots = [variables[s].shards[view.replica_id] for s in stacked.optimizer.slot_names]
-            with tf.control_dependencies(validated):
-                updates.append(sharded_lookup.apply_update(
-                    view, self._layout, stacked, preserved_outputs[name], grads,
-                    variables["parameters"].shards[view.replica_id], slots))
-        return updates
+        validated = [t for t in tf.nest.flatten(preserved_outputs) if isinstance(t, tf.Tensor)]
+        with tf.control_dependencies(validated):
+            if self._exchange == "all_to_all":
+                return all_to_all_exchange.apply_gradients(view, self._layout, preserved_outputs,
+                                                           grads, local)
+            return [all_gather_exchange.apply_update(view, self._layout, stacked,
+                                                     preserved_outputs[name], grads[name],
+                                                     *local[name])
+                    for name, stacked in self._layout.stacked_tables.items()]
 
+    def _check_preserved(self, preserved):
+        """preserved_outputs must be what dequeue returned (checked before any collective)."""
+        names = set(self._layout.stacked_tables)
+        if self._exchange == "all_to_all":
+            ok = (isinstance(preserved, tuple) and len(preserved) == 2 and
+                  isinstance(preserved[0], dict) and set(preserved[0]) == names and
+                  all(isinstance(v, all_to_all_exchange.ExchangedTable)
+                      for v in preserved[0].values()) and
+                  isinstance(preserved[1], all_to_all_exchange.ExchangeSizes))
+        else:
+            ok = (isinstance(preserved, dict) and set(preserved) == names and
+                  all(isinstance(v, all_gather_exchange.PreservedCsr) for v in preserved.values()))
+        if not ok or not all(isinstance(t, (tf.Tensor, tf.Variable))
+                             for t in tf.nest.flatten(preserved)):
+            raise ValueError("preserved_outputs must be the second value returned by dequeue / "
+                             "embedding_lookup of this embedding in the same step (stacked "
+                             f"tables {sorted(names)}); got {type(preserved).__name__}")

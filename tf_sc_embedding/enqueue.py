@@ -10,12 +10,15 @@ the host, so it also runs inside `tf.data.Dataset.map`.
 import collections
 
 import tensorflow as tf
+from absl import logging
 
 from tf_sc_embedding import ops
 
 PreprocessedTable = collections.namedtuple(
     "PreprocessedTable",
     ["sorted_row_ids", "sorted_col_ids", "sorted_gains", "splits", "id_counts"])
+# The stacked table's COO before sorting: what the all-to-all exchange consumes.
+PreprocessedCoo = collections.namedtuple("PreprocessedCoo", ["row_ids", "col_ids", "gains"])
 
 _INT32_MAX = 2 ** 31 - 1
 
@@ -69,8 +72,11 @@ def feature_as_id_input(ids, weights, path):
                      f"tf.RaggedTensor, got {type(ids).__name__}")
 
 
-def preprocess(layout, flat_features, flat_weights):
-    """Per stacked table name, the PreprocessedTable of one replica's batch."""
+def preprocess(layout, flat_features, flat_weights, with_splits=True):
+    """Per stacked table name, the PreprocessedTable of one replica's batch.
+
+    Without splits (the all-to-all exchange), the stacked table's COO (PreprocessedCoo) instead.
+    """
     S = layout.sparse_cores_per_replica
     lists = {name: [] for name in layout.stacked_tables}
     for placement, ids, weights in zip(layout.features, flat_features, flat_weights):
@@ -93,6 +99,9 @@ def preprocess(layout, flat_features, flat_weights):
         rows = tf.concat([f[0][i] for i in range(S) for f in per_feature], axis=0)
         cols = tf.concat([f[1][i] for i in range(S) for f in per_feature], axis=0)
         gains = tf.concat([f[2][i] for i in range(S) for f in per_feature], axis=0)
+        if not with_splits:
+            result[name] = PreprocessedCoo(rows, cols, gains)
+            continue
         splits = ops.get_minibatch_splits_with_physical_replica(
             tf.constant([""]), rows, cols, gains, sample_count=stacked.sample_count,
             num_replica=layout.num_replicas, table_vocab_size=stacked.total_rows,
@@ -102,3 +111,36 @@ def preprocess(layout, flat_features, flat_weights):
         result[name] = PreprocessedTable(splits.sorted_row_ids, splits.sorted_col_ids,
                                          splits.sorted_gains, splits.splits, splits.id_counts)
     return result
+
+
+def unstack_activations(layout, stacked, activations):
+    """Per feature path, the user's activations (padding columns dropped; spec §15)."""
+    S = layout.sparse_cores_per_replica
+    blocks = tf.reshape(activations, [S, stacked.sample_count // S, stacked.padded_width])
+    result = {}
+    for feature in stacked.features:
+        start = feature.sample_offset // S
+        part = blocks[:, start:start + feature.sample_count // S, :feature.table.dim]
+        result[feature.path] = tf.reshape(part, list(feature.output_shape) + [feature.table.dim])
+    return result
+
+
+def stack_gradients(layout, stacked, gradients_by_path):
+    """Inverse of unstack_activations; a None gradient becomes zeros (with a warning)."""
+    S = layout.sparse_cores_per_replica
+    parts = []
+    for feature in stacked.features:
+        grad = gradients_by_path[feature.path]
+        if grad is None:
+            logging.warning("No gradient for feature '%s': applying a zero gradient to its rows "
+                            "(this still updates optimizer state such as Adam's moments).",
+                            feature.path)
+            grad = tf.zeros([feature.sample_count, feature.table.dim], tf.float32)
+        expected = tf.TensorShape(list(feature.output_shape) + [feature.table.dim])
+        if not tf.TensorShape(grad.shape).is_compatible_with(expected):
+            raise ValueError(f"feature '{feature.path}': gradient has shape {grad.shape}, "
+                             f"expected {expected} (the shape of its activations)")
+        grad = tf.reshape(tf.cast(grad, tf.float32), [feature.sample_count, feature.table.dim])
+        grad = tf.pad(grad, [[0, 0], [0, stacked.padded_width - feature.table.dim]])
+        parts.append(tf.reshape(grad, [S, feature.sample_count // S, stacked.padded_width]))
+    return tf.reshape(tf.concat(parts, axis=1), [stacked.sample_count, stacked.padded_width])

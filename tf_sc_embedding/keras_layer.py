@@ -41,8 +41,8 @@ from tensorflow.python.util import nest
 import keras
 
 from tf_sc_embedding import checkpointing
-from tf_sc_embedding import sharded_tables
-from tf_sc_embedding.embedding import DEFAULT_SPARSE_CORES_PER_REPLICA, TPUEmbeddingV2
+from tf_sc_embedding.embedding import TPUEmbeddingV2
+from tf_sc_embedding.layout import DEFAULT_SPARSE_CORES_PER_REPLICA
 
 _TABLE_KEY = "table:{table}:{kind}"
 _TRIGGER_KEY = "trigger"
@@ -118,7 +118,6 @@ class EmbeddingLayer(keras.layers.Layer):
             sparse_core_embedding_config=sparse_core_embedding_config,
             sparse_cores_per_replica=sparse_cores_per_replica)
         self._num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        self._pending_tables = None
         # The scalar trainable variable that puts the tables' update on Keras's gradient path.
         self.trigger = self.add_weight(name="table_update_trigger", shape=(),
                                        initializer="zeros", trainable=True)
@@ -151,13 +150,13 @@ class EmbeddingLayer(keras.layers.Layer):
 
     # -------------------------------------------------------------------------- forward
     def _per_replica_rows(self):
-        return [p.output_shape[0] for p in self.embedding._layout.features]  # pylint: disable=protected-access
+        return [shape[0] for shape in self.embedding.per_replica_feature_shapes()]
 
     def _ensure_built(self, flat):
         if self.embedding.built:
             return
         shapes = []
-        for path, feature in zip(self.embedding._flat_paths, flat):  # pylint: disable=protected-access
+        for path, feature in zip(self.embedding.feature_paths, flat):
             rows = _static_batch_size(feature)
             if rows is None:
                 raise ValueError(
@@ -169,14 +168,13 @@ class EmbeddingLayer(keras.layers.Layer):
             else:
                 shapes.append([rows] + tf.convert_to_tensor(feature).shape.as_list()[1:])
         self.embedding.build(output_shapes=nest.pack_sequence_as(self._feature_config, shapes))
-        self._restore_pending_tables()
 
     def call(self, features, weights=None, training=None):
-        flat = self.embedding._flatten(features, "features")  # pylint: disable=protected-access
+        flat = self.embedding.flatten_features(features, "features")
         if _in_keras_symbolic_scope():
             return self._symbolic_outputs(flat)
         flat_weights = (None if weights is None else
-                        self.embedding._flatten(weights, "weights", allow_none=True))  # pylint: disable=protected-access
+                        self.embedding.flatten_features(weights, "weights", allow_none=True))
         self._ensure_built(flat)
         rows = self._per_replica_rows()
         sizes = [_batch_size_of(f) for f in flat]
@@ -202,13 +200,12 @@ class EmbeddingLayer(keras.layers.Layer):
         """Zeros of the activations' shapes, for Keras's symbolic model building (placeholders
         in a scratch graph, outside replica context, ragged inputs seen as dense)."""
         built = self.embedding.built
-        placements = self.embedding._layout.features if built else [None] * len(flat)  # pylint: disable=protected-access
+        shapes = self.embedding.per_replica_feature_shapes() if built else [None] * len(flat)
         outputs = []
-        for feature, config, placement in zip(flat, nest.flatten(self._feature_config),
-                                              placements):
+        for feature, config, shape in zip(flat, nest.flatten(self._feature_config), shapes):
             batch = _batch_size_of(feature)
-            if placement is not None:
-                inner = list(placement.output_shape[1:])
+            if shape is not None:
+                inner = list(shape[1:])
             elif isinstance(feature, (tf.RaggedTensor, tf.SparseTensor)) or \
                     feature.shape.rank is None or feature.shape.rank <= 2:
                 inner = []
@@ -242,54 +239,42 @@ class EmbeddingLayer(keras.layers.Layer):
     def save_own_variables(self, store):
         """Keras weight files: the trigger and every table's logical parameters and slots."""
         store[_TRIGGER_KEY] = np.asarray(self.trigger.numpy())
-        if not self.embedding.built:
-            if self._pending_tables:
-                for key, value in self._pending_tables.items():
-                    store[key] = value
-            return
-        for table, values in self.embedding.logical_tables(include_slots=True).items():
-            for kind, value in values.items():
-                store[_TABLE_KEY.format(table=table, kind=kind)] = value
+        embedding = self.embedding
+        for name, (height, _) in embedding.table_shapes.items():
+            for kind in embedding.table_kinds(name):
+                if embedding.built:
+                    value = embedding.read_logical(name, kind)
+                else:   # restored but not built yet: carry the restored values forward
+                    value = embedding.pending_restore(name, kind)
+                    if value is None:
+                        continue
+                    value = value(0, height) if callable(value) else value
+                store[_TABLE_KEY.format(table=name, kind=kind)] = value
 
     def load_own_variables(self, store):
         keys = set(store.keys())
         if _TRIGGER_KEY in keys:
             self.trigger.assign(np.asarray(store[_TRIGGER_KEY]))
-        tables = {}
-        for key in keys:
-            if key.startswith("table:"):
-                tables[key] = np.asarray(store[key])
+        tables = {key: np.asarray(store[key]) for key in keys if key.startswith("table:")}
         self._check_tables(tables)
-        self._pending_tables = tables
-        if self.embedding.built:
-            self._restore_pending_tables()
+        values = {}
+        for name in self.embedding.table_shapes:
+            for kind in self.embedding.table_kinds(name):
+                value = tables.get(_TABLE_KEY.format(table=name, kind=kind))
+                if value is not None:
+                    values.setdefault(name, {})[kind] = value
+        self.embedding.restore_logical(values)   # now, or when the tables are built
 
     def _check_tables(self, tables):
-        for name, node in self.embedding._logical_nodes.items():  # pylint: disable=protected-access
+        for name, shape in self.embedding.table_shapes.items():
             key = _TABLE_KEY.format(table=name, kind=checkpointing.PARAMETERS)
             if key not in tables:
                 raise ValueError(f"the weights file has no table '{name}'")
-            for kind in node.kinds:
+            for kind in self.embedding.table_kinds(name):
                 value = tables.get(_TABLE_KEY.format(table=name, kind=kind))
-                if value is not None and tuple(value.shape) != node.logical_shape:
+                if value is not None and tuple(value.shape) != shape:
                     raise ValueError(f"table '{name}': the weights file's {kind} has shape "
-                                     f"{list(value.shape)}, the TableConfig "
-                                     f"{list(node.logical_shape)}")
-
-    def _restore_pending_tables(self):
-        if not self._pending_tables:
-            return
-        embedding = self.embedding
-        with tf.init_scope():
-            for name, node in embedding._logical_nodes.items():  # pylint: disable=protected-access
-                placement = embedding._placement(name)  # pylint: disable=protected-access
-                stacked = embedding.variables[placement.layout.stacked_table_name]
-                for kind in node.kinds:
-                    value = self._pending_tables.get(_TABLE_KEY.format(table=name, kind=kind))
-                    if value is not None:
-                        sharded_tables.assign_logical(stacked[kind], placement,
-                                                      embedding._sparse_cores, value)  # pylint: disable=protected-access
-        self._pending_tables = None
+                                     f"{list(value.shape)}, the TableConfig {list(shape)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,6 +293,22 @@ def _has_composite_per_replica_values(strategy, batch):
     return False
 
 
+MULTI_WORKER_FIT_MESSAGE = (
+    "model.fit / evaluate / predict of a model with an EmbeddingLayer is not supported under "
+    "MultiWorkerMirroredStrategy (Keras 3 itself fails there). Use a custom training loop: "
+    "strategy.run around the model call under a tf.GradientTape, then "
+    "optimizer.apply_gradients; the layer updates its tables through the same gradient (see the "
+    "README, 'Multi-worker training', and docs/multi_worker.md#launching)")
+
+
+def _reject_multi_worker_fit(model):
+    strategy = getattr(model, "_distribute_strategy", None)
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return
+    if any(isinstance(layer, EmbeddingLayer) for layer in model._flatten_layers()):  # pylint: disable=protected-access
+        raise NotImplementedError(MULTI_WORKER_FIT_MESSAGE)
+
+
 def _install_keras_symbolic_build_fix():
     try:
         from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=import-outside-toplevel
@@ -319,6 +320,7 @@ def _install_keras_symbolic_build_fix():
         return
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        _reject_multi_worker_fit(self)
         if self._distribute_strategy is None or iterator is None:  # pylint: disable=protected-access
             return original(self, iterator=iterator, data_batch=data_batch)
         strategy = self.distribute_strategy

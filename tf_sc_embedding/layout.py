@@ -18,6 +18,9 @@ from tf_sc_embedding.optimizers import FusedOptimizer, fused_optimizer
 __all__ = ["EmbeddingLayout", "FeaturePlacement", "LayoutStacker", "StackedTable", "TableLayout",
            "TablePlacement"]
 
+# SparseCores per replica when the constructor is not told otherwise (as on a TPU v5p chip).
+DEFAULT_SPARSE_CORES_PER_REPLICA = 4
+
 # TensorFlow defaults these per-partition limits to 256 because SparseCore buffers are static. On
 # CPU nothing is sized by them, so without a configured value there is no limit (and no
 # minibatching); set SparseCoreEmbeddingConfig.max_ids_per_table to get TPU-like minibatches.
@@ -86,6 +89,11 @@ class StackedTable:
     @property
     def total_rows(self):
         return self.num_sparse_cores * self.rows_per_shard
+
+
+def flat_feature_paths(feature_config):
+    """The joined string paths ("a/b") of the features, in tf.nest.flatten order."""
+    return [path for path, _ in nest.flatten_with_joined_string_paths(feature_config)]
 
 
 def _table_name(table, index):

@@ -109,13 +109,11 @@ class ServingModule(tf.Module):
 
 def serving_module(embedding):
     """A `ServingModule` holding a copy of the embedding's current logical tables."""
-    names = {}
-    for stacked in embedding._layout.stacked_tables.values():  # pylint: disable=protected-access
-        for table in stacked.tables:
-            names[id(table.config)] = table.name
+    storage = embedding.storage
+    names = {id(storage.placement(name).config): name for name in storage.table_names}
     with tf.init_scope():
         return ServingModule(embedding.logical_tables(as_numpy=False),
-                             embedding._feature_config, names)  # pylint: disable=protected-access
+                             embedding.feature_config, names)
 
 
 def export_serving(embedding, export_dir):

@@ -1,4 +1,7 @@
-"""Lookup and fused update of mod-sharded tables across data-parallel replicas.
+"""The all-gather exchange: lookup and fused update when every replica sees every replica's ids.
+
+(The earlier multi-replica design, kept for comparison: `TPUEmbeddingV2(exchange="all_gather")`;
+the default is the all-to-all exchange of `exchange.py`, whose bytes per replica stay flat.)
 
 Each replica holds SparseCore shards [d*S, (d+1)*S) of every stacked table. A step:
 1. the replicas agree on minibatch splits (OR of every replica's bitmask) and pack CSR buffers;
@@ -11,7 +14,6 @@ All cross-replica movement goes through `tf.distribute` collectives of the repli
 import collections
 
 import tensorflow as tf
-from absl import logging
 
 from tf_sc_embedding import ops
 
@@ -23,48 +25,15 @@ PreservedCsr = collections.namedtuple(
 MAX_MINIBATCHES_PER_SPARSE_CORE = 64
 
 
-class ReplicaView:
-    """The calling replica's id, the replica count and its collectives (none for one replica)."""
-
-    def __init__(self, num_replicas):
-        self.num_replicas = num_replicas
-        self.context = tf.distribute.get_replica_context()
-        # Outside strategy.run the context is None (cross-replica) or the default strategy's.
-        if num_replicas > 1 and (self.context is None or
-                                 self.context.num_replicas_in_sync != num_replicas):
-            raise RuntimeError("with several replicas, the embedding must be called inside "
-                               "strategy.run (in replica context)")
-        if num_replicas == 1:
-            self.replica_id = 0
-        else:
-            self.replica_id = tf.get_static_value(self.context.replica_id_in_sync_group)
-            if self.replica_id is None:
-                raise RuntimeError("the replica id must be known when the step is traced")
-
-    def all_gather(self, value):
-        return value if self.num_replicas == 1 else self.context.all_gather(value, axis=0)
-
-    def all_sum(self, value):
-        if self.num_replicas == 1:
-            return value
-        return self.context.all_reduce(tf.distribute.ReduceOp.SUM, value)
-
-    def all_max(self, value):
-        if self.num_replicas == 1:
-            return value
-        return tf.reduce_max(self.context.all_gather(tf.reshape(value, [1]), axis=0))
-
-
 def _agreed_splits(view, splits):
-    gathered = view.all_gather(tf.reshape(splits, [1]))
-    return tf.foldl(tf.bitwise.bitwise_or, gathered, initializer=tf.constant(0, tf.int64))
+    return view.all_or(splits)
 
 
 def _gathered_ids(view, values, size, pad_value):
     """Gathers a trimmed CSR id buffer, padded to the largest across replicas (equal chunks)."""
     if view.num_replicas == 1:
         return values
-    largest = view.all_max(size)
+    largest = view.all_max(tf.reshape(size, [1]))[0]
     padded = tf.pad(values, [[0, largest - size]], constant_values=pad_value)
     return view.all_gather(padded)
 
@@ -125,36 +94,3 @@ def apply_update(view, layout, stacked, csr, gradients, table_shard, slot_shards
         activation_gradients=view.all_gather(gradients), embedding_table=table_shard,
         num_minibatches_per_physical_sparse_core=csr.num_minibatches, table_name=stacked.name,
         **slots, **_shard_arguments(view, layout))
-
-
-def unstack_activations(layout, stacked, activations):
-    """Per feature path, the user's activations (padding columns dropped; spec §15)."""
-    S = layout.sparse_cores_per_replica
-    blocks = tf.reshape(activations, [S, stacked.sample_count // S, stacked.padded_width])
-    result = {}
-    for feature in stacked.features:
-        start = feature.sample_offset // S
-        part = blocks[:, start:start + feature.sample_count // S, :feature.table.dim]
-        result[feature.path] = tf.reshape(part, list(feature.output_shape) + [feature.table.dim])
-    return result
-
-
-def stack_gradients(layout, stacked, gradients_by_path):
-    """Inverse of unstack_activations; a None gradient becomes zeros (with a warning)."""
-    S = layout.sparse_cores_per_replica
-    parts = []
-    for feature in stacked.features:
-        grad = gradients_by_path[feature.path]
-        if grad is None:
-            logging.warning("No gradient for feature '%s': applying a zero gradient to its rows "
-                            "(this still updates optimizer state such as Adam's moments).",
-                            feature.path)
-            grad = tf.zeros([feature.sample_count, feature.table.dim], tf.float32)
-        expected = tf.TensorShape(list(feature.output_shape) + [feature.table.dim])
-        if not tf.TensorShape(grad.shape).is_compatible_with(expected):
-            raise ValueError(f"feature '{feature.path}': gradient has shape {grad.shape}, "
-                             f"expected {expected} (the shape of its activations)")
-        grad = tf.reshape(tf.cast(grad, tf.float32), [feature.sample_count, feature.table.dim])
-        grad = tf.pad(grad, [[0, 0], [0, stacked.padded_width - feature.table.dim]])
-        parts.append(tf.reshape(grad, [S, feature.sample_count // S, stacked.padded_width]))
-    return tf.reshape(tf.concat(parts, axis=1), [stacked.sample_count, stacked.padded_width])

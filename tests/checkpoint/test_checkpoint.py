@@ -12,7 +12,7 @@ import tensorflow as tf
 import ckpt_lib
 from ckpt_lib import require_replicas
 import tf_sc_embedding as sce
-from tf_sc_embedding import sharded_tables
+from tf_sc_embedding import table_storage as sharded_tables
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPLICA_COUNTS = (1, 2, 4, 8)

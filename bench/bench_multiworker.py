@@ -1,0 +1,207 @@
+"""Multi-worker benchmark: bytes sent per worker per step and step time, at 1, 2 and 4 worker
+processes of MultiWorkerMirroredStrategy on 127.0.0.1, for the all-to-all exchange (default) and
+the all-gather exchange, at a fixed per-worker batch, in the same run; then the projection of the
+measured bytes to 8 and 64 workers.
+
+Every worker runs `TPUEmbeddingV2` on the 26-feature Criteo-like workload (vocabularies capped at
+--vocab-cap rows, dim --dim, weighted ragged ids, fused Adagrad). Bytes are counted by the
+library at each collective call (`TPUEmbeddingV2.collective_bytes_sent()`, under the cost model
+of docs/multi_worker.md#bytes-per-step). Step time is the median wall time of a step on worker 0
+after --warmup steps; all workers share this machine's cores, so it mostly shows the extra work
+and latency of more processes, not network time.
+
+Usage: python bench/bench_multiworker.py [--workers 1,2,4] [--batch 1024] [--steps 10]
+"""
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument("--exchanges", default="all_to_all,all_gather")
+    parser.add_argument("--batch", type=int, default=1024, help="per-worker batch")
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--vocab-cap", type=int, default=100_000)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--role", default="driver", choices=["driver", "worker"])
+    parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--ports", default="")
+    parser.add_argument("--exchange", default="all_to_all")
+    parser.add_argument("--out", default="")
+    return parser.parse_args()
+
+
+# ------------------------------------------------------------------------------------ worker
+def worker(args):
+    ports = args.ports.split(",")
+    os.environ["TF_CONFIG"] = json.dumps({
+        "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+        "task": {"type": "worker", "index": args.index}})
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tf_sc_embedding as sce  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.data import CriteoLikeWorkload  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.data.criteo_like import CRITEO_LIKE_VOCABULARY_SIZES  # pylint: disable=import-outside-toplevel
+
+    E = tf.tpu.experimental.embedding
+    workers = len(ports)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    vocab = [min(v, args.vocab_cap) for v in CRITEO_LIKE_VOCABULARY_SIZES]
+    workload = CriteoLikeWorkload(vocab)
+    tables = [E.TableConfig(vocabulary_size=v, dim=args.dim, name=f"t{i}", combiner="mean",
+                            initializer=tf.initializers.RandomUniform(-0.05, 0.05, seed=i))
+              for i, v in enumerate(vocab)]
+    features = {f"f{i}": E.FeatureConfig(table=t) for i, t in enumerate(tables)}
+    with strategy.scope():
+        embedding = sce.TPUEmbeddingV2(features, E.Adagrad(learning_rate=0.05),
+                                       exchange=args.exchange)
+    embedding.build(per_replica_batch_size=args.batch)
+
+    total = args.warmup + args.steps
+    batches = []
+    for step in range(total):
+        b = workload.batch(args.batch, step * workers + args.index)
+        ids = {f"f{i}": tf.RaggedTensor.from_row_splits(x, s)
+               for i, (x, s) in enumerate(zip(b.ids, b.row_splits))}
+        weights = {f"f{i}": tf.RaggedTensor.from_row_splits(w, s)
+                   for i, (w, s) in enumerate(zip(b.weights, b.row_splits))}
+        batches.append((ids, weights))
+
+    @tf.function
+    def train_step(ids, weights):
+        def replica_step(ids, weights):
+            activations, preserved = embedding(ids, weights)
+            embedding.apply_gradients(tf.nest.map_structure(lambda a: 0.01 * a, activations),
+                                      preserved)
+            return tf.add_n([tf.reduce_sum(a) for a in activations.values()])
+        return strategy.run(replica_step, args=(ids, weights))
+
+    times = []
+    for step, (ids, weights) in enumerate(batches):
+        if step == args.warmup:
+            embedding.replica_group.reset_bytes_sent()
+        start = time.perf_counter()
+        result = train_step(ids, weights)
+        np.asarray(strategy.experimental_local_results(result)[0])
+        if step >= args.warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    sent = sum(embedding.collective_bytes_sent().values())
+    ids_per_step = statistics.mean(
+        sum(int(x.values.shape[0]) for x in ids.values()) for ids, _ in batches)
+    with open(os.path.join(args.out, f"worker_{args.index}.json"), "w") as f:
+        json.dump({"bytes_per_step": sent / args.steps, "step_ms": statistics.median(times),
+                   "ids_per_step": ids_per_step}, f)
+    return 0
+
+
+# ------------------------------------------------------------------------------------ driver
+def free_ports(n):
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def run_cluster(args, workers, exchange, directory):
+    ports = ",".join(str(p) for p in free_ports(workers))
+    common = [sys.executable, os.path.abspath(__file__), "--role", "worker", "--ports", ports,
+              "--exchange", exchange, "--out", directory, "--batch", str(args.batch),
+              "--dim", str(args.dim), "--vocab-cap", str(args.vocab_cap),
+              "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")
+    env.pop("TF_CONFIG", None)
+    logs = [open(os.path.join(directory, f"log_{i}.txt"), "w") for i in range(workers)]
+    processes = [subprocess.Popen(common + ["--index", str(i)], stdout=logs[i],
+                                  stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                 for i in range(workers)]
+    deadline = time.monotonic() + args.timeout
+    try:
+        codes = [p.wait(timeout=max(1, deadline - time.monotonic())) for p in processes]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for log in logs:
+            log.close()
+    if any(codes):
+        tail = open(os.path.join(directory, "log_0.txt")).read()[-2000:]
+        raise RuntimeError(f"{workers} workers ({exchange}) failed: {codes}\n{tail}")
+    results = [json.load(open(os.path.join(directory, f"worker_{i}.json")))
+               for i in range(workers)]
+    return {"bytes_per_step": statistics.mean(r["bytes_per_step"] for r in results),
+            "step_ms": results[0]["step_ms"], "ids_per_step": results[0]["ids_per_step"]}
+
+
+def project(measured, target):
+    """Linear in the worker count through the two largest measured points."""
+    (w1, b1), (w2, b2) = sorted(measured.items())[-2:]
+    slope = (b2 - b1) / (w2 - w1)
+    return b2 + slope * (target - w2)
+
+
+def main():
+    args = parse_args()
+    if args.role == "worker":
+        return worker(args)
+    counts = [int(w) for w in args.workers.split(",")]
+    exchanges = args.exchanges.split(",")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for workers in counts:
+            for exchange in exchanges:
+                if workers == 1 and exchange != exchanges[0]:
+                    continue   # one replica: no exchange at all
+                directory = os.path.join(tmp, f"{exchange}_{workers}")
+                os.makedirs(directory)
+                results[(exchange, workers)] = run_cluster(args, workers, exchange, directory)
+                r = results[(exchange, workers)]
+                print(f"{workers} worker(s), {exchange}: {r['bytes_per_step'] / 1e6:.2f} MB sent "
+                      f"per worker per step, step {r['step_ms']:.1f} ms", flush=True)
+    print(f"\n### Multi-worker exchange (per-worker batch {args.batch}, dim {args.dim}, "
+          f"vocabularies capped at {args.vocab_cap:,}, ~{results[(exchanges[0], counts[0])]['ids_per_step']:,.0f} ids per worker per step)\n")
+    print("| workers | exchange | MB sent per worker per step | step ms (worker 0, median) |")
+    print("|---:|---|---:|---:|")
+    for (exchange, workers), r in sorted(results.items(), key=lambda x: (x[0][1], x[0][0])):
+        print(f"| {workers} | {exchange} | {r['bytes_per_step'] / 1e6:.2f} | {r['step_ms']:.1f} |")
+    multi = [w for w in counts if w > 1]
+    if len(multi) >= 2:
+        print("\n| projection (linear in workers from the measured points) | 8 workers | "
+              "64 workers |")
+        print("|---|---:|---:|")
+        projected = {}
+        for exchange in exchanges:
+            measured = {w: results[(exchange, w)]["bytes_per_step"] for w in multi}
+            projected[exchange] = (project(measured, 8), project(measured, 64))
+            print(f"| {exchange}: MB per worker per step | {projected[exchange][0] / 1e6:.2f} | "
+                  f"{projected[exchange][1] / 1e6:.2f} |")
+        if "all_to_all" in projected and "all_gather" in projected:
+            ratio8 = projected["all_gather"][0] / projected["all_to_all"][0]
+            ratio64 = projected["all_gather"][1] / projected["all_to_all"][1]
+            print(f"\nall_gather / all_to_all bytes: {ratio8:.1f}x at 8 workers, "
+                  f"{ratio64:.1f}x at 64 workers")
+        lo, hi = multi[0], multi[-1]
+        growth = (results[("all_to_all", hi)]["bytes_per_step"] /
+                  results[("all_to_all", lo)]["bytes_per_step"])
+        print(f"all_to_all bytes per worker, {hi} vs {lo} workers: {growth:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""One process of a multi-worker (or single-process) training run, for tests/multiworker.
+
+Every process builds the same TPUEmbeddingV2 (two stacked tables, Adagrad), trains `--steps`
+steps on batches that depend only on (step, global replica id), optionally saves or restores a
+checkpoint, and writes every logical table and slot (a collective read) to `--out`/tables_<i>.npz.
+
+Modes: `--workers W --index i --ports p0,p1,...` runs worker i of a MultiWorkerMirroredStrategy
+cluster on 127.0.0.1; `--replicas R` without --workers runs one process with MirroredStrategy
+over R logical CPUs (R=1: no strategy).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+PER_REPLICA_BATCH = 8
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--index", type=int, default=0)
+    p.add_argument("--ports", default="")
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--first-step", type=int, default=0)
+    p.add_argument("--exchange", default="auto")
+    p.add_argument("--save", default="")
+    p.add_argument("--restore", default="")
+    p.add_argument("--restore-after-build", action="store_true")
+    p.add_argument("--out", required=True)
+    p.add_argument("--sleep-per-step", type=float, default=0.0)
+    p.add_argument("--timeout", type=float, default=20.0)
+    return p.parse_args()
+
+
+def main():
+    args = parse()
+    if args.workers:
+        ports = args.ports.split(",")
+        os.environ["TF_CONFIG"] = json.dumps({
+            "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+            "task": {"type": "worker", "index": args.index}})
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    if not args.workers and args.replicas > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas)
+    import tf_sc_embedding as sce  # pylint: disable=import-outside-toplevel
+
+    if args.workers:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    elif args.replicas > 1:
+        strategy = tf.distribute.MirroredStrategy(
+            [f"/cpu:{i}" for i in range(args.replicas)])
+    else:
+        strategy = tf.distribute.get_strategy()
+
+    E = tf.tpu.experimental.embedding
+    big = E.TableConfig(vocabulary_size=1000, dim=8, name="big", combiner="sum",
+                        initializer=tf.constant_initializer(0.01))
+    small = E.TableConfig(vocabulary_size=37, dim=4, name="small", combiner="mean",
+                          initializer=tf.constant_initializer(-0.02))
+    features = {"a": E.FeatureConfig(table=big), "b": E.FeatureConfig(table=big),
+                "c": E.FeatureConfig(table=small)}
+    with strategy.scope():
+        embedding = sce.TPUEmbeddingV2(features, optimizer=E.Adagrad(learning_rate=0.1),
+                                       exchange=args.exchange,
+                                       collective_timeout_seconds=args.timeout)
+    checkpoint = tf.train.Checkpoint(embedding=embedding)
+    if args.restore and not args.restore_after_build:
+        checkpoint.restore(args.restore)
+    embedding.build(per_replica_batch_size=PER_REPLICA_BATCH)
+    if args.restore and args.restore_after_build:
+        checkpoint.restore(args.restore)
+
+    def batch(step, replica):
+        """The ragged ids of one replica at one step (the same in any topology)."""
+        out = {}
+        for i, (name, vocab) in enumerate([("a", 1000), ("b", 1000), ("c", 37)]):
+            seed = tf.stack([step * 7 + i, replica])
+            lengths = tf.random.stateless_uniform([PER_REPLICA_BATCH], seed, 0, 4, tf.int32)
+            hot = tf.random.stateless_uniform([PER_REPLICA_BATCH * 3], seed + 1, 0, 40, tf.int32)
+            ids = tf.where(hot % 5 == 0, vocab - 1 - hot, hot % vocab)
+            out[name] = tf.RaggedTensor.from_row_lengths(ids[:tf.reduce_sum(lengths)], lengths)
+        return out
+
+    @tf.function
+    def train_step(step):
+        def replica_step():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            activations, preserved = embedding(batch(step, replica))
+            gradients = tf.nest.map_structure(
+                lambda a: 0.5 * a + 0.25 * tf.cast(replica + 1, tf.float32), activations)
+            embedding.apply_gradients(gradients, preserved)
+            return tf.add_n([tf.reduce_sum(a) for a in activations.values()])
+        return strategy.run(replica_step)
+
+    for step in range(args.first_step, args.first_step + args.steps):
+        train_step(tf.constant(step))
+        print("step", step, flush=True)
+        if args.sleep_per_step:
+            time.sleep(args.sleep_per_step)
+    os.makedirs(args.out, exist_ok=True)
+    if args.save:
+        path = args.save if args.index == 0 else os.path.join(args.out, f"tmp_ckpt_{args.index}")
+        saved = checkpoint.save(path)
+        if args.index == 0:
+            with open(os.path.join(args.out, "checkpoint_path"), "w") as f:
+                f.write(saved)
+    tables = embedding.logical_tables(include_slots=True)
+    flat = {f"{t}/{k}": v for t, kinds in tables.items() for k, v in kinds.items()}
+    shards = {f"shard_rows/{v.name}": np.array(v.shape[0])
+              for v in embedding.storage.local_variables()}
+    np.savez(os.path.join(args.out, f"tables_{args.index}.npz"), **flat, **shards)
+    with open(os.path.join(args.out, f"bytes_{args.index}.json"), "w") as f:
+        json.dump(embedding.collective_bytes_sent(), f)
+    print("done", args.index, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

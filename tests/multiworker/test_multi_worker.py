@@ -1,0 +1,230 @@
+"""MultiWorkerMirroredStrategy with real worker processes on 127.0.0.1 (tests/multiworker).
+
+Each test starts its processes with free loopback ports, waits for all of them under a timeout
+(killing every process that is left when it expires), and compares the logical tables and slots
+each worker reads (a collective read) with a single-process MirroredStrategy run over the same
+number of replicas, which the parity suite (tests/api) checks against the numpy reference.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mw_worker.py")
+PROCESS_TIMEOUT = 240
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def free_ports(n):
+    sockets = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind(("127.0.0.1", 0))
+        sockets.append(s)
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _env():
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["TF_ENABLE_ONEDNN_OPTS"] = "0"
+    env.pop("TF_CONFIG", None)
+    return env
+
+
+def start(args, log):
+    return subprocess.Popen([sys.executable, WORKER] + args, stdout=log, stderr=subprocess.STDOUT,
+                            env=_env(), start_new_session=True)
+
+
+def wait_all(processes, timeout=PROCESS_TIMEOUT):
+    """Return codes of every process; kills them all (and fails) if any outlives the timeout."""
+    deadline = time.monotonic() + timeout
+    codes = []
+    try:
+        for p in processes:
+            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"a worker did not finish within {timeout} s")
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return codes
+
+
+def run_cluster(tmp_path, name, workers, extra=(), timeout=PROCESS_TIMEOUT):
+    out = tmp_path / name
+    out.mkdir()
+    ports = ",".join(str(p) for p in free_ports(workers))
+    logs = [open(out / f"log_{i}.txt", "w") for i in range(workers)]
+    processes = [start(["--workers", str(workers), "--index", str(i), "--ports", ports,
+                        "--out", str(out)] + list(extra), logs[i]) for i in range(workers)]
+    codes = wait_all(processes, timeout)
+    for log in logs:
+        log.close()
+    return out, codes
+
+
+def run_single(tmp_path, name, replicas, extra=()):
+    out = tmp_path / name
+    out.mkdir()
+    with open(out / "log_0.txt", "w") as log:
+        codes = wait_all([start(["--replicas", str(replicas), "--out", str(out)] + list(extra),
+                                log)])
+    assert codes == [0], (out / "log_0.txt").read_text()[-3000:]
+    return out
+
+
+def tables(out, index=0):
+    with np.load(out / f"tables_{index}.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+def assert_tables_close(actual, expected):
+    keys = [k for k in expected if not k.startswith("shard_rows/")]
+    assert keys and set(keys) <= set(actual)
+    for k in keys:
+        np.testing.assert_allclose(actual[k], expected[k], rtol=RTOL, atol=ATOL, err_msg=k)
+
+
+def check_ok(out, codes):
+    for i, code in enumerate(codes):
+        assert code == 0, (out / f"log_{i}.txt").read_text()[-3000:]
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_workers_train_like_one_process_and_hold_only_their_shards(tmp_path, workers):
+    out, codes = run_cluster(tmp_path, "cluster", workers)
+    check_ok(out, codes)
+    reference = tables(run_single(tmp_path, "single", workers))
+    full_rows = sum(int(v) for k, v in reference.items()
+                    if k.startswith("shard_rows/") and "/parameters/" in k)
+    for i in range(workers):
+        mine = tables(out, i)
+        assert_tables_close(mine, reference)
+        # Placement: each worker holds the variables of its own replica only (1/workers).
+        held = {k: int(v) for k, v in mine.items() if k.startswith("shard_rows/")}
+        assert all(f"replica_{i}:" in k for k in held), held
+        assert sum(v for k, v in held.items() if "/parameters/" in k) * workers == full_rows
+
+
+def test_checkpoint_from_two_workers_restores_anywhere(tmp_path):
+    # 2 workers train 2 steps and save (chief's path is the real one) ...
+    first, codes = run_cluster(tmp_path, "first", 2,
+                               ["--steps", "2", "--save", str(tmp_path / "ckpt" / "c")])
+    check_ok(first, codes)
+    path = (first / "checkpoint_path").read_text()
+    # ... the uninterrupted reference trains 4 steps on 2 replicas in one process ...
+    uninterrupted = tables(run_single(tmp_path, "uninterrupted", 2, ["--steps", "4"]))
+    after_two = tables(run_single(tmp_path, "after_two", 2, ["--steps", "2"]))
+    assert_tables_close(tables(first, 0), after_two)
+    # ... restoring into one process (before build) and continuing gives the same tables ...
+    resumed = run_single(tmp_path, "resumed_1", 2, ["--restore", path, "--steps", "2",
+                                                    "--first-step", "2"])
+    assert_tables_close(tables(resumed), uninterrupted)
+    # ... and so does restoring into 2 workers after build (each reads only its rows).
+    out, codes = run_cluster(tmp_path, "resumed_2", 2, ["--restore", path, "--restore-after-build",
+                                                        "--steps", "2", "--first-step", "2"])
+    check_ok(out, codes)
+    for i in range(2):
+        assert_tables_close(tables(out, i), uninterrupted)
+
+
+@pytest.mark.slow
+def test_checkpoint_from_two_workers_restores_into_four(tmp_path):
+    first, codes = run_cluster(tmp_path, "first", 2,
+                               ["--steps", "2", "--save", str(tmp_path / "ckpt" / "c")])
+    check_ok(first, codes)
+    path = (first / "checkpoint_path").read_text()
+    out, codes = run_cluster(tmp_path, "four", 4, ["--restore", path, "--steps", "0"])
+    check_ok(out, codes)
+    for i in range(4):
+        assert_tables_close(tables(out, i), tables(first, 0))
+
+
+def test_killed_worker_fails_the_others_and_a_restart_resumes(tmp_path):
+    ckpt = tmp_path / "ckpt" / "c"
+    first, codes = run_cluster(tmp_path, "first", 2, ["--steps", "2", "--save", str(ckpt)])
+    check_ok(first, codes)
+    path = (first / "checkpoint_path").read_text()
+    # Training resumes; worker 1 is killed mid-training; worker 0 must fail, not hang.
+    out = tmp_path / "killed"
+    out.mkdir()
+    ports = ",".join(str(p) for p in free_ports(2))
+    logs = [open(out / f"log_{i}.txt", "w") for i in range(2)]
+    args = ["--workers", "2", "--ports", ports, "--out", str(out), "--restore", path,
+            "--steps", "1000", "--first-step", "2", "--sleep-per-step", "0.05",
+            "--timeout", "15"]
+    processes = [start(args[:2] + ["--index", str(i)] + args[2:], logs[i]) for i in range(2)]
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (out / "log_1.txt").read_text().count("step"):
+            if any(p.poll() is not None for p in processes):
+                break
+            time.sleep(0.5)
+        time.sleep(3)
+        os.killpg(processes[1].pid, signal.SIGKILL)
+        started = time.monotonic()
+        code = processes[0].wait(timeout=90)
+        assert code != 0
+        assert time.monotonic() - started < 90
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for log in logs:
+            log.close()
+    # Restarting both workers from the last checkpoint ends where an uninterrupted run ends.
+    out, codes = run_cluster(tmp_path, "restarted", 2, ["--restore", path, "--steps", "2",
+                                                        "--first-step", "2"])
+    check_ok(out, codes)
+    uninterrupted = tables(run_single(tmp_path, "uninterrupted", 2, ["--steps", "4"]))
+    for i in range(2):
+        assert_tables_close(tables(out, i), uninterrupted)
+
+
+KERAS_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keras_mwms_worker.py")
+
+
+def test_keras_fit_under_multi_worker_is_rejected_with_the_custom_loop_recipe(tmp_path):
+    with open(tmp_path / "log.txt", "w") as log:
+        process = subprocess.Popen([sys.executable, KERAS_WORKER, "--mode", "fit"], stdout=log,
+                                   stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
+        codes = wait_all([process])
+    text = (tmp_path / "log.txt").read_text()
+    assert codes == [0] and "FIT_REJECTED" in text, text[-3000:]
+    assert "custom training loop" in text
+
+
+def test_keras_layer_custom_loop_under_two_workers_trains_complete_tables(tmp_path):
+    ports = ",".join(str(p) for p in free_ports(2))
+    logs = [open(tmp_path / f"log_{i}.txt", "w") for i in range(2)]
+    processes = [subprocess.Popen([sys.executable, KERAS_WORKER, "--mode", "ctl", "--ports", ports,
+                                   "--index", str(i), "--out", str(tmp_path)], stdout=logs[i],
+                                  stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
+                 for i in range(2)]
+    codes = wait_all(processes)
+    for log in logs:
+        log.close()
+    check_ok(tmp_path, codes)
+    first = np.load(tmp_path / "keras_tables_0.npz")["t"]
+    second = np.load(tmp_path / "keras_tables_1.npz")["t"]
+    np.testing.assert_array_equal(first, second)
+    rng = np.random.default_rng(0)
+    touched = np.unique(rng.integers(0, 64, size=(16 * 4,)))
+    # Rows looked up on either worker were trained (a splice would leave the other worker's rows
+    # at their initial value 0.1); rows never looked up were not touched.
+    assert np.all(np.abs(first[touched] - 0.1).max(axis=1) > 1e-4)
+    untouched = np.setdiff1d(np.arange(64), touched)
+    np.testing.assert_array_equal(first[untouched], np.full((len(untouched), 4), 0.1, np.float32))

@@ -1,0 +1,301 @@
+"""Every cross-replica transfer of the embedding goes through this module.
+
+`ReplicaGroup` describes the replicas of the strategy the embedding was created under (how many,
+which of them live in this process, which device each uses) and owns the collective group key.
+`ReplicaView` is one replica's handle inside a step (`strategy.run`): its replica id and the
+collectives all_to_all, all_gather, all_sum and all_max over every replica of the group.
+
+The collectives are TensorFlow's own collective ops (`tf.raw_ops.Collective*V2`), the same ops
+`tf.distribute` uses under MultiWorkerMirroredStrategy, over the same transport (in process
+between local devices, gRPC between worker processes). `tf.distribute`'s replica context offers
+all_reduce and all_gather but no all-to-all and no max, hence the raw ops. The embedding uses its
+own collective group key (one per distinct set of devices), so its collectives never collide with
+the strategy's.
+
+Instance keys are handed out per replica and per call, when a step function runs (not when it
+is traced): a collective instance is never reused, so its sizes may change from step to step.
+All replicas (and all worker processes) run the same steps in the same order, so the keys agree.
+
+Bytes. Every collective adds what the calling replica sends to `bytes_sent` (one int64 counter per
+replica, read with `ReplicaGroup.bytes_sent()`), under the cost model of the usual algorithms:
+all_to_all sends the W-1 chunks meant for other replicas, all_gather (ring) forwards W-1 chunks of
+the replica's own size, all_sum (ring reduce-scatter + all-gather) sends 2 (W-1)/W of the tensor.
+See docs/multi_worker.md#bytes-per-step.
+"""
+import collections
+import threading
+
+import tensorflow as tf
+
+from tf_sc_embedding import private_tf
+
+# Collective group keys of the embedding start here, far from the ones tf.distribute allocates
+# (which count up from 1 per strategy and device set).
+_GROUP_KEY_BASE = 0x5CE00000
+_group_keys = {}
+_group_keys_lock = threading.Lock()
+# Last instance key per (group key, replica id), shared by every embedding of the process: a key
+# is never used twice in a group, whichever embedding issues the collective.
+_instance_keys = {}
+
+DEFAULT_TIMEOUT_SECONDS = 0.0   # 0: wait forever (TensorFlow's default); MWMS health checks abort
+
+
+def _group_key(devices):
+    with _group_keys_lock:
+        if devices not in _group_keys:
+            _group_keys[devices] = _GROUP_KEY_BASE + len(_group_keys)
+        return _group_keys[devices]
+
+
+StrategyReplicas = collections.namedtuple(
+    "StrategyReplicas", ["num_replicas", "local_replica_ids", "local_devices", "num_workers",
+                         "worker_index"])
+
+
+def _worker_order(cluster_spec):
+    """The tasks that run replicas, in replica order: the chief (if any), then the workers."""
+    jobs = cluster_spec.as_dict()
+    tasks = []
+    for job in ("chief", "worker"):
+        members = jobs.get(job, [])
+        indices = sorted(members) if isinstance(members, dict) else range(len(members))
+        tasks.extend((job, i) for i in indices)
+    return tasks
+
+
+def strategy_replicas(strategy):
+    """Where the replicas of `strategy` live; raises for strategies the embedding cannot shard over.
+
+    Supported: the default strategy, OneDeviceStrategy, MirroredStrategy (replicas on local
+    devices) and MultiWorkerMirroredStrategy (replicas on every worker process; each process holds
+    the shards of its own replicas).
+    """
+    name = type(strategy).__name__
+    num_replicas = strategy.num_replicas_in_sync
+    supported = ("the default strategy, OneDeviceStrategy, MirroredStrategy and "
+                 "MultiWorkerMirroredStrategy")
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy) or \
+            "ParameterServer" in name or "TPU" in name or "CentralStorage" in name:
+        raise ValueError(f"TPUEmbeddingV2 cannot be created under {name}: it shards tables over "
+                         f"synchronous replicas; supported strategies are {supported}")
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        resolver = strategy.cluster_resolver
+        local = list(strategy.extended.worker_devices)
+        spec = resolver.cluster_spec()
+        tasks = _worker_order(spec) if spec.jobs else [(None, 0)]
+        me = (resolver.task_type, resolver.task_id) if spec.jobs else (None, 0)
+        if me not in tasks:
+            raise ValueError(f"TPUEmbeddingV2: task {me} of the cluster runs no replica (only "
+                             f"the chief and the workers do: {tasks})")
+        if len(tasks) * len(local) != num_replicas:
+            raise ValueError(f"TPUEmbeddingV2: the strategy has {num_replicas} replicas but "
+                             f"{len(tasks)} worker(s) x {len(local)} local device(s) = "
+                             f"{len(tasks) * len(local)}; every worker must have the same number "
+                             "of local replicas")
+        index = tasks.index(me)
+        first = index * len(local)
+        return StrategyReplicas(num_replicas, tuple(range(first, first + len(local))),
+                                tuple(local), len(tasks), index)
+    if isinstance(strategy, (tf.distribute.MirroredStrategy, tf.distribute.OneDeviceStrategy)):
+        local = list(strategy.extended.worker_devices)
+        if len(local) != num_replicas:
+            raise ValueError(f"TPUEmbeddingV2: {name} has {num_replicas} replicas but "
+                             f"{len(local)} devices ({local})")
+        return StrategyReplicas(num_replicas, tuple(range(num_replicas)), tuple(local), 1, 0)
+    if not tf.distribute.has_strategy() or name == "_DefaultDistributionStrategy":
+        if num_replicas != 1:
+            raise ValueError(f"TPUEmbeddingV2: the default strategy reports {num_replicas} "
+                             "replicas")
+        return StrategyReplicas(1, (0,), (None,), 1, 0)
+    raise ValueError(f"TPUEmbeddingV2 cannot be created under {name}; supported strategies are "
+                     f"{supported}")
+
+
+class ReplicaGroup:
+    """The replicas of one embedding: placement facts plus the collective group and counters."""
+
+    def __init__(self, strategy, timeout_seconds=DEFAULT_TIMEOUT_SECONDS):
+        self.strategy = strategy
+        replicas = strategy_replicas(strategy)
+        self.num_replicas = replicas.num_replicas
+        self.local_replica_ids = replicas.local_replica_ids
+        self.local_devices = replicas.local_devices
+        self.num_workers = replicas.num_workers
+        self.worker_index = replicas.worker_index
+        self.timeout_seconds = float(timeout_seconds)
+        self._counters = {}
+        self._ordering_tokens = {}
+        self._group_key = None
+
+    @property
+    def is_multi_worker(self):
+        return self.num_workers > 1
+
+    def device_of(self, replica_id):
+        """The device of a replica of this process; any other replica id is an error."""
+        try:
+            return self.local_devices[self.local_replica_ids.index(replica_id)]
+        except ValueError:
+            raise ValueError(f"replica {replica_id} does not run in this process (local replicas: "
+                             f"{list(self.local_replica_ids)})") from None
+
+    def group_key(self):
+        if self._group_key is None:
+            if self.is_multi_worker:
+                resolver = self.strategy.cluster_resolver
+                devices = ("cluster", repr(sorted(resolver.cluster_spec().as_dict().items())),
+                           len(self.local_devices))
+            else:
+                devices = tuple(str(d) for d in self.local_devices)
+            self._group_key = _group_key(devices)
+        return self._group_key
+
+    def next_instance_key(self, replica_id):
+        slot = (self.group_key(), replica_id)
+        with _group_keys_lock:
+            key = _instance_keys.get(slot, 0) + 1
+            _instance_keys[slot] = key
+            return key
+
+    def create_variables(self):
+        """Per local replica: the bytes-sent counter and the collectives' ordering token.
+
+        The ordering token is a resource on the replica's device that every collective of the
+        replica takes as input, so TensorFlow runs them in program order on every replica (without
+        it, collectives between devices of one process can wait for each other forever).
+        """
+        if self._counters:
+            return
+        with tf.init_scope():
+            for replica_id, device in zip(self.local_replica_ids, self.local_devices):
+                with tf.device(device):
+                    self._counters[replica_id] = private_tf.plain_variable(
+                        tf.constant(0, tf.int64), f"collective_bytes_sent_replica_{replica_id}")
+                    self._ordering_tokens[replica_id] = private_tf.plain_variable(
+                        tf.constant(0.0), f"collective_ordering_token_replica_{replica_id}")
+
+    def ordering_token(self, replica_id):
+        return self._ordering_tokens[replica_id]
+
+    def counter(self, replica_id):
+        return self._counters.get(replica_id)
+
+    def bytes_sent(self):
+        """{local replica id: bytes this replica sent through the embedding's collectives}."""
+        return {r: int(c.numpy()) for r, c in self._counters.items()}
+
+    def reset_bytes_sent(self):
+        for c in self._counters.values():
+            c.assign(0)
+
+
+class ReplicaView:
+    """The calling replica inside a step: its id, and collectives over every replica."""
+
+    def __init__(self, group):
+        self.group = group
+        self.num_replicas = group.num_replicas
+        context = tf.distribute.get_replica_context()
+        if self.num_replicas > 1 and (context is None or
+                                      context.num_replicas_in_sync != self.num_replicas):
+            raise RuntimeError("with several replicas, the embedding must be called inside "
+                               "strategy.run (in replica context)")
+        if self.num_replicas == 1:
+            self.replica_id = 0
+        else:
+            self.replica_id = tf.get_static_value(context.replica_id_in_sync_group)
+            if self.replica_id is None:
+                raise RuntimeError("the replica id must be known when the step is traced")
+            self.replica_id = int(self.replica_id)
+        if self.replica_id not in group.local_replica_ids:
+            raise RuntimeError(f"replica {self.replica_id} does not run in this process")
+
+    # -- launching
+    def _launch(self, kind, value):
+        """Runs one collective of this replica; eagerly, all local replicas' at once.
+
+        Eager `strategy.run` runs the replicas of a process one after another, so an eager
+        collective would wait forever for the next replica: there the replicas hand their values
+        to a cross-replica merge_call that runs every local replica's collective in one
+        tf.function.
+        """
+        if not tf.executing_eagerly():
+            return _collective(self.group, kind, value, self.replica_id)
+        context = tf.distribute.get_replica_context()
+        group = self.group
+
+        def merge_fn(strategy, per_replica):
+            values = strategy.experimental_local_results(per_replica)
+
+            @tf.function(autograph=False)
+            def run_all():
+                results = []
+                for replica, device, v in zip(group.local_replica_ids, group.local_devices,
+                                              values):
+                    with tf.device(device):
+                        results.append(_collective(group, kind, v, replica))
+                return results
+
+            results = dict(zip(group.local_replica_ids, run_all()))
+
+            def result_of(ctx):
+                return results[int(tf.get_static_value(ctx.replica_id_in_sync_group))]
+
+            return strategy.experimental_distribute_values_from_function(result_of)
+
+        return context.merge_call(merge_fn, args=(value,))
+
+    # -- collectives
+    def all_to_all(self, value):
+        """value: [W, ...]; row d goes to replica d; returns [W, ...] with row s from replica s."""
+        return value if self.num_replicas == 1 else self._launch("all_to_all", value)
+
+    def all_gather(self, value):
+        """Concatenation along axis 0 of every replica's value (equal shapes)."""
+        return value if self.num_replicas == 1 else self._launch("all_gather", value)
+
+    def all_sum(self, value):
+        return value if self.num_replicas == 1 else self._launch("all_sum", value)
+
+    def all_max(self, value):
+        """Elementwise max over all replicas of a small 1-D tensor (gathered, then reduced)."""
+        if self.num_replicas == 1:
+            return value
+        gathered = self.all_gather(value[None])
+        return tf.reduce_max(gathered, axis=0)
+
+    def all_or(self, value):
+        """Bitwise OR of an int64 scalar over all replicas."""
+        if self.num_replicas == 1:
+            return value
+        gathered = self.all_gather(tf.reshape(value, [1]))
+        return tf.foldl(tf.bitwise.bitwise_or, gathered, initializer=tf.constant(0, value.dtype))
+
+
+# Bytes one replica sends per byte of its input, as (numerator, denominator) with W replicas.
+_SENT_FRACTION = {"all_to_all": lambda w: (w - 1, w), "all_gather": lambda w: (w - 1, 1),
+                  "all_sum": lambda w: (2 * (w - 1), w)}
+
+
+@tf.autograph.experimental.do_not_convert
+def _collective(group, kind, value, replica_id):
+    """One replica's collective op (graph mode), with its bytes counted."""
+    w = group.num_replicas
+    counter = group.counter(replica_id)
+    if counter is not None:
+        numerator, denominator = _SENT_FRACTION[kind](w)
+        nbytes = tf.size(value, out_type=tf.int64) * value.dtype.size
+        counter.assign_add(nbytes * numerator // denominator)
+    def next_key():
+        return group.next_instance_key(replica_id)
+
+    common = dict(group_size=w, group_key=group.group_key(),
+                  instance_key=private_tf.call_time_int32(next_key),
+                  ordering_token=[group.ordering_token(replica_id).handle],
+                  communication_hint="ring", timeout_seconds=group.timeout_seconds)
+    if kind == "all_to_all":
+        return tf.raw_ops.CollectiveAllToAllV2(input=value, **common)
+    if kind == "all_gather":
+        return tf.raw_ops.CollectiveGatherV2(input=value, **common)
+    return tf.raw_ops.CollectiveReduceV2(input=value, merge_op="Add", final_op="Id", **common)

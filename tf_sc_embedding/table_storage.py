@@ -1,0 +1,437 @@
+"""The one owner of table storage: per-replica variables, their placement and logical views.
+
+Layout recap (docs/layout.md#mod-sharding): a stacked table is split into N = replicas x S
+SparseCore shards of R rows each; replica d holds shards [d*S, (d+1)*S) as one [S*R, width]
+variable per stacked table and per optimizer slot. Logical row r of a member table lives in shard
+(r + rotation) mod N at row row_offset + r // N of that shard.
+
+`TableStorage` creates the variables of the replicas that run in *this process only* (under
+MultiWorkerMirroredStrategy every worker holds 1/workers of every table and slot), and offers the
+logical [vocabulary_size, dim] view of every user table and slot:
+
+* `read_logical(table, kind)`: the complete logical table. With several worker processes this is
+  a collective read (every worker must call it, in the same order; TensorFlow's checkpoint and
+  Keras saving protocols do): each replica contributes the rows it holds and the rows are
+  all-gathered, one table at a time.
+* `write_logical_rows(table, kind, first_row, values)`: writes a block of logical rows into the
+  shards of this process (rows held elsewhere are skipped), so restoring reads the checkpoint in
+  bounded chunks and keeps only its own rows.
+* variables are created as TensorFlow-owned zeros and filled in place, one member table at a
+  time (an initializer is evaluated at the logical shape, so a seeded initializer gives the same
+  logical table on any topology), or from a deferred checkpoint restore.
+
+Nothing else in the library touches the variables or the logical<->storage mapping.
+"""
+import inspect
+
+import numpy as np
+import tensorflow as tf
+
+from tf_sc_embedding import private_tf
+
+PARAMETERS = "parameters"
+
+# Rows generated per call for initializers that accept `shard_info` (bounds peak memory), and rows
+# read per chunk when restoring from a checkpoint or other logical source.
+_SHARD_INFO_CHUNK_ROWS = 1 << 20
+LOGICAL_CHUNK_ROWS = 1 << 20
+_ALIGN = 64            # EIGEN_MAX_ALIGN_BYTES
+
+
+# --------------------------------------------------------------------------------- initializers
+def _accepts_shard_info(initializer):
+    try:
+        return "shard_info" in inspect.signature(initializer).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _call_initializer(initializer, shape, what):
+    """Evaluates an initializer at a logical shape; chunked through `shard_info` when supported."""
+    if initializer is None:
+        initializer = tf.initializers.TruncatedNormal(mean=0.0, stddev=1 / np.sqrt(shape[1]))
+    if _accepts_shard_info(initializer):
+        chunks = []
+        for start in range(0, shape[0], _SHARD_INFO_CHUNK_ROWS):
+            rows = min(_SHARD_INFO_CHUNK_ROWS, shape[0] - start)
+            info = private_tf.ShardInfo(shape=[rows, shape[1]], offset=[start, 0])
+            chunks.append(np.asarray(initializer(shape, tf.float32, shard_info=info), np.float32))
+        value = np.concatenate(chunks) if chunks else np.zeros(shape, np.float32)
+    else:
+        try:
+            value = initializer(shape=shape, dtype=tf.float32)
+        except TypeError:
+            value = initializer(shape, tf.float32)
+        value = np.asarray(value, dtype=np.float32)
+    if value.shape != tuple(shape):
+        raise ValueError(f"{what}: the initializer returned shape {value.shape}, expected {shape}")
+    return value
+
+
+def constant_initializer_value(initializer):
+    """The scalar of a constant initializer (TensorFlow's slot initializers), else None."""
+    try:
+        config = initializer.get_config()
+    except Exception:  # pylint: disable=broad-except
+        return None
+    value = config.get("value") if isinstance(config, dict) else None
+    if value is None or np.ndim(value) != 0:
+        return None
+    return float(value)
+
+
+# --------------------------------------------------------------------------------- buffers
+def aligned_empty(shape, dtype=np.float32):
+    """An uninitialized C-contiguous array whose data is 64-byte aligned (zero-copy to TF)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    buffer = np.empty(nbytes + _ALIGN, np.uint8)
+    start = (-buffer.ctypes.data) % _ALIGN
+    return buffer[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def as_tensor_zero_copy(array):
+    """An eager tensor sharing `array`'s memory (DLPack); falls back to a copy if impossible."""
+    array = np.asarray(array)
+    if array.flags.c_contiguous and array.ctypes.data % _ALIGN == 0 and array.size:
+        try:
+            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+        except Exception:  # pylint: disable=broad-except
+            pass
+    return tf.convert_to_tensor(array)
+
+
+def zeros_variable(shape, name, device):
+    """A float32 resource variable of zeros whose buffer is owned by TensorFlow alone."""
+    with tf.init_scope(), tf.device(device):
+        variable = private_tf.uninitialized_variable(shape=shape, dtype=tf.float32, name=name)
+        # A freshly allocated buffer (an eager Fill, not a cached or folded constant) that the
+        # variable adopts; once `zeros` is dropped the variable is its only owner.
+        zeros = tf.fill(tf.constant(shape, tf.int64), tf.constant(0.0, tf.float32))
+        variable.assign(zeros)
+        del zeros
+    return variable
+
+
+class _CopyOnRead(Exception):
+    pass
+
+
+def _writable_views(variables):
+    """Numpy views aliasing the variables' buffers (for in-place writes by this module only).
+
+    Only valid while no TensorFlow op runs on the variables; drop the views before the next op
+    (a kernel that updates in place copies a buffer that is still referenced).
+    """
+    views = []
+    for variable in variables:
+        first = private_tf.numpy_view(variable.read_value())
+        second = private_tf.numpy_view(variable.read_value())
+        if first.ctypes.data != second.ctypes.data:   # copy-on-read mode: reads are copies
+            raise _CopyOnRead()
+        views.append(first)
+        del second
+    return views
+
+
+# --------------------------------------------------------------------------------- one table
+class ShardedTable(tf.Module):
+    """One stacked table (or one of its slots): the variables of this process's replicas."""
+
+    def __init__(self, name, shards_by_replica):
+        super().__init__(name=None)
+        self.table_name = name
+        self.shards_by_replica = dict(shards_by_replica)
+
+    @property
+    def shards(self):
+        """The local replicas' variables, in replica order."""
+        return [self.shards_by_replica[r] for r in sorted(self.shards_by_replica)]
+
+    def shard(self, replica_id):
+        try:
+            return self.shards_by_replica[replica_id]
+        except KeyError:
+            raise ValueError(f"table '{self.table_name}': replica {replica_id} is not held by this "
+                             f"process (it holds {sorted(self.shards_by_replica)})") from None
+
+
+class _Blocks:
+    """Where the logical rows of one member table sit in the replicas' variables.
+
+    padded_height is a multiple of N, so logical rows k, k+N, k+2N, ... (one residue k) form one
+    contiguous block of shard (k + rotation) mod N starting at row_offset. `blocks` lists, per k,
+    (replica, first row in that replica's variable, logical rows of k below the height).
+    """
+
+    def __init__(self, placement, num_replicas, sparse_cores):
+        layout = placement.layout
+        self.layout = layout
+        self.n = num_replicas * sparse_cores
+        if layout.padded_height % self.n:
+            raise AssertionError(f"table '{placement.name}': padded height {layout.padded_height} "
+                                 f"is not a multiple of {self.n} SparseCores")
+        self.rows_per_residue = layout.padded_height // self.n
+        rows_per_shard = layout.total_rows_per_sparse_core_shard
+        self.blocks = []
+        for k in range(self.n):
+            shard = (k + layout.sparse_core_shard_rotation) % self.n
+            start = (shard % sparse_cores) * rows_per_shard + layout.sparse_core_shard_row_offset
+            count = max(0, -(-(layout.height - k) // self.n))
+            self.blocks.append((k, shard // sparse_cores, start, count))
+
+    def of_replica(self, replica):
+        return [b for b in self.blocks if b[1] == replica]
+
+
+# --------------------------------------------------------------------------------- the owner
+class TableStorage:
+    """Variables of every stacked table and slot held by this process, and their logical views."""
+
+    def __init__(self, layout, group):
+        self.layout = layout
+        self.group = group
+        self.sparse_cores = layout.sparse_cores_per_replica
+        self.num_replicas = layout.num_replicas
+        self._placements = {t.name: t for s in layout.stacked_tables.values() for t in s.tables}
+        self._blocks = {name: _Blocks(p, self.num_replicas, self.sparse_cores)
+                        for name, p in self._placements.items()}
+        self._tables = None
+
+    # -- queries
+    @property
+    def created(self):
+        return self._tables is not None
+
+    def placement(self, table_name):
+        try:
+            return self._placements[table_name]
+        except KeyError:
+            raise KeyError(f"unknown table '{table_name}'") from None
+
+    @property
+    def table_names(self):
+        return tuple(self._placements)
+
+    def kinds(self, table_name):
+        return (PARAMETERS,) + tuple(self.placement(table_name).optimizer.slot_names)
+
+    def stacked_variables(self):
+        """Stacked table name -> {"parameters": ShardedTable, <slot>: ShardedTable}."""
+        return self._tables
+
+    def local_shard(self, stacked_name, kind, replica_id):
+        """The variable of one replica (of this process) for a stacked table's parameters/slot."""
+        return self._tables[stacked_name][kind].shard(replica_id)
+
+    def local_variables(self):
+        return [v for kinds in self._tables.values() for t in kinds.values() for v in t.shards]
+
+    # -- creation
+    def create(self, from_checkpoint=None):
+        """Creates the variables of the local replicas, from initializers or a checkpoint.
+
+        `from_checkpoint(table_name, kind)` returns None or a reader `(first_row, stop) -> numpy
+        rows` of the checkpointed logical table (deferred restore): it is used instead of the
+        initializer, reading in chunks and keeping only the rows this process holds.
+        """
+        tables = {}
+        with tf.init_scope():
+            for stacked_name, stacked in self.layout.stacked_tables.items():
+                kinds = {}
+                for kind in (PARAMETERS,) + tuple(stacked.optimizer.slot_names):
+                    kinds[kind] = self._create_one(stacked, kind, from_checkpoint)
+                tables[stacked_name] = kinds
+        self._tables = tables
+
+    def _create_one(self, stacked, kind, from_checkpoint):
+        shard_rows = self.sparse_cores * stacked.rows_per_shard
+        shards = {r: zeros_variable((shard_rows, stacked.padded_width),
+                                    f"{stacked.name}/{kind}/replica_{r}", self.group.device_of(r))
+                  for r in self.group.local_replica_ids}
+        sharded = ShardedTable(f"{stacked.name}/{kind}", shards)
+        slot_initializers = dict(zip(stacked.optimizer.slot_names,
+                                     stacked.optimizer.slot_initializers))
+        views = dict(zip(sorted(shards), _writable_views(sharded.shards)))
+        for table in stacked.tables:
+            reader = from_checkpoint(table.name, kind) if from_checkpoint else None
+            if reader is not None:
+                if kind != PARAMETERS:
+                    self._fill_slot_padding(views, table.name, slot_initializers[kind])
+                self._place_chunks(views, table.name, reader)
+                continue
+            layout = table.layout
+            if kind == PARAMETERS:
+                logical = _call_initializer(table.config.initializer,
+                                            [layout.height, layout.width], f"table '{table.name}'")
+                height = layout.height
+            else:   # slots are initialized over the whole padded region, like on SparseCore
+                logical = _call_initializer(slot_initializers[kind],
+                                            [layout.padded_height, layout.padded_width],
+                                            f"slot '{kind}' of '{table.name}'")
+                height = layout.padded_height
+            self._place(views, table.name, 0, logical, height_limit=height,
+                        width=logical.shape[1])
+            del logical
+        del views   # drop the views: the variables' buffers are exclusively theirs again
+        return sharded
+
+    def _fill_slot_padding(self, views, table_name, initializer):
+        """A slot's padded region takes its constant initial value (as a fresh build would)."""
+        value = constant_initializer_value(initializer)
+        if not value:
+            return
+        blocks = self._blocks[table_name]
+        for _, replica, start, _ in blocks.blocks:
+            if replica in views:
+                views[replica][start:start + blocks.rows_per_residue, :] = value
+
+    # -- logical -> storage
+    def _place(self, views, table_name, first_row, values, height_limit=None, width=None):
+        """Writes logical rows [first_row, first_row + len(values)) into the local views."""
+        blocks = self._blocks[table_name]
+        n = blocks.n
+        width = blocks.layout.width if width is None else width
+        height = blocks.layout.height if height_limit is None else height_limit
+        stop = min(first_row + len(values), height)
+        for k, replica, start, _ in blocks.blocks:
+            if replica not in views:
+                continue
+            r0 = first_row + (k - first_row) % n     # first row >= first_row with r % n == k
+            if r0 >= stop:
+                continue
+            count = (stop - 1 - r0) // n + 1
+            j0 = r0 // n
+            views[replica][start + j0:start + j0 + count, :width] = \
+                values[r0 - first_row:stop - first_row:n]
+
+    def _place_chunks(self, views, table_name, reader):
+        height = self.placement(table_name).layout.height
+        for first in range(0, height, LOGICAL_CHUNK_ROWS):
+            chunk = reader(first, min(height, first + LOGICAL_CHUNK_ROWS))
+            self._place(views, table_name, first, chunk)
+            del chunk
+
+    def write_logical_rows(self, table_name, kind, first_row, values):
+        """Writes logical rows [first_row, first_row + len(values)) of a table's parameters or slot.
+
+        Only the rows held by this process are written; padding rows and columns keep their
+        values. Writes go through views of the variables' buffers; when a variable is in
+        copy-on-read mode (someone used a sparse TensorFlow op on it), through scatter_update.
+        """
+        placement = self.placement(table_name)
+        sharded = self._tables[placement.layout.stacked_table_name][kind]
+        try:
+            views = dict(zip(sorted(sharded.shards_by_replica), _writable_views(sharded.shards)))
+        except _CopyOnRead:
+            self._write_with_ops(sharded, table_name, first_row, np.asarray(values))
+            return
+        self._place(views, table_name, first_row, np.asarray(values))
+        del views
+
+    def write_logical(self, table_name, kind, reader_or_value):
+        """Writes a whole logical table: a numpy array, or a chunk reader (first, stop) -> rows."""
+        if callable(reader_or_value):
+            height = self.placement(table_name).layout.height
+            for first in range(0, height, LOGICAL_CHUNK_ROWS):
+                chunk = reader_or_value(first, min(height, first + LOGICAL_CHUNK_ROWS))
+                self.write_logical_rows(table_name, kind, first, chunk)
+                del chunk
+        else:
+            self.write_logical_rows(table_name, kind, 0, reader_or_value)
+
+    def _write_with_ops(self, sharded, table_name, first_row, values):
+        blocks = self._blocks[table_name]
+        n, width = blocks.n, blocks.layout.width
+        stop = min(first_row + len(values), blocks.layout.height)
+        for k, replica, start, _ in blocks.blocks:
+            if replica not in sharded.shards_by_replica:
+                continue
+            r0 = first_row + (k - first_row) % n
+            if r0 >= stop:
+                continue
+            count = (stop - 1 - r0) // n + 1
+            indices = np.arange(start + r0 // n, start + r0 // n + count)
+            variable = sharded.shard(replica)
+            with tf.device(variable.device):
+                current = tf.gather(variable, indices).numpy()
+                current[:, :width] = values[r0 - first_row:stop - first_row:n]
+                variable.scatter_update(tf.IndexedSlices(current, indices))
+
+    # -- storage -> logical
+    def _local_contribution(self, sharded, table_name, replica, width):
+        """[S * rows_per_residue, width]: the blocks this replica holds, in residue order."""
+        blocks = self._blocks[table_name]
+        rows = blocks.rows_per_residue
+        view = private_tf.numpy_view(sharded.shard(replica).read_value())
+        parts = [view[start:start + rows, :width] for _, _, start, _ in blocks.of_replica(replica)]
+        return np.concatenate(parts) if parts else np.zeros((0, width), np.float32)
+
+    def read_logical(self, table_name, kind):
+        """The complete logical [vocabulary_size, dim] table (64-byte aligned numpy array).
+
+        In one process, assembled from zero-copy views of the shards (no memory beyond the
+        result). With several worker processes, a collective: every worker must call it.
+        """
+        placement = self.placement(table_name)
+        sharded = self._tables[placement.layout.stacked_table_name][kind]
+        blocks = self._blocks[table_name]
+        layout = blocks.layout
+        out = aligned_empty((layout.padded_height, layout.width))
+        blocked = out.reshape(blocks.rows_per_residue, blocks.n, layout.width)
+        if not self.group.is_multi_worker:
+            views = {r: private_tf.numpy_view(v.read_value())
+                     for r, v in sharded.shards_by_replica.items()}
+            for k, replica, start, count in blocks.blocks:
+                blocked[:count, k, :] = views[replica][start:start + count, :layout.width]
+            del views
+            return out[:layout.height]
+        gathered = self._gather_across_workers(sharded, table_name, layout.width)
+        per_replica = self.sparse_cores * blocks.rows_per_residue
+        for replica in range(self.num_replicas):
+            mine = blocks.of_replica(replica)
+            part = gathered[replica * per_replica:(replica + 1) * per_replica]
+            for i, (k, _, _, count) in enumerate(mine):
+                blocked[:count, k, :] = part[i * blocks.rows_per_residue:
+                                             i * blocks.rows_per_residue + count]
+        del gathered
+        return out[:layout.height]
+
+    def _gather_across_workers(self, sharded, table_name, width):
+        strategy = self.group.strategy
+        contributions = {r: self._local_contribution(sharded, table_name, r, width)
+                         for r in self.group.local_replica_ids}
+
+        def value_fn(context):
+            replica = context.replica_id_in_sync_group
+            with tf.device(self.group.device_of(replica)):
+                return tf.constant(contributions[replica])
+
+        values = strategy.experimental_distribute_values_from_function(value_fn)
+        gathered = strategy.gather(values, axis=0)
+        del contributions, values
+        return gathered.numpy()
+
+    def read_logical_tf(self, table_name, kind):
+        """read_logical with TensorFlow ops (graph contexts, e.g. tracing a SavedModel)."""
+        if self.group.is_multi_worker:
+            raise NotImplementedError("reading a complete logical table inside a tf.function is "
+                                      "not supported with several worker processes: read eagerly")
+        placement = self.placement(table_name)
+        sharded = self._tables[placement.layout.stacked_table_name][kind]
+        blocks = self._blocks[table_name]
+        layout = blocks.layout
+        rows = blocks.rows_per_residue
+        pieces = [sharded.shard(replica)[start:start + rows, :layout.width]
+                  for _, replica, start, _ in blocks.blocks]
+        return tf.reshape(tf.stack(pieces, axis=1),
+                          [layout.padded_height, layout.width])[:layout.height]
+
+    def owned_logical_rows(self, table_name):
+        """Boolean mask of the logical rows held by this process (for tests and tools)."""
+        blocks = self._blocks[table_name]
+        mask = np.zeros(blocks.layout.height, bool)
+        for k, replica, _, _ in blocks.blocks:
+            if replica in self.group.local_replica_ids:
+                mask[k::blocks.n] = True
+        return mask
