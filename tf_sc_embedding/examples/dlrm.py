@@ -25,10 +25,10 @@ import os
 import sys
 import time
 
-# Quiet start: TensorFlow's C++ INFO/WARNING lines (including the oneDNN banner) are hidden unless
-# the caller set these variables; they must be set before TensorFlow is imported.
+# TensorFlow reads its logging variables when it is loaded; `python -m` imports the
+# tf_sc_embedding package (and TensorFlow) before this module, so scripts/run.sh sets them itself
+# (TF_CPP_MIN_LOG_LEVEL, and TF_ENABLE_ONEDNN_OPTS, whose banner ignores the log level).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import numpy as np  # noqa: E402
 
@@ -116,6 +116,13 @@ def parse_args(argv=None):
                      f"SparseCores = {4 * args.replicas}")
     if args.eval_data and not args.data:
         parser.error("--eval-data needs --data")
+    if args.data:
+        from tf_sc_embedding.data.criteo_files import expand_paths  # pylint: disable=import-outside-toplevel
+        try:
+            args.data_files = expand_paths(args.data)
+            args.eval_data_files = expand_paths(args.eval_data) if args.eval_data else None
+        except FileNotFoundError as error:
+            parser.error(str(error))
     if not 0 < args.eval_fraction < 1:
         parser.error("--eval-fraction must be between 0 and 1")
     if args.log_every < 1:
@@ -534,7 +541,7 @@ def train_and_evaluate(args, strategy=None, baseline=False, export=True):
     else:
         labels = data.eval_labels
         extra = {"data": list(data.files), "eval_data": data.eval_files,
-                 "eval_samples": int(len(labels))}
+                 "eval_samples": int(len(labels)), "data_seconds": generated}
     results = {
         "auc": float(metrics["auc"]), "log_loss": float(metrics["log_loss"]),
         "positive_rate": float(np.mean(labels)) if len(labels) else float("nan"),
@@ -563,7 +570,7 @@ def _oracle_auc(split, n):
 def main(argv=None):
     args = parse_args(argv)
     strategy = make_strategy(args.replicas)
-    source = (f"Criteo files ({len(args.data)} pattern(s))" if args.data
+    source = (f"Criteo files ({len(args.data_files)} file(s))" if args.data
               else "teacher-labelled Criteo-like data")
     print(f"DLRM on {source}: {args.steps} steps x batch "
           f"{args.batch_size}, dim {args.embedding_dim}, tables: {args.optimizer}"
