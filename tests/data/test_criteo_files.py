@@ -98,6 +98,16 @@ def test_files_globs_gzip_and_the_held_out_split(tmp_path):
     assert features["dense"].shape == (8, 13) and labels.shape == (8, 1)
     assert features["ids"]["C26"].shape[0] == 8
 
+    # A shuffle buffer reorders the training lines but keeps every one of them.
+    shuffled, _ = data.datasets(batch_size=8, repeat_train=False, shuffle_buffer=64, seed=1)
+    ordered = np.concatenate([f["dense"].numpy() for f, _ in train])
+    mixed = np.concatenate([f["dense"].numpy() for f, _ in shuffled])
+    every_line, _ = data.datasets(batch_size=1, repeat_train=False)
+    # (rounded: log1p of a batch may differ from that of a single value in the last bit)
+    every_row = {tuple(row) for f, _ in every_line for row in np.round(f["dense"].numpy(), 4)}
+    assert len(mixed) == len(ordered) and not np.array_equal(mixed, ordered)
+    assert {tuple(row) for row in np.round(mixed, 4)} <= every_row
+
     # Separate held-out files instead of the split.
     data = CriteoFiles([plain], [64] * 26, eval_patterns=[str(tmp_path / "*.gz")])
     train, held_out = data.datasets(batch_size=10, repeat_train=False)

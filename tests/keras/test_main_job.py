@@ -168,3 +168,23 @@ def test_fit_gets_no_keras_shuffle_warning(tmp_path, recwarn):
     run(["--steps", "2", "--batch-size", "64", "--eval-samples", "64", "--train-samples", "128",
          "--verbose", "0", "--no-export"], tmp_path)
     assert not [w for w in recwarn if "shuffle" in str(w.message)]
+
+
+def test_real_data_and_logging_flags_are_checked(tmp_path, capsys):
+    for argv in (["--eval-data", "x"],                                  # --eval-data needs --data
+                 ["--data", str(tmp_path / "missing*")],                # matches nothing
+                 ["--steps", "10", "--eval-every", "3"],                # does not divide --steps
+                 ["--eval-fraction", "1.5"],
+                 ["--batch-size", "64", "--eval-samples", "32"]):       # not one batch
+        with pytest.raises(SystemExit):
+            dlrm.parse_args(argv)
+    assert "no Criteo data file matches" in capsys.readouterr().err
+    text = _help_text(capsys)
+    for flag in ("--data", "--eval-data", "--eval-fraction", "--logdir", "--eval-every"):
+        assert flag in text
+
+
+def _help_text(capsys):
+    with pytest.raises(SystemExit):
+        dlrm.parse_args(["--help"])
+    return capsys.readouterr().out
