@@ -7,5 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
+# A quiet start: hide TensorFlow's C++ INFO/WARNING lines, and keep oneDNN's custom ops off (their
+# start-up banner is printed before TensorFlow's log level applies, once per loaded library).
+# Either can be overridden from the environment, e.g. TF_ENABLE_ONEDNN_OPTS=1 bash scripts/run.sh.
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+export TF_ENABLE_ONEDNN_OPTS=${TF_ENABLE_ONEDNN_OPTS:-0}
 exec python -m tf_sc_embedding.examples.dlrm "$@"

@@ -105,3 +105,86 @@ def test_default_run_reaches_its_auc(tmp_path):
     assert trained["auc"] > 0.80, trained
     assert trained["auc"] > frozen["auc"] + 0.04, (trained, frozen)
     assert trained["log_loss"] < frozen["log_loss"] - 0.03, (trained, frozen)
+
+
+# ----------------------------------------------------------------- real (Criteo-format) data
+def _criteo_rows(n, seed):
+    """Criteo-format rows with a learnable label and some empty fields."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        token = int(rng.integers(0, 40))
+        integers = ["" if rng.random() < 0.25 else str(int(rng.integers(-2, 300)))
+                    for _ in range(13)]
+        cats = ["" if rng.random() < 0.25 else f"{(token * 7919 + j) % 2**32:08x}"
+                for j in range(26)]
+        rows.append([str(int(token % 3 == 0))] + integers + cats)
+    return rows
+
+
+def _event_tags(directory):
+    tags = set()
+    for path in tf.io.gfile.glob(f"{directory}/events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            tags.update(value.tag for value in event.summary.value)
+    return tags
+
+
+@pytest.mark.filterwarnings("error:.*ran out of data")
+def test_trains_on_criteo_files_and_writes_tensorboard_logs(tmp_path):
+    from tf_sc_embedding.data import criteo_files  # pylint: disable=import-outside-toplevel
+    criteo_files.write_lines(str(tmp_path / "day_0"), _criteo_rows(300, 0))
+    criteo_files.write_lines(str(tmp_path / "day_1.gz"), _criteo_rows(300, 1))
+    out, logdir = tmp_path / "out", tmp_path / "logs"
+    results = dlrm.main(["--data", str(tmp_path / "day_0"), str(tmp_path / "*.gz"),
+                         "--steps", "6", "--batch-size", "16", "--eval-samples", "48",
+                         "--eval-fraction", "0.2", "--verbose", "0", "--output-dir", str(out),
+                         "--logdir", str(logdir), "--log-every", "2", "--eval-every", "3"])
+    assert results["data"] == [str(tmp_path / "day_0"), str(tmp_path / "day_1.gz")]
+    assert results["eval_samples"] == 48 and "oracle_auc" not in results
+    assert np.isfinite(results["log_loss"]) and 0 <= results["auc"] <= 1
+    assert (out / "metrics.json").exists()
+    assert tf.train.latest_checkpoint(str(out / "checkpoint"))
+    served = tf.saved_model.load(results["export"])
+    probability = served.predict(
+        tf.zeros([2, 13]), {name: tf.ragged.constant([[0], [1]], tf.int64)
+                            for name in criteo_files.FEATURE_NAMES})
+    assert probability.shape == (2,)
+    assert {"loss", "learning_rate/tables", "learning_rate/dense"} <= _event_tags(logdir / "train")
+    assert {"auc", "log_loss"} <= _event_tags(logdir / "eval")
+
+    # Separate held-out files; gzip detected by its magic bytes.
+    with open(tmp_path / "day_1.gz", "rb") as f, open(tmp_path / "held_out", "wb") as g:
+        g.write(f.read())
+    results, _, _ = run(["--data", str(tmp_path / "day_0"), "--eval-data",
+                         str(tmp_path / "held_out"), "--steps", "3", "--batch-size", "16",
+                         "--eval-samples", "320", "--verbose", "0", "--no-export"],
+                        tmp_path / "second")
+    assert results["eval_samples"] == 288          # 300 lines -> 18 full batches of 16
+    assert results["eval_data"] == [str(tmp_path / "held_out")]
+
+
+def test_fit_gets_no_keras_shuffle_warning(tmp_path, recwarn):
+    run(["--steps", "2", "--batch-size", "64", "--eval-samples", "64", "--train-samples", "128",
+         "--verbose", "0", "--no-export"], tmp_path)
+    assert not [w for w in recwarn if "shuffle" in str(w.message)]
+
+
+def test_real_data_and_logging_flags_are_checked(tmp_path, capsys):
+    for argv in (["--eval-data", "x"],                                  # --eval-data needs --data
+                 ["--data", str(tmp_path / "missing*")],                # matches nothing
+                 ["--steps", "10", "--eval-every", "3"],                # does not divide --steps
+                 ["--eval-fraction", "1.5"],
+                 ["--batch-size", "64", "--eval-samples", "32"]):       # not one batch
+        with pytest.raises(SystemExit):
+            dlrm.parse_args(argv)
+    assert "no Criteo data file matches" in capsys.readouterr().err
+    text = _help_text(capsys)
+    for flag in ("--data", "--eval-data", "--eval-fraction", "--logdir", "--eval-every"):
+        assert flag in text
+
+
+def _help_text(capsys):
+    with pytest.raises(SystemExit):
+        dlrm.parse_args(["--help"])
+    return capsys.readouterr().out

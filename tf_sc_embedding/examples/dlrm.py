@@ -2,9 +2,13 @@
 
     python -m tf_sc_embedding.examples.dlrm [--steps 600] [--batch-size 1024] [--replicas 1] ...
 
-Data: the built-in Criteo-like workload (26 multi-hot categorical features, Zipf-distributed ids,
-vocabularies scaled by --vocabulary-scale) plus 13 dense features, labelled by a hidden teacher
-model over the same ids (`tf_sc_embedding.data.teacher`), so there is real signal to learn.
+Data: by default the built-in Criteo-like workload (26 multi-hot categorical features,
+Zipf-distributed ids, vocabularies scaled by --vocabulary-scale) plus 13 dense features, labelled
+by a hidden teacher model over the same ids (`tf_sc_embedding.data.teacher`), so there is real
+signal to learn. With --data, real click logs in the public Criteo format (plain or gzip files,
+streamed; `tf_sc_embedding.data.criteo_files`): categorical values are hashed into tables of the
+same sizes, integer features become log(1 + max(x, 0)); the held-out part is --eval-data or a
+deterministic hash split (--eval-fraction) of the --data lines.
 Model (DLRM): one embedding table per categorical feature (an `EmbeddingLayer` owning a
 `TPUEmbeddingV2`, mean combiner), a bottom MLP on the dense features, pairwise dot-product
 interactions of the 27 vectors, a top MLP and a logit. `model.fit` trains the MLPs with the Keras
@@ -12,7 +16,8 @@ optimizer (--dense-optimizer) and the tables with their own fused optimizer (--o
 Then: held-out AUC and log loss (`model.evaluate`), a `tf.train.Checkpoint` of the model, and a
 serving SavedModel (stock TensorFlow ops only: the logical tables from
 `tf_sc_embedding.serving`, the MLPs) that maps raw ids and dense features to a click probability.
-Everything is written under --output-dir.
+Everything is written under --output-dir; with --logdir also TensorBoard scalars (training
+loss, held-out AUC and log loss, both learning rates).
 """
 import argparse
 import json
@@ -20,6 +25,9 @@ import os
 import sys
 import time
 
+# TensorFlow reads its logging variables when it is loaded; `python -m` imports the
+# tf_sc_embedding package (and TensorFlow) before this module, so scripts/run.sh sets them itself
+# (TF_CPP_MIN_LOG_LEVEL, and TF_ENABLE_ONEDNN_OPTS, whose banner ignores the log level).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
@@ -33,9 +41,11 @@ DENSE_OPTIMIZERS = ("adam", "adagrad", "sgd")
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m tf_sc_embedding.examples.dlrm",
-        description="Train a DLRM-style click model on the built-in teacher-labelled Criteo-like "
-                    "data with tf_sc_embedding's Keras EmbeddingLayer; report held-out AUC and "
-                    "log loss, save a checkpoint and export a serving SavedModel.",
+        description="Train a DLRM-style click model with tf_sc_embedding's Keras EmbeddingLayer "
+                    "on the built-in teacher-labelled Criteo-like data (default) or on Criteo "
+                    "click-log files (--data); report held-out AUC and log loss, save a "
+                    "checkpoint and export a serving SavedModel. A short run: --steps 50 "
+                    "--eval-samples 8192.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--steps", type=int, default=2000,
                         help="training steps (batches)")
@@ -72,12 +82,55 @@ def parse_args(argv=None):
                         help="Keras verbosity (1: progress bar)")
     parser.add_argument("--no-export", action="store_true",
                         help="skip the checkpoint and the serving export")
+    data = parser.add_argument_group(
+        "real data", "Criteo click logs: tab-separated label, I1-I13, C1-C26 per line (any field "
+        "but the label may be empty), plain or gzip. Categorical values are hashed into tables "
+        "of the --vocabulary-scale sizes (row 0 of each table is reserved for an empty value); "
+        "integer features become log(1 + max(x, 0)), empty -> 0.")
+    data.add_argument("--data", nargs="+", metavar="PATH",
+                      help="training files or glob patterns (read in the given order, streamed, "
+                           "repeated when --steps needs more lines); without --data the built-in "
+                           "synthetic data is used")
+    data.add_argument("--eval-data", nargs="+", metavar="PATH",
+                      help="held-out files or globs; without them, lines of --data whose hash "
+                           "falls in --eval-fraction are held out (and never trained on)")
+    data.add_argument("--eval-fraction", type=float, default=0.1,
+                      help="fraction of the --data lines held out when --eval-data is not given")
+    data.add_argument("--shuffle-buffer", type=int, default=0,
+                      help="shuffle training lines in a buffer of this many lines (0: file order)")
+    logs = parser.add_argument_group("TensorBoard")
+    logs.add_argument("--logdir", metavar="DIR",
+                      help="write TensorBoard scalars here (train/: loss, learning rates; "
+                           "eval/: AUC, log loss); view with `tensorboard --logdir DIR`")
+    logs.add_argument("--log-every", type=int, default=20,
+                      help="steps between training scalars")
+    logs.add_argument("--eval-every", type=int, default=0,
+                      help="also evaluate the held-out data every this many steps (must divide "
+                           "--steps; Keras then shows one progress bar per interval); 0: only "
+                           "after training")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.batch_size < 1 or args.embedding_dim < 1 or args.replicas < 1:
         parser.error("--steps, --batch-size, --embedding-dim and --replicas must be positive")
     if args.batch_size % (4 * args.replicas):
         parser.error(f"--batch-size {args.batch_size} must be divisible by replicas x 4 "
                      f"SparseCores = {4 * args.replicas}")
+    if args.eval_data and not args.data:
+        parser.error("--eval-data needs --data")
+    if args.data:
+        from tf_sc_embedding.data.criteo_files import expand_paths  # pylint: disable=import-outside-toplevel
+        try:
+            args.data_files = expand_paths(args.data)
+            args.eval_data_files = expand_paths(args.eval_data) if args.eval_data else None
+        except FileNotFoundError as error:
+            parser.error(str(error))
+    if not 0 < args.eval_fraction < 1:
+        parser.error("--eval-fraction must be between 0 and 1")
+    if args.log_every < 1:
+        parser.error("--log-every must be positive")
+    if args.eval_every < 0 or (args.eval_every and args.steps % args.eval_every):
+        parser.error(f"--eval-every must divide --steps ({args.steps})")
+    if args.eval_samples < args.batch_size:
+        parser.error("--eval-samples must be at least one batch")
     return args
 
 
@@ -342,34 +395,157 @@ class _Throughput:
         return Callback()
 
 
-def train_and_evaluate(args, strategy=None, baseline=False, export=True):
-    """Builds the data and the model, fits, evaluates; returns a dict of results."""
-    if strategy is None:
-        strategy = make_strategy(args.replicas)
+class _Summaries:
+    """Keras callback writing TensorBoard scalars under `logdir` (see `--logdir`).
+
+    train/: ``loss`` (Keras's running mean of the batch losses since the start of the current
+    fit epoch, as the progress bar shows it), ``learning_rate/tables`` and
+    ``learning_rate/dense``, every `every` steps and at the last step; eval/: ``auc`` and
+    ``log_loss`` on the held-out data, at every validation (--eval-every) and after training.
+    The step axis counts training batches. The scalars are written with TensorFlow's own
+    `tf.summary.write` and the metadata of TensorBoard's scalar plugin, so writing them does not
+    need the tensorboard package (viewing them does).
+    """
+
+    def __new__(cls, logdir, every, table_learning_rate):
+        import keras  # pylint: disable=import-outside-toplevel
+        from tensorflow.core.framework import summary_pb2  # pylint: disable=import-outside-toplevel
+        tf = _import_tf()
+        metadata = summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+        metadata = metadata.SerializeToString()
+
+        def scalar(tag, value):
+            tf.summary.write(tag, tf.constant(value, tf.float32), metadata=metadata)
+
+        class Callback(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.every, self.step, self.last_eval_step = every, 0, None
+                self.train_writer = tf.summary.create_file_writer(os.path.join(logdir, "train"))
+                self.eval_writer = tf.summary.create_file_writer(os.path.join(logdir, "eval"))
+                self._logged_step = None
+
+            def _learning_rates(self):
+                table_lr = table_learning_rate
+                table_lr = table_lr() if callable(table_lr) else table_lr
+                dense_lr = self.model.optimizer.learning_rate
+                return (None if table_lr is None else float(np.asarray(table_lr)),
+                        float(np.asarray(dense_lr)))
+
+            def _write_train(self, logs):
+                table_lr, dense_lr = self._learning_rates()
+                with self.train_writer.as_default(step=self.step):
+                    if logs and "loss" in logs:
+                        scalar("loss", float(logs["loss"]))
+                    if table_lr is not None:
+                        scalar("learning_rate/tables", table_lr)
+                    scalar("learning_rate/dense", dense_lr)
+                self._logged_step = self.step
+
+            def on_train_batch_end(self, batch, logs=None):
+                self.step += 1
+                if self.step % self.every == 0 or self.step == 1:
+                    self._write_train(logs)
+
+            def on_epoch_end(self, epoch, logs=None):
+                if self._logged_step != self.step:
+                    self._write_train(logs)
+                if logs and "val_auc" in logs:
+                    self.write_eval({"auc": logs["val_auc"], "log_loss": logs["val_log_loss"]})
+
+            def write_eval(self, metrics):
+                if self.last_eval_step == self.step:
+                    return
+                with self.eval_writer.as_default(step=self.step):
+                    scalar("auc", float(metrics["auc"]))
+                    scalar("log_loss", float(metrics["log_loss"]))
+                self.last_eval_step = self.step
+
+            def close(self):
+                self.train_writer.close()
+                self.eval_writer.close()
+
+        return Callback()
+
+
+def load_data(args):
+    """(data, train dataset, held-out dataset, held-out split or None, seconds to generate).
+
+    `data` has `feature_names` and `vocabulary_sizes`; the held-out split (numpy) exists for the
+    built-in synthetic data only.
+    """
+    from tf_sc_embedding.data.teacher import TeacherLabelledData, scaled_vocabulary_sizes  # pylint: disable=import-outside-toplevel
     tf = _import_tf()
-    from tf_sc_embedding.data.teacher import TeacherLabelledData  # pylint: disable=import-outside-toplevel
-    data = TeacherLabelledData(vocabulary_scale=args.vocabulary_scale, seed=args.seed)
     started = time.time()
+    if args.data:
+        from tf_sc_embedding.data.criteo_files import CriteoFiles  # pylint: disable=import-outside-toplevel
+        data = CriteoFiles(args.data, scaled_vocabulary_sizes(args.vocabulary_scale),
+                           eval_patterns=args.eval_data, eval_fraction=args.eval_fraction)
+        train, test = data.datasets(args.batch_size, shuffle_buffer=args.shuffle_buffer,
+                                    seed=args.seed)
+        # The held-out batches are read once, kept in memory (evaluated again with --eval-every)
+        # and counted, so Keras knows where they end.
+        test = test.take(args.eval_samples // args.batch_size).cache()
+        data.eval_labels = np.concatenate([y.numpy().reshape(-1) for _, y in test] or
+                                          [np.zeros(0, np.float32)])
+        if not len(data.eval_labels):
+            raise ValueError(f"the held-out data has less than one batch of {args.batch_size} "
+                             "samples; give more --data lines, --eval-data or a larger "
+                             "--eval-fraction")
+        test = test.apply(tf.data.experimental.assert_cardinality(
+            len(data.eval_labels) // args.batch_size))
+        return data, train, test, None, time.time() - started
+    data = TeacherLabelledData(vocabulary_scale=args.vocabulary_scale, seed=args.seed)
     train_split = data.split(min(args.steps * args.batch_size,
                                  max(args.train_samples, args.batch_size)))
     test_split = data.split(args.eval_samples, test=True)
     generated = time.time() - started
     train = make_dataset(train_split, args.batch_size, data.feature_names, repeat=True)
     test = make_dataset(test_split, args.batch_size, data.feature_names)
+    return data, train, test, test_split, generated
+
+
+def train_and_evaluate(args, strategy=None, baseline=False, export=True):
+    """Builds the data and the model, fits, evaluates; returns a dict of results."""
+    if strategy is None:
+        strategy = make_strategy(args.replicas)
+    tf = _import_tf()
+    data, train, test, test_split, generated = load_data(args)
     tf.keras.utils.set_random_seed(args.seed) if hasattr(tf, "keras") else None
     model = build_model(data, args, strategy, baseline=baseline)
     throughput = _Throughput(args.batch_size)
+    callbacks = [throughput]
+    summaries = None
+    if args.logdir:
+        table_lr = None if baseline else table_optimizer(args.optimizer,
+                                                         args.learning_rate).learning_rate
+        summaries = _Summaries(args.logdir, args.log_every, table_lr)
+        callbacks.append(summaries)
+    epochs, steps_per_epoch, validation = 1, args.steps, None
+    if args.eval_every:
+        epochs, steps_per_epoch, validation = args.steps // args.eval_every, args.eval_every, test
     started = time.time()
-    model.fit(train, epochs=1, steps_per_epoch=args.steps, verbose=args.verbose,
-              callbacks=[throughput])
+    # The data are tf.data pipelines (already in the order they should be read): no Keras shuffle.
+    model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=args.verbose,
+              callbacks=callbacks, validation_data=validation, shuffle=False)
     trained = time.time() - started
     metrics = model.evaluate(test, verbose=0, return_dict=True)
-    n = (len(test_split) // args.batch_size) * args.batch_size
+    if summaries is not None:
+        summaries.write_eval(metrics)
+        summaries.close()
+    if test_split is not None:
+        n = (len(test_split) // args.batch_size) * args.batch_size
+        labels = test_split.labels[:n]
+        extra = {"oracle_auc": _oracle_auc(test_split, n), "data_seconds": generated}
+    else:
+        labels = data.eval_labels
+        extra = {"data": list(data.files), "eval_data": data.eval_files,
+                 "eval_samples": int(len(labels)), "data_seconds": generated}
     results = {
         "auc": float(metrics["auc"]), "log_loss": float(metrics["log_loss"]),
-        "oracle_auc": _oracle_auc(test_split, n),
-        "positive_rate": float(np.mean(test_split.labels[:n])),
-        "train_seconds": trained, "data_seconds": generated,
+        "positive_rate": float(np.mean(labels)) if len(labels) else float("nan"),
+        "train_seconds": trained, **extra,
         "samples_per_second": throughput.samples_per_second,
         "steps": args.steps, "batch_size": args.batch_size, "replicas": args.replicas,
         "embedding_dim": args.embedding_dim, "optimizer": args.optimizer,
@@ -381,7 +557,7 @@ def train_and_evaluate(args, strategy=None, baseline=False, export=True):
         results["checkpoint"] = checkpoint.save(os.path.join(args.output_dir, "checkpoint",
                                                              "dlrm"))
         export_dir = os.path.join(args.output_dir, "serving")
-        export_serving_model(model, export_dir, test_split.dense.shape[1])
+        export_serving_model(model, export_dir, len(data.dense_names))
         results["export"] = export_dir
     return results, model, (data, test_split)
 
@@ -394,19 +570,27 @@ def _oracle_auc(split, n):
 def main(argv=None):
     args = parse_args(argv)
     strategy = make_strategy(args.replicas)
-    print(f"DLRM on teacher-labelled Criteo-like data: {args.steps} steps x batch "
+    source = (f"Criteo files ({len(args.data_files)} file(s))" if args.data
+              else "teacher-labelled Criteo-like data")
+    print(f"DLRM on {source}: {args.steps} steps x batch "
           f"{args.batch_size}, dim {args.embedding_dim}, tables: {args.optimizer}"
           f"{' (frozen)' if args.freeze_tables else ''}, MLPs: {args.dense_optimizer}, "
           f"{args.replicas} replica(s)", flush=True)
     results, _, _ = train_and_evaluate(args, strategy, export=not args.no_export)
-    print(f"held-out AUC {results['auc']:.4f}  log loss {results['log_loss']:.4f}  "
-          f"(teacher's own AUC {results['oracle_auc']:.4f}, positive rate "
-          f"{results['positive_rate']:.3f})")
+    if "oracle_auc" in results:
+        detail = (f"teacher's own AUC {results['oracle_auc']:.4f}, positive rate "
+                  f"{results['positive_rate']:.3f}")
+    else:
+        detail = (f"{results['eval_samples']} held-out samples, positive rate "
+                  f"{results['positive_rate']:.3f}")
+    print(f"held-out AUC {results['auc']:.4f}  log loss {results['log_loss']:.4f}  ({detail})")
     print(f"training: {results['train_seconds']:.1f} s, "
           f"{results['samples_per_second']:.0f} samples/s")
     if "checkpoint" in results:
         print(f"checkpoint: {results['checkpoint']}")
         print(f"serving export: {results['export']}")
+    if args.logdir:
+        print(f"TensorBoard logs: {args.logdir}  (view: tensorboard --logdir {args.logdir})")
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "metrics.json"), "w") as f:
         json.dump(results, f, indent=2, sort_keys=True)
