@@ -190,18 +190,16 @@ def _owner_csr(local_rows, rows_per_shard, sparse_cores, num_replicas, replica_i
     return begin + counts, samples, tokens, gains, order, S * per_sc
 
 
-def apply_gradients(view, layout, preserved, gradients, variables):
-    """Fused optimizer update of the rows this replica owns, from every replica's gradients.
+def exchange_gradients(view, layout, preserved, gradients):
+    """Step 5: one gradient row per unique id, sent to its owner.
 
-    gradients: {stacked name: [B_stk, padded_width]}; variables: {stacked name: (parameter
-    variable, [slot variables in the optimizer's order])} of this replica.
+    Returns {stacked name: (rows of the owner's variable, [received, padded_width] gradients)} of
+    the rows this replica owns (several entries per row when several replicas touched it).
     """
     W = layout.num_replicas
-    S = layout.sparse_cores_per_replica
     tables, sizes = preserved
     row_chunk = sizes.row_chunk
     stacked = list(layout.stacked_tables.values())
-    # 5. one gradient row per unique id, to its owner.
     parts = []
     for table in stacked:
         state = tables[table.name]
@@ -211,14 +209,27 @@ def apply_gradients(view, layout, preserved, gradients, variables):
         parts.append((per_unique, state.send_row_positions, table.padded_width))
     received = tf.reshape(view.all_to_all(tf.reshape(_pack(parts, W * row_chunk), [W, -1])),
                           [-1])
+    return {table.name: (tables[table.name].received_rows,
+                         _unpack(received, tables[table.name].recv_row_positions,
+                                 table.padded_width))
+            for table in stacked}
+
+
+def update_owned_rows(layout, replica_id, rows_and_gradients, variables):
+    """The fused optimizer update of rows of this replica's variables (duplicates are summed).
+
+    rows_and_gradients: {stacked name: (rows, [n, padded_width] gradients)}; variables:
+    {stacked name: (parameter variable, [slot variables in the optimizer's order])}.
+    """
+    W = layout.num_replicas
+    S = layout.sparse_cores_per_replica
     updates = []
-    for table in stacked:
-        state = tables[table.name]
-        grads = _unpack(received, state.recv_row_positions, table.padded_width)
-        pointers, samples, tokens, gains, order, rows = _owner_csr(
-            state.received_rows, table.rows_per_shard, S, W, view.replica_id)
+    for table in layout.stacked_tables.values():
+        rows, grads = rows_and_gradients[table.name]
+        pointers, samples, tokens, gains, order, activation_rows = _owner_csr(
+            rows, table.rows_per_shard, S, W, replica_id)
         grads = tf.gather(grads, order)
-        grads = tf.pad(grads, [[0, rows - tf.shape(grads)[0]], [0, 0]])
+        grads = tf.pad(grads, [[0, activation_rows - tf.shape(grads)[0]], [0, 0]])
         parameters, slots = variables[table.name]
         definition = ops.OPTIMIZERS[table.optimizer.definition_name]
         updates.append(table.optimizer.apply(
@@ -226,6 +237,90 @@ def apply_gradients(view, layout, preserved, gradients, variables):
             sorted_gains=gains, activation_gradients=grads, embedding_table=parameters,
             num_minibatches_per_physical_sparse_core=tf.constant(1), table_name=table.name,
             num_sparsecores_per_device=S, num_replica=W, num_source_replicas=1,
-            first_local_shard=view.replica_id * S, num_local_shards=S,
+            first_local_shard=replica_id * S, num_local_shards=S,
             **dict(zip(definition.slots, slots))))
     return updates
+
+
+def apply_gradients(view, layout, preserved, gradients, variables):
+    """Fused optimizer update of the rows this replica owns, from every replica's gradients.
+
+    gradients: {stacked name: [B_stk, padded_width]}; variables: {stacked name: (parameter
+    variable, [slot variables in the optimizer's order])} of this replica.
+    """
+    received = exchange_gradients(view, layout, preserved, gradients)
+    return update_owned_rows(layout, view.replica_id, received, variables)
+
+
+def sparse_allreduce(view, layout, rows_and_gradients):
+    """Every replica's (row, gradient row) pairs of replicated tables, summed, on every replica.
+
+    The sparse allreduce of docs/multi_worker.md#replicated-tables in two phases, each one set of
+    collectives for all tables: (1) reduce-scatter: each row goes to replica row mod W with an
+    all-to-all, which sums the duplicates it receives; (2) all-gather of the reduced slices. A
+    replica sends about its own unique rows in (1) and 1/W of the union of all replicas' rows,
+    times W-1, in (2): bounded by the table size, whatever the number of replicas.
+    Returns {stacked name: (rows, gradients)} in the same order on every replica.
+    """
+    W = view.num_replicas
+    stacked = list(layout.stacked_tables.values())
+    widths = tf.constant([s.padded_width for s in stacked], tf.int32)
+    # (1) reduce-scatter by owner = row mod W.
+    sources = []
+    for table in stacked:
+        rows, grads = rows_and_gradients[table.name]
+        owner = rows % W
+        order = tf.argsort(owner, stable=True)
+        sources.append((tf.gather(rows, order), tf.gather(grads, order),
+                        tf.math.bincount(owner, minlength=W, maxlength=W, dtype=tf.int32)))
+    send_counts = tf.stack([c for _, _, c in sources], axis=1)                # [W, T]
+    recv_counts = view.all_to_all(send_counts)
+    send_floats = send_counts * widths[None, :]
+    chunks = view.all_max(tf.stack([tf.reduce_max(tf.reduce_sum(send_counts, axis=1)),
+                                    tf.reduce_max(tf.reduce_sum(send_floats, axis=1))]))
+    id_chunk, row_chunk = chunks[0], chunks[1]
+    id_parts, row_parts = [], []
+    for i, (table, (rows, grads, _)) in enumerate(zip(stacked, sources)):
+        counts = send_counts[:, i]
+        id_parts.append((rows[:, None], _entry_positions(
+            counts, id_chunk, _exclusive_cumsum(send_counts, axis=1)[:, i], 1), 1))
+        row_parts.append((grads, _entry_positions(
+            counts, row_chunk, _exclusive_cumsum(send_floats, axis=1)[:, i], table.padded_width),
+            table.padded_width))
+    recv_ids = tf.reshape(view.all_to_all(
+        tf.reshape(_pack(id_parts, W * id_chunk), [W, -1])), [-1])
+    recv_rows = tf.reshape(view.all_to_all(
+        tf.reshape(_pack(row_parts, W * row_chunk), [W, -1])), [-1])
+    reduced = []
+    recv_floats = recv_counts * widths[None, :]
+    for i, table in enumerate(stacked):
+        counts = recv_counts[:, i]
+        ids = _unpack(recv_ids, _entry_positions(
+            counts, id_chunk, _exclusive_cumsum(recv_counts, axis=1)[:, i], 1), 1)[:, 0]
+        grads = _unpack(recv_rows, _entry_positions(
+            counts, row_chunk, _exclusive_cumsum(recv_floats, axis=1)[:, i], table.padded_width),
+            table.padded_width)
+        unique, inverse = tf.unique(ids, out_idx=tf.int32)
+        reduced.append((unique, tf.math.unsorted_segment_sum(grads, inverse, tf.size(unique))))
+    # (2) all-gather of the reduced slices (equal shapes: padded to the largest slice).
+    mine = tf.stack([tf.size(u, out_type=tf.int32) for u, _ in reduced])             # [T]
+    all_counts = tf.reshape(view.all_gather(mine[None, :]), [W, len(stacked)])       # [W, T]
+    all_floats = all_counts * widths[None, :]
+    id_chunk = tf.reduce_max(tf.reduce_sum(all_counts, axis=1))
+    row_chunk = tf.reduce_max(tf.reduce_sum(all_floats, axis=1))
+    my_ids = tf.concat([u for u, _ in reduced], 0)
+    my_rows = tf.concat([tf.reshape(g, [-1]) for _, g in reduced], 0)
+    gathered_ids = tf.reshape(view.all_gather(
+        tf.pad(my_ids, [[0, id_chunk - tf.size(my_ids)]])[None, :]), [-1])
+    gathered_rows = tf.reshape(view.all_gather(
+        tf.pad(my_rows, [[0, row_chunk - tf.size(my_rows)]])[None, :]), [-1])
+    result = {}
+    for i, table in enumerate(stacked):
+        counts = all_counts[:, i]
+        ids = _unpack(gathered_ids, _entry_positions(
+            counts, id_chunk, _exclusive_cumsum(all_counts, axis=1)[:, i], 1), 1)[:, 0]
+        grads = _unpack(gathered_rows, _entry_positions(
+            counts, row_chunk, _exclusive_cumsum(all_floats, axis=1)[:, i], table.padded_width),
+            table.padded_width)
+        result[table.name] = (ids, grads)
+    return result
