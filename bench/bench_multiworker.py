@@ -29,7 +29,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="1,2,4")
-    parser.add_argument("--exchanges", default="all_to_all,all_gather")
+    parser.add_argument("--exchanges", default="all_to_all,all_to_all_sharded,all_gather",
+                        help="all_to_all: the default (small tables replicated); "
+                             "all_to_all_sharded: every table sharded; all_gather: the earlier "
+                             "design (all-gather of ids, all-reduce of activations, every table "
+                             "sharded)")
     parser.add_argument("--batch", type=int, default=1024, help="per-worker batch")
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--vocab-cap", type=int, default=100_000)
@@ -65,9 +69,12 @@ def worker(args):
                             initializer=tf.initializers.RandomUniform(-0.05, 0.05, seed=i))
               for i, v in enumerate(vocab)]
     features = {f"f{i}": E.FeatureConfig(table=t) for i, t in enumerate(tables)}
+    exchange = "all_gather" if args.exchange == "all_gather" else "all_to_all"
+    threshold = {} if args.exchange == "all_to_all" else {"replication_threshold_bytes": 0}
     with strategy.scope():
         embedding = sce.TPUEmbeddingV2(features, E.Adagrad(learning_rate=0.05),
-                                       exchange=args.exchange)
+                                       exchange=exchange, **threshold)
+    replicated = sum(p == "replicated" for p in embedding.placement_plan.values())
     embedding.build(per_replica_batch_size=args.batch)
 
     total = args.warmup + args.steps
@@ -103,7 +110,7 @@ def worker(args):
         sum(int(x.values.shape[0]) for x in ids.values()) for ids, _ in batches)
     with open(os.path.join(args.out, f"worker_{args.index}.json"), "w") as f:
         json.dump({"bytes_per_step": sent / args.steps, "step_ms": statistics.median(times),
-                   "ids_per_step": ids_per_step}, f)
+                   "ids_per_step": ids_per_step, "replicated_tables": replicated}, f)
     return 0
 
 
@@ -146,7 +153,8 @@ def run_cluster(args, workers, exchange, directory):
     results = [json.load(open(os.path.join(directory, f"worker_{i}.json")))
                for i in range(workers)]
     return {"bytes_per_step": statistics.mean(r["bytes_per_step"] for r in results),
-            "step_ms": results[0]["step_ms"], "ids_per_step": results[0]["ids_per_step"]}
+            "step_ms": results[0]["step_ms"], "ids_per_step": results[0]["ids_per_step"],
+            "replicated_tables": results[0]["replicated_tables"]}
 
 
 def project(measured, target):
@@ -176,10 +184,12 @@ def main():
                       f"per worker per step, step {r['step_ms']:.1f} ms", flush=True)
     print(f"\n### Multi-worker exchange (per-worker batch {args.batch}, dim {args.dim}, "
           f"vocabularies capped at {args.vocab_cap:,}, ~{results[(exchanges[0], counts[0])]['ids_per_step']:,.0f} ids per worker per step)\n")
-    print("| workers | exchange | MB sent per worker per step | step ms (worker 0, median) |")
-    print("|---:|---|---:|---:|")
+    print("| workers | exchange | replicated tables | MB sent per worker per step | "
+          "step ms (worker 0, median) |")
+    print("|---:|---|---:|---:|---:|")
     for (exchange, workers), r in sorted(results.items(), key=lambda x: (x[0][1], x[0][0])):
-        print(f"| {workers} | {exchange} | {r['bytes_per_step'] / 1e6:.2f} | {r['step_ms']:.1f} |")
+        print(f"| {workers} | {exchange} | {r['replicated_tables']} | "
+              f"{r['bytes_per_step'] / 1e6:.2f} | {r['step_ms']:.1f} |")
     multi = [w for w in counts if w > 1]
     if len(multi) >= 2:
         print("\n| projection (linear in workers from the measured points) | 8 workers | "
@@ -191,15 +201,19 @@ def main():
             projected[exchange] = (project(measured, 8), project(measured, 64))
             print(f"| {exchange}: MB per worker per step | {projected[exchange][0] / 1e6:.2f} | "
                   f"{projected[exchange][1] / 1e6:.2f} |")
-        if "all_to_all" in projected and "all_gather" in projected:
-            ratio8 = projected["all_gather"][0] / projected["all_to_all"][0]
-            ratio64 = projected["all_gather"][1] / projected["all_to_all"][1]
-            print(f"\nall_gather / all_to_all bytes: {ratio8:.1f}x at 8 workers, "
+        print()
+        for exchange in exchanges:
+            if exchange == "all_gather" or "all_gather" not in projected:
+                continue
+            ratio8 = projected["all_gather"][0] / projected[exchange][0]
+            ratio64 = projected["all_gather"][1] / projected[exchange][1]
+            print(f"all_gather / {exchange} bytes: {ratio8:.1f}x at 8 workers, "
                   f"{ratio64:.1f}x at 64 workers")
         lo, hi = multi[0], multi[-1]
-        growth = (results[("all_to_all", hi)]["bytes_per_step"] /
-                  results[("all_to_all", lo)]["bytes_per_step"])
-        print(f"all_to_all bytes per worker, {hi} vs {lo} workers: {growth:.2f}x")
+        for exchange in exchanges:
+            growth = (results[(exchange, hi)]["bytes_per_step"] /
+                      results[(exchange, lo)]["bytes_per_step"])
+            print(f"{exchange} bytes per worker, {hi} vs {lo} workers: {growth:.2f}x")
     return 0
 
 
