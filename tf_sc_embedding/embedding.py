@@ -137,7 +137,7 @@ class TPUEmbeddingV2(tf.Module):
             plan = self._make_plan(shapes)
             pending = self._pending_restore
             storage = TableStorage(plan, self._group)
-            storage.create(lambda table, kind: pending.get(table, {}).get(kind))
+            storage.create(lambda table, kind: _as_reader(pending.get(table, {}).get(kind)))
             self._group.create_variables()
             self._storage = storage
             self._plan = plan
@@ -463,6 +463,13 @@ class TPUEmbeddingV2(tf.Module):
                              "embedding_lookup of this embedding in the same step (stacked "
                              f"tables {sorted(self._plan.stacked_tables)}); got "
                              f"{type(preserved).__name__}")
+
+
+def _as_reader(value):
+    """A deferred-restore source as a chunk reader (first_row, stop) -> rows (None stays None)."""
+    if value is None or callable(value):
+        return value
+    return lambda first, stop: value[first:stop]
 
 
 def _replicated_tables(feature_config, threshold_bytes, overrides):
