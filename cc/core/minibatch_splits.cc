@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
 #include "cc/core/radix_sort.h"
 #include "cc/core/split_encoding.h"
@@ -20,14 +21,33 @@ Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num
   if (p.num_sc_per_chip < 1 || p.num_replica < 1) {
     return InvalidArgument("table '", t, "': num_sc_per_chip and num_replica must be >= 1");
   }
-  if (!IsPowerOfTwo(p.num_sc_per_chip * p.num_replica)) {
-    return InvalidArgument("table '", t, "': num_replica * num_sc_per_chip (",
-                           p.num_replica * p.num_sc_per_chip, ") must be a power of two");
+  const std::string where = "table '" + t + "'";
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "num_replica", p.num_replica, 1, kMaxReplicas));
+  SCE_RETURN_IF_ERROR(
+      CheckInRange(where, "num_sc_per_chip", p.num_sc_per_chip, 1, kMaxSparseCoresPerChip));
+  int64_t num_shards;
+  SCE_RETURN_IF_ERROR(CheckedSize(where, "num_replica * num_sc_per_chip",
+                                  {p.num_replica, p.num_sc_per_chip}, kMaxShards, &num_shards));
+  if (!IsPowerOfTwo(num_shards)) {
+    return InvalidArgument("table '", t, "': num_replica * num_sc_per_chip (", num_shards,
+                           ") must be a power of two");
   }
-  if (p.sample_count < 1 || p.sample_count % p.num_sc_per_chip != 0) {
+  if (p.max_division_level < 0 || p.max_division_level > 6) {
+    return InvalidArgument("table '", t, "': max_division_level must be in [0, 6], got ",
+                           p.max_division_level);
+  }
+  int64_t id_counts_size;
+  SCE_RETURN_IF_ERROR(CheckedSize(
+      where, "id_counts size num_sc_per_chip * num_replica * num_sc_per_chip * 2^max_division_level",
+      {p.num_sc_per_chip, num_shards, int64_t{1} << p.max_division_level},
+      kMaxAllocationElements, &id_counts_size));
+  if (n > kMaxInt32) {
+    return InvalidArgument(where, ": ", n, " ids do not fit the int32 buffer formats");
+  }
+  if (p.sample_count < 1 || p.sample_count > kMaxInt32 || p.sample_count % p.num_sc_per_chip != 0) {
     return InvalidArgument("table '", t, "': sample_count (", p.sample_count,
                            ") must be a positive multiple of num_sc_per_chip (", p.num_sc_per_chip,
-                           ")");
+                           ") and at most ", kMaxInt32);
   }
   if (p.table_vocab_size < 1) {
     return InvalidArgument("table '", t, "': table_vocab_size must be >= 1, got ",
@@ -36,10 +56,6 @@ Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num
   if (p.max_ids_per_partition < 1 || p.max_unique_ids_per_partition < 1) {
     return InvalidArgument("table '", t,
                            "': max_ids_per_partition and max_unique_ids_per_partition must be >= 1");
-  }
-  if (p.max_division_level < 0 || p.max_division_level > 6) {
-    return InvalidArgument("table '", t, "': max_division_level must be in [0, 6], got ",
-                           p.max_division_level);
   }
   int32_t previous = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -74,7 +90,8 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
   const int64_t P = S * params.num_replica;
   const int L = params.max_division_level;
   const int64_t D = int64_t{1} << L;
-  const int64_t division_size = (params.table_vocab_size + D - 1) / D;
+  // Ceiling division without forming table_vocab_size + D - 1 (which overflows near INT64_MAX).
+  const int64_t division_size = params.table_vocab_size / D + (params.table_vocab_size % D != 0);
   const int64_t per_sc = params.sample_count / S;
   const int pbits = Log2(P);
   const int32_t mask = static_cast<int32_t>(P - 1);

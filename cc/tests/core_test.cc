@@ -438,7 +438,8 @@ void TestPackCsrFromSortedLists() {
   params.max_minibatches_per_sc = 1;
   params.max_ids_buffer_size = 8 * 4 * 4;  // max_ids_per_chip_per_sample * B_stk_sc * S = 128
   params.table_name = "user_video";
-  const sce::CsrBufferSizes sizes = sce::GetCsrBufferSizes(params);
+  sce::CsrBufferSizes sizes;
+  CHECK_OK(sce::GetCsrBufferSizes(params, &sizes));
   CHECK_EQ(sizes.row_pointers, int64_t{32});
   CHECK_EQ(sizes.ids, int64_t{128});
   IntVec row_pointers(sizes.row_pointers, -1), samples(sizes.ids, -1), tokens(sizes.ids, -1);
@@ -633,7 +634,8 @@ void TestPackCsrFromMinibatchSplits() {
   params.max_ids_buffer_size = 16 * 8;  // max_ids_per_chip_per_sample * sample_count = 128
   params.max_division_level = 6;
   params.table_name = "t";
-  const sce::CsrBufferSizes sizes = sce::GetCsrBufferSizes(params);
+  sce::CsrBufferSizes sizes;
+  CHECK_OK(sce::GetCsrBufferSizes(params, &sizes));
   CHECK_EQ(sizes.row_pointers, int64_t{8 * 4 * 8});
   IntVec row_pointers(sizes.row_pointers, -1), samples(sizes.ids, -1), tokens(sizes.ids, -1);
   FloatVec gains(sizes.ids, -1.0f);
