@@ -26,6 +26,10 @@ constexpr int64_t kMaxShards = int64_t{1} << 20;
 // Elements of any buffer whose size is computed from attributes (CSR buffers at their static
 // capacity, id_counts, activations, per-shard counters): 2^28 elements = 1 GiB of int32/float.
 constexpr int64_t kMaxAllocationElements = int64_t{1} << 28;
+// Entries of the per-(SparseCore, shard, vocabulary division) id_counts of the minibatching ops
+// (S * P * 2^L + 1); each costs a loop iteration and int64 counters, so the bound is tighter:
+// 2^24 covers 4 SparseCores x 65536 shards x 64 divisions.
+constexpr int64_t kMaxIdCounts = int64_t{1} << 24;
 // Positions, ids, sample ids and activation rows are int32 in the buffer formats.
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 

@@ -184,7 +184,7 @@ Status PackCsrFromSortedLists(const std::vector<SortedIdsView>& per_sc, int64_t 
   SCE_RETURN_IF_ERROR(CheckedSize("table '" + params.table_name + "'",
                                   "id_counts size num_replica * num_sc_per_chip * "
                                   "2^max_division_level",
-                                  {P, D}, kMaxAllocationElements, &split_counts));
+                                  {P, D}, kMaxIdCounts, &split_counts));
   if (static_cast<int64_t>(per_sc.size()) != S) {
     return InvalidArgument("table '", params.table_name, "': expected one list entry per sparse core (",
                            S, "), got ", per_sc.size());
@@ -224,7 +224,7 @@ Status PackCsrFromMinibatchSplits(const SortedIdsView& ids, int64_t splits,
   SCE_RETURN_IF_ERROR(CheckedSize("table '" + params.table_name + "'",
                                   "id_counts size num_sc_per_chip * num_replica * "
                                   "num_sc_per_chip * 2^max_division_level",
-                                  {S, P, D}, kMaxAllocationElements, &split_counts));
+                                  {S, P, D}, kMaxIdCounts, &split_counts));
   SCE_RETURN_IF_ERROR(ValidateSortedIds(ids, S * P * D + 1, S * P * D + 1, params.table_name, 0));
   return Pack(
       splits, params, [&](int64_t) -> const SortedIdsView& { return ids; },

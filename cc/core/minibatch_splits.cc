@@ -40,7 +40,7 @@ Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num
   SCE_RETURN_IF_ERROR(CheckedSize(
       where, "id_counts size num_sc_per_chip * num_replica * num_sc_per_chip * 2^max_division_level",
       {p.num_sc_per_chip, num_shards, int64_t{1} << p.max_division_level},
-      kMaxAllocationElements, &id_counts_size));
+      kMaxIdCounts, &id_counts_size));
   if (n > kMaxInt32) {
     return InvalidArgument(where, ": ", n, " ids do not fit the int32 buffer formats");
   }

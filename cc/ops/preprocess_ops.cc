@@ -248,7 +248,7 @@ REGISTER_OP("SceGetMinibatchSplitsWithPhysicalReplica")
       if (level >= 0 && level <= 6 &&
           CheckedDim(c, "GetMinibatchSplitsWithPhysicalReplica", "id_counts size",
                      {cores, cores, replicas, int64_t{1} << level}, 1,
-                     sce::kMaxAllocationElements + 1, &counts)
+                     sce::kMaxIdCounts + 1, &counts)
               .ok()) {
         c->set_output(4, c->Vector(counts));
       } else {  // the kernel reports the impossible attribute with the table name
