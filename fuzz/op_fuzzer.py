@@ -354,8 +354,15 @@ def child_main(seed, start, stop):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf  # noqa: PLC0415, F401
     print("READY", flush=True)
+    # Self-test of the crash recording: SCE_OP_FUZZ_SELFTEST="abort:I" or "hang:I" makes case I
+    # abort the child or hang (tests/test_hardening_fuzz.py).
+    kind, _, at = os.environ.get("SCE_OP_FUZZ_SELFTEST", "").partition(":")
     for index in range(start, stop):
         print(f"START {index}", flush=True)
+        if kind and int(at) == index:
+            if kind == "abort":
+                os.abort()
+            time.sleep(3600)
         outcome = run_case(make_case(seed, index))
         print(f"END {index} {outcome}", flush=True)
 
