@@ -244,6 +244,18 @@ def test_aliasing_rejected_in_graph_mode():
         step()
 
 
+def test_functional_form_with_one_tensor_twice_is_not_aliased():
+    """Tensors are values: the functional form updates copies, so passing one tensor as the table
+    and the accumulator gives exactly the result of two equal tensors."""
+    d = _inputs()
+    shared = tf.constant(np.abs(d["table"]) + 0.5)
+    same = _update("adagrad", d, shared, [shared])
+    separate = _update("adagrad", d, tf.constant(shared.numpy()), [tf.constant(shared.numpy())])
+    for a, b in zip(same, separate):
+        np.testing.assert_array_equal(_bits(a.numpy()), _bits(b.numpy()))
+    np.testing.assert_array_equal(shared.numpy(), np.abs(d["table"]) + 0.5)
+
+
 def test_distinct_variables_with_equal_values_are_fine():
     d = _inputs()
     table = tf.Variable(d["table"])
