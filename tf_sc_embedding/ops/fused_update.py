@@ -121,8 +121,16 @@ def _make_op_function(definition):
 
     op_function.__name__ = f"xla_sparse_dense_matmul_grad_with_{suffix}_and_csr_input"
     op_function.__signature__ = signature
-    op_function.__doc__ = (f"Fused backward pass and {definition.op_name} update; see the module "
-                           "docstring for the argument order and the two forms.")
+    op_function.__doc__ = (
+        f"Fused backward pass and {definition.op_name} update; see the module docstring for the "
+        "argument order and the two forms.\n\n"
+        "non_finite_gradients: 'error' (default) fails the step with InvalidArgumentError naming "
+        "the table when a NaN/Inf gradient or gain contributes to a row, writing nothing; 'skip' "
+        "leaves the rows such contributions touch unchanged (table and slots) and counts them.\n"
+        "return_num_skipped_rows: also return that count (int32 scalar): "
+        "(updated_table_and_slots, num_skipped_rows) for tensors, num_skipped_rows for "
+        "variables.\n"
+        "The in-place form rejects one variable passed twice (InvalidArgumentError).")
     return op_function
 
 
