@@ -149,7 +149,9 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
       const int64_t g = s * P + p;
       const int64_t* pid = &ids[p * (D + 1)];
       const int64_t* puq = &uniques[p * (D + 1)];
+      int64_t pair_ids = 0;
       for (int64_t i = 1; i <= D; ++i) {
+        pair_ids += pid[i];
         if (pid[i] > params.max_ids_per_partition ||
             puq[i] > params.max_unique_ids_per_partition) {
           return InvalidArgument("table '", params.table_name, "' has too many ids for replica ", p,
@@ -162,6 +164,10 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
         }
         out->id_counts[g * D + i] = out->id_counts[g * D + i - 1] + static_cast<int32_t>(pid[i]);
       }
+      // A pair without ids cannot be too big for any section (the limits are >= 1): it changes
+      // neither the maxima nor the split masks. Skipping it keeps a call with many shards and
+      // few ids (up to 2^24 id_counts entries) cheap.
+      if (pair_ids == 0) continue;
       for (int64_t d = 0; d <= D; ++d) {
         cum.ids[d] = (d == 0 ? 0 : cum.ids[d - 1]) + pid[d];
         cum.uniques[d] = (d == 0 ? 0 : cum.uniques[d - 1]) + puq[d];
