@@ -76,7 +76,9 @@ for src in fuzz/fuzz_*.cc; do
   mkdir -p "$OUT/corpus/$name"
   log="$OUT/$name.log"
   # The working corpus lives under $OUT; the committed seeds are read-only inputs.
-  "$OUT/$name" -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2560 \
+  # -timeout: a hang, not a slow input on a loaded machine (the largest accepted minibatch
+  # configurations take about a second of CPU under ASan).
+  "$OUT/$name" -max_total_time="$FUZZ_SECONDS" -timeout=30 -rss_limit_mb=2560 \
     -print_final_stats=1 -artifact_prefix="$OUT/artifacts/$name-" \
     "$OUT/corpus/$name" "fuzz/corpus/$name" > "$log" 2>&1
   status=$?

@@ -114,7 +114,9 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
   out->max_uniques = 0;
   int64_t pre = 0, after = 0;
   std::vector<uint32_t> order, scratch;
-  std::vector<int64_t> ids(P * (D + 1)), uniques(P * (D + 1));
+  // Per (shard, division) counts of one SparseCore; at most n <= 2^31 - 1 ids, so int32 (these
+  // arrays have up to 2^24 entries).
+  std::vector<int32_t> ids(P * (D + 1)), uniques(P * (D + 1));
   Cumulative cum;
   cum.ids.resize(D + 1);
   cum.uniques.resize(D + 1);
@@ -147,8 +149,8 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
 
     for (int64_t p = 0; p < P; ++p) {
       const int64_t g = s * P + p;
-      const int64_t* pid = &ids[p * (D + 1)];
-      const int64_t* puq = &uniques[p * (D + 1)];
+      const int32_t* pid = &ids[p * (D + 1)];
+      const int32_t* puq = &uniques[p * (D + 1)];
       int64_t pair_ids = 0;
       for (int64_t i = 1; i <= D; ++i) {
         pair_ids += pid[i];
