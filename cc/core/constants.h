@@ -16,12 +16,13 @@ constexpr int kDefaultMaxDivisionLevel = 6;
 // SparseCores per replica when the caller does not say (TF reads this from the TPU topology).
 constexpr int kDefaultSparseCoresPerReplica = 4;
 
+// Unchecked: only for values already bounded by validation (see checked_math.h for the checked
+// form, CheckedRoundUp, which every size computed from attributes goes through first).
 inline int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+// log2 of a power of two (0 for anything <= 1); never loops, never shifts out of range.
 inline int Log2(int64_t power_of_two) {
-  int bits = 0;
-  while ((int64_t{1} << bits) < power_of_two) ++bits;
-  return bits;
+  return power_of_two <= 1 ? 0 : 63 - __builtin_clzll(static_cast<uint64_t>(power_of_two));
 }
 
 }  // namespace sce

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
 
 namespace sce {
@@ -126,22 +127,12 @@ Status CheckIds(const IdInput& in, int64_t vocabulary_size, const Context& ctx) 
   return Status::Ok();
 }
 
-// Per-row normalisation factor of the combiner (spec §3.2); empty for "sum".
-std::vector<float> CombinerScales(const IdInput& in, const std::vector<int32_t>& rows,
-                                  int64_t sample_count, Combiner combiner) {
-  if (combiner == Combiner::kSum) return {};
-  std::vector<float> scale(sample_count, 0.0f);
-  const bool per_id = in.weights_rank == 1;
-  for (int64_t i = 0; i < in.num_values; ++i) {
-    const float w = per_id ? in.weights[i] : in.weights[0];
-    scale[rows[i]] += combiner == Combiner::kMean ? w : w * w;
-  }
-  for (float& s : scale) {
-    if (s == 0.0f) continue;
-    s = combiner == Combiner::kMean ? static_cast<float>(1.0 / static_cast<double>(s))
-                                    : static_cast<float>(1.0 / static_cast<double>(std::sqrt(s)));
-  }
-  return scale;
+// Normalisation factor of the combiner (spec §3.2) for a row whose weights sum (mean) or sum of
+// squares (sqrtn) is `s`; a row whose sum is 0 gets 0.
+inline float CombinerFactor(float s, Combiner combiner) {
+  if (s == 0.0f) return 0.0f;
+  return combiner == Combiner::kMean ? static_cast<float>(1.0 / static_cast<double>(s))
+                                     : static_cast<float>(1.0 / static_cast<double>(std::sqrt(s)));
 }
 
 // The shared first half of §4 and §5: validated, merged and normalised entries in input order.
@@ -153,7 +144,6 @@ Status BuildEntries(const IdInput& in, int64_t sample_count, Combiner combiner,
     return InvalidArgument(ctx.Describe(), ": weights must not be empty");
   }
   SCE_RETURN_IF_ERROR(CheckIds(in, vocabulary_size, ctx));
-  const std::vector<float> scale = CombinerScales(in, rows, sample_count, combiner);
   // Written through raw pointers into pre-sized vectors: this loop runs once per id per step.
   const int64_t n = in.num_values;
   out->rows.resize(n);
@@ -175,8 +165,21 @@ Status BuildEntries(const IdInput& in, int64_t sample_count, Combiner combiner,
       ++count;
     }
   }
-  if (!scale.empty()) {
-    for (int64_t k = 0; k < count; ++k) out_gains[k] *= scale[out_rows[k]];
+  // Rows are non-decreasing in all three input forms, so each sample's ids (and its merged
+  // entries) are contiguous: the per-row sums are formed run by run, in input order, with no
+  // sample_count-sized array (sample_count may be up to 2^31 - 1 with a handful of ids).
+  if (combiner != Combiner::kSum) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < n;) {
+      const int32_t row = rows[i];
+      float sum = 0.0f;
+      for (; i < n && rows[i] == row; ++i) {
+        const float w = per_id ? in.weights[i] : in.weights[0];
+        sum += combiner == Combiner::kMean ? w : w * w;
+      }
+      const float factor = CombinerFactor(sum, combiner);
+      for (; k < count && out_rows[k] == row; ++k) out_gains[k] *= factor;
+    }
   }
   out->rows.resize(count);
   out->cols.resize(count);
@@ -198,12 +201,23 @@ Status ConvertToListOfCoo(const IdInput& input, int64_t sample_count, Combiner c
   if (t.num_sc_per_chip < 1) {
     return InvalidArgument(where, ": num_sc_per_chip must be >= 1, got ", t.num_sc_per_chip);
   }
+  SCE_RETURN_IF_ERROR(
+      CheckInRange(where, "num_sc_per_chip", t.num_sc_per_chip, 1, kMaxSparseCoresPerChip));
   if (!IsPowerOfTwo(t.num_sc_shards)) {
     return InvalidArgument(where, ": num_sc_shards must be a power of two, got ", t.num_sc_shards);
   }
   if (t.row_offset < 0 || t.col_offset < 0 || t.col_shift < 0) {
     return InvalidArgument(where, ": row_offset, col_offset and col_shift must be >= 0");
   }
+  // Stacked rows and cols are int32 in the COO outputs: bound every term before forming sums, so
+  // nothing is truncated or wraps around silently.
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "num_sc_shards", t.num_sc_shards, 1, kMaxShards));
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "stacked_table_sample_count",
+                                   t.stacked_table_sample_count, 0, kMaxInt32));
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "row_offset", t.row_offset, 0, kMaxInt32));
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "col_offset", t.col_offset, 0, kMaxInt32));
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "col_shift", t.col_shift, 0, kMaxInt32));
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "sample_count", sample_count, 1, kMaxInt32));
   const int64_t sc = t.num_sc_per_chip;
   if (sample_count % sc != 0 || t.stacked_table_sample_count % sc != 0 || t.row_offset % sc != 0) {
     return InvalidArgument(where, ": sample_count (", sample_count, "), row_offset (", t.row_offset,
@@ -232,7 +246,7 @@ Status ConvertToListOfCoo(const IdInput& input, int64_t sample_count, Combiner c
     const int64_t i = row / per_sc_samples;
     const int64_t new_row = row % per_sc_samples + local_offset + stacked_per_sc * i;
     const int64_t new_col = ((col + t.col_shift) & mask) + (col & ~mask) + t.col_offset;
-    if (new_col > std::numeric_limits<int32_t>::max()) {
+    if (new_col < 0 || new_col > kMaxInt32) {
       return InvalidArgument(where, ": id ", col, " maps to stacked column ", new_col,
                              " which does not fit in int32");
     }

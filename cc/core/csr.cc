@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
 #include "cc/core/split_encoding.h"
 
@@ -125,9 +126,13 @@ Status Pack(int64_t splits, const CsrParams& params, ViewOf view_of, SegmentOf s
 
 Status ValidateParams(const CsrParams& params) {
   const std::string& t = params.table_name;
+  const std::string where = "table '" + t + "'";
   if (params.num_sc_per_chip < 1 || params.num_replica < 1) {
     return InvalidArgument("table '", t, "': num_sc_per_chip and num_replica must be >= 1");
   }
+  SCE_RETURN_IF_ERROR(
+      CheckInRange(where, "num_sc_per_chip", params.num_sc_per_chip, 1, kMaxSparseCoresPerChip));
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "num_replica", params.num_replica, 1, kMaxReplicas));
   if (params.max_minibatches_per_sc < 1) {
     return InvalidArgument("table '", t, "': max_minibatches_per_sc must be >= 1");
   }
@@ -135,20 +140,38 @@ Status ValidateParams(const CsrParams& params) {
     return InvalidArgument("table '", t, "': the id buffer size (", params.max_ids_buffer_size,
                            ") must be a non-negative multiple of ", kXlaPadSize);
   }
+  // Positions in the id buffers are int32 row pointers.
+  if (params.max_ids_buffer_size > kMaxInt32) {
+    return InvalidArgument("table '", t, "': the id buffer size (max_ids_per_chip_per_sample x "
+                           "per-chip batch = ", params.max_ids_buffer_size,
+                           ") exceeds the int32 position limit of ", kMaxInt32);
+  }
   if (params.max_division_level < 0 || params.max_division_level > 6) {
     return InvalidArgument("table '", t, "': max_division_level must be in [0, 6]");
   }
+  int64_t num_shards, block, row_pointers;
+  SCE_RETURN_IF_ERROR(CheckedSize(where, "num_replica * num_sc_per_chip",
+                                  {params.num_replica, params.num_sc_per_chip}, kMaxShards,
+                                  &num_shards));
+  if (!CheckedRoundUp(num_shards, kXlaPadSize, &block)) {
+    return InvalidArgument(where, ": the shard count overflows");  // unreachable after the bound
+  }
+  SCE_RETURN_IF_ERROR(CheckedSize(
+      where, "the row-pointer buffer size max_minibatches_per_sc * num_sc_per_chip * "
+             "RoundUp(num_replica * num_sc_per_chip, 8)",
+      {params.max_minibatches_per_sc, params.num_sc_per_chip, block}, kMaxInt32, &row_pointers));
   return Status::Ok();
 }
 
 }  // namespace
 
-CsrBufferSizes GetCsrBufferSizes(const CsrParams& params) {
-  CsrBufferSizes sizes;
-  const int64_t P = params.num_sc_per_chip * params.num_replica;
-  sizes.row_pointers = params.max_minibatches_per_sc * params.num_sc_per_chip * RoundUp(P, kXlaPadSize);
-  sizes.ids = params.max_ids_buffer_size;
-  return sizes;
+Status GetCsrBufferSizes(const CsrParams& params, CsrBufferSizes* sizes) {
+  SCE_RETURN_IF_ERROR(ValidateParams(params));
+  const int64_t P = params.num_sc_per_chip * params.num_replica;  // bounded by ValidateParams
+  sizes->row_pointers =
+      params.max_minibatches_per_sc * params.num_sc_per_chip * RoundUp(P, kXlaPadSize);
+  sizes->ids = params.max_ids_buffer_size;
+  return Status::Ok();
 }
 
 Status PackCsrFromSortedLists(const std::vector<SortedIdsView>& per_sc, int64_t splits,
@@ -157,6 +180,11 @@ Status PackCsrFromSortedLists(const std::vector<SortedIdsView>& per_sc, int64_t 
   const int64_t S = params.num_sc_per_chip;
   const int64_t P = S * params.num_replica;
   const int64_t D = int64_t{1} << params.max_division_level;
+  int64_t split_counts;
+  SCE_RETURN_IF_ERROR(CheckedSize("table '" + params.table_name + "'",
+                                  "id_counts size num_replica * num_sc_per_chip * "
+                                  "2^max_division_level",
+                                  {P, D}, kMaxIdCounts, &split_counts));
   if (static_cast<int64_t>(per_sc.size()) != S) {
     return InvalidArgument("table '", params.table_name, "': expected one list entry per sparse core (",
                            S, "), got ", per_sc.size());
@@ -192,6 +220,11 @@ Status PackCsrFromMinibatchSplits(const SortedIdsView& ids, int64_t splits,
   const int64_t S = params.num_sc_per_chip;
   const int64_t P = S * params.num_replica;
   const int64_t D = int64_t{1} << params.max_division_level;
+  int64_t split_counts;
+  SCE_RETURN_IF_ERROR(CheckedSize("table '" + params.table_name + "'",
+                                  "id_counts size num_sc_per_chip * num_replica * "
+                                  "num_sc_per_chip * 2^max_division_level",
+                                  {S, P, D}, kMaxIdCounts, &split_counts));
   SCE_RETURN_IF_ERROR(ValidateSortedIds(ids, S * P * D + 1, S * P * D + 1, params.table_name, 0));
   return Pack(
       splits, params, [&](int64_t) -> const SortedIdsView& { return ids; },

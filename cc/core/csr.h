@@ -56,7 +56,8 @@ struct CsrBufferSizes {
   int64_t row_pointers = 0;  // max_minibatches_per_sc * S * RoundUp(P, 8)
   int64_t ids = 0;           // max_ids_buffer_size
 };
-CsrBufferSizes GetCsrBufferSizes(const CsrParams& params);
+// Validates the parameters (checked arithmetic, explicit bounds) and computes the static sizes.
+Status GetCsrBufferSizes(const CsrParams& params, CsrBufferSizes* sizes);
 
 // Spec §8: one SortedIdsView per source SparseCore; `splits` is the OR of all split masks.
 Status PackCsrFromSortedLists(const std::vector<SortedIdsView>& per_sc, int64_t splits,

@@ -1,14 +1,22 @@
 #include "cc/core/csr_view.h"
 
+#include "cc/core/checked_math.h"
+
 namespace sce {
 
 Status ValidateCsrView(const CsrView& v) {
   const std::string t = "table '" + v.table_name + "'";
-  if (!IsPowerOfTwo(v.num_sc_per_device)) {
-    return InvalidArgument(t, ": num_sparsecores_per_device must be a power of two, got ",
-                           v.num_sc_per_device);
+  // Attribute ranges first: every product below is then small enough to be formed safely, and is
+  // still formed with checked arithmetic.
+  if (!IsPowerOfTwo(v.num_sc_per_device) || v.num_sc_per_device > kMaxSparseCoresPerChip) {
+    return InvalidArgument(t, ": num_sparsecores_per_device must be a power of two in [1, ",
+                           kMaxSparseCoresPerChip, "], got ", v.num_sc_per_device);
   }
   if (v.num_replica < 1) return InvalidArgument(t, ": num_replica must be >= 1");
+  SCE_RETURN_IF_ERROR(CheckInRange(t, "num_replica", v.num_replica, 1, kMaxReplicas));
+  int64_t num_shards;
+  SCE_RETURN_IF_ERROR(CheckedSize(t, "the number of shards, num_sparsecores_per_device * num_replica",
+                                  {v.num_sc_per_device, v.num_replica}, kMaxShards, &num_shards));
   if (v.num_sample_ids != v.num_token_ids || v.num_sample_ids != v.num_gains) {
     return InvalidArgument(t, ": sorted_sample_ids (", v.num_sample_ids, "), sorted_token_ids (",
                            v.num_token_ids, ") and sorted_gains (", v.num_gains,
@@ -17,19 +25,27 @@ Status ValidateCsrView(const CsrView& v) {
   if (v.num_source_replicas < 1) {
     return InvalidArgument(t, ": num_source_replicas must be >= 1, got ", v.num_source_replicas);
   }
-  if (v.input_size < 0 || v.input_size % v.num_source_sparse_cores() != 0) {
-    return InvalidArgument(t, ": the activation row count (", v.input_size,
+  SCE_RETURN_IF_ERROR(
+      CheckInRange(t, "num_source_replicas", v.num_source_replicas, 1, kMaxReplicas));
+  int64_t num_sources;
+  SCE_RETURN_IF_ERROR(CheckedSize(t, "num_source_replicas * num_sparsecores_per_device",
+                                  {v.num_source_replicas, v.num_sc_per_device}, kMaxInt32,
+                                  &num_sources));
+  // Activation rows are int32 indices (sample ids and the rows of the fused update).
+  if (v.input_size < 0 || v.input_size > kMaxInt32 || v.input_size % num_sources != 0) {
+    return InvalidArgument(t, ": the activation row count (input_size, ", v.input_size,
                            ") must be a non-negative multiple of the SparseCores per device (",
                            v.num_sc_per_device, ") times the source replicas (",
-                           v.num_source_replicas, ")");
+                           v.num_source_replicas, ") and at most ", kMaxInt32);
   }
-  if (v.first_local_shard < 0 || v.local_shards() < 1 ||
-      v.first_local_shard + v.local_shards() > v.num_shards()) {
-    return InvalidArgument(t, ": local shards [", v.first_local_shard, ", ",
-                           v.first_local_shard + v.local_shards(), ") are not within the ",
-                           v.num_shards(), " shards");
+  int64_t local_end = 0;
+  if (v.num_local_shards < -1 || v.num_local_shards == 0 || v.first_local_shard < 0 ||
+      !CheckedAdd(v.first_local_shard, v.local_shards(), &local_end) || local_end > num_shards) {
+    return InvalidArgument(t, ": local shards (first_local_shard ", v.first_local_shard,
+                           ", num_local_shards ", v.num_local_shards, ") are not within the ",
+                           num_shards, " shards");
   }
-  if (v.table_rows % v.local_shards() != 0) {
+  if (v.table_rows < 0 || v.table_rows % v.local_shards() != 0) {
     return InvalidArgument(t, ": the table has ", v.table_rows,
                            " rows, which is not a multiple of the number of shards it holds (",
                            v.local_shards(), ")");
@@ -44,19 +60,22 @@ Status ValidateCsrView(const CsrView& v) {
     return InvalidArgument(t, ": num_minibatches_per_physical_sparse_core must be >= 1, got ",
                            v.num_minibatches);
   }
-  const int64_t used = v.num_sc_per_device * v.num_minibatches * v.block_size();
-  if (used > v.row_pointer_chunk()) {
+  int64_t block = 0, used = 0;
+  if (!CheckedRoundUp(num_shards, kXlaPadSize, &block) ||
+      !CheckedProduct({v.num_sc_per_device, v.num_minibatches, block}, &used) ||
+      used > v.row_pointer_chunk()) {
     return InvalidArgument(t, ": row_pointers has ", v.row_pointer_chunk(),
-                           " entries per replica but ", used, " are needed for ",
-                           v.num_minibatches, " minibatch(es), ", v.num_sc_per_device,
-                           " SparseCores and ", v.num_shards(), " shards");
+                           " entries per replica but ", v.num_minibatches, " minibatch(es) x ",
+                           v.num_sc_per_device, " SparseCores x ", block,
+                           " (shards rounded up to 8) entries are needed for ", num_shards,
+                           " shards");
   }
   for (int64_t g = 0; g < v.num_source_replicas; ++g) {
-    const int32_t* pointers = v.row_pointers + g * v.row_pointer_chunk();
+    const int64_t first = g * v.row_pointer_chunk();
     int64_t previous_end = 0;
     for (int64_t k = 0; k < used; ++k) {
-      const int64_t begin = k == 0 ? 0 : RoundUp(pointers[k - 1], kXlaPadSize);
-      const int64_t end = pointers[k];
+      const int64_t begin = k == 0 ? 0 : RoundUp(v.row_pointers[first + k - 1], kXlaPadSize);
+      const int64_t end = v.row_pointers[first + k];
       if (end < begin || end < previous_end) {
         return InvalidArgument(t, ": row_pointers must be non-decreasing with 8-aligned segment "
                                "starts; row_pointers[", g * v.row_pointer_chunk() + k, "] = ", end,

@@ -38,6 +38,8 @@ struct CsrView {
   int64_t num_local_shards = -1;    // -1: all P shards
   std::string table_name;
 
+  // The helpers below are only meaningful once ValidateCsrView has accepted the view: it checks
+  // with overflow-checked arithmetic that every product and sum they form fits well in int64.
   int64_t num_shards() const { return num_sc_per_device * num_replica; }
   int64_t local_shards() const { return num_local_shards < 0 ? num_shards() : num_local_shards; }
   int64_t rows_per_shard() const { return table_rows / local_shards(); }
@@ -48,14 +50,14 @@ struct CsrView {
   int64_t id_chunk() const { return num_token_ids / num_source_replicas; }
 
   // [begin, end) of segment (source SparseCore sc = g * S + s, minibatch b, shard p) in the
-  // concatenated id buffers.
+  // concatenated id buffers. Indexes the buffers (no pointer arithmetic on a possibly null base).
   void Segment(int64_t sc, int64_t b, int64_t p, int64_t* begin, int64_t* end) const {
     const int64_t g = sc / num_sc_per_device, s = sc % num_sc_per_device;
-    const int32_t* pointers = row_pointers + g * row_pointer_chunk();
+    const int64_t first = g * row_pointer_chunk();
     const int64_t k = (s * num_minibatches + b) * block_size() + p;
     const int64_t base = g * id_chunk();
-    *begin = base + (k == 0 ? 0 : RoundUp(pointers[k - 1], kXlaPadSize));
-    *end = base + pointers[k];
+    *begin = base + (k == 0 ? 0 : RoundUp(row_pointers[first + k - 1], kXlaPadSize));
+    *end = base + row_pointers[first + k];
   }
 };
 

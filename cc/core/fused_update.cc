@@ -2,11 +2,75 @@
 
 #include "cc/core/radix_sort.h"
 
+#include <cmath>
+#include <cstring>
+
 namespace sce {
 
 __attribute__((target_clones("avx2", "default"))) void AccumulateScaled(float* sum, const float* g,
                                                                         float gain, int64_t dim) {
   for (int64_t j = 0; j < dim; ++j) sum[j] += gain * g[j];
+}
+
+Status ParseNonFiniteGradients(const std::string& name, NonFiniteGradients* mode) {
+  if (name == "error") {
+    *mode = NonFiniteGradients::kError;
+  } else if (name == "skip") {
+    *mode = NonFiniteGradients::kSkip;
+  } else {
+    return InvalidArgument("non_finite_gradients must be 'error' or 'skip', got '", name, "'");
+  }
+  return Status::Ok();
+}
+
+__attribute__((target_clones("avx2", "default"))) bool AllFinite(const float* x, int64_t n) {
+  // A float is NaN or +-Inf exactly when its exponent bits are all ones. OR-ing a per-element
+  // flag (no early exit) keeps the loop branch-free so it vectorizes.
+  constexpr uint32_t kExponent = 0x7f800000u;
+  uint32_t any = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof(bits));
+    any |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+  }
+  return any == 0;
+}
+
+void FindNonFiniteContributions(const CsrView& view, const float* grads, int64_t dim,
+                                std::vector<uint8_t>* bad_activation_rows,
+                                NonFiniteContribution* first) {
+  bad_activation_rows->assign(view.input_size, 0);
+  for (int64_t r = 0; r < view.input_size; ++r) {
+    (*bad_activation_rows)[r] = AllFinite(grads + r * dim, dim) ? 0 : 1;
+  }
+  *first = NonFiniteContribution();
+  const int64_t samples_per_sc = view.samples_per_sc();
+  const int64_t rows_per_shard = view.rows_per_shard();
+  for (int64_t p = 0; p < view.local_shards(); ++p) {
+    const int64_t shard = view.first_local_shard + p;
+    for (int64_t s = 0; s < view.num_source_sparse_cores(); ++s) {
+      for (int64_t b = 0; b < view.num_minibatches; ++b) {
+        int64_t begin, end;
+        view.Segment(s, b, shard, &begin, &end);
+        for (int64_t i = begin; i < end; ++i) {
+          const int32_t token = view.token_ids[i], sample = view.sample_ids[i];
+          if (token == kPad || sample == kPad) continue;
+          const int64_t activation = s * samples_per_sc + sample;
+          const bool bad_gain = !std::isfinite(view.gains[i]);
+          if (!bad_gain && !(*bad_activation_rows)[activation]) continue;
+          first->found = true;
+          first->shard = shard;
+          first->token = token;
+          first->table_row = p * rows_per_shard + token;
+          first->activation_row = activation;
+          first->position = i;
+          first->gain = view.gains[i];
+          first->bad_gain = bad_gain;
+          return;
+        }
+      }
+    }
+  }
 }
 
 void CollectShardContributions(const CsrView& view, int64_t p, std::vector<RowContribution>* out) {

@@ -60,6 +60,7 @@ class LayoutStacker {
   int64_t num_sparse_cores_;
   bool stacking_enabled_;
   StackerLimits limits_;
+  Status config_error_;  // set by the constructor for impossible partition / SparseCore counts
   std::map<std::pair<int64_t, std::string>, std::vector<Stack>> stacks_;
   std::vector<std::string> names_;
 };

@@ -8,9 +8,10 @@ namespace sce {
 
 Status ValidateQuantization(const Quantization& q, const std::string& table_name) {
   if (q.num_buckets == 0) return Status::Ok();
-  if (q.num_buckets < 2 || !(q.low < q.high)) {
+  if (q.num_buckets < 2 || !(q.low < q.high) || !std::isfinite(q.low) || !std::isfinite(q.high) ||
+      !std::isfinite(q.high - q.low)) {
     return InvalidArgument("table '", table_name,
-                           "': quantization needs num_buckets >= 2 and low < high; got "
+                           "': quantization needs num_buckets >= 2 and finite low < high; got "
                            "num_buckets ",
                            q.num_buckets, ", low ", q.low, ", high ", q.high);
   }
@@ -71,12 +72,17 @@ void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
   parallel_for(num_sources, 64 * view.num_token_ids / num_sources + 1,
                [&](int64_t sc_begin, int64_t sc_end) {
     for (int64_t s = sc_begin; s < sc_end; ++s) {
-      float* block = activations + s * samples_per_sc * dim;
-      std::memset(block, 0, sizeof(float) * samples_per_sc * dim);
+      // An empty activation block (no rows or dim 0) may come with a null base pointer: neither
+      // offset nor memset it.
+      const int64_t block_elements = samples_per_sc * dim;
+      if (block_elements == 0) continue;
+      float* block = activations + s * block_elements;
+      std::memset(block, 0, sizeof(float) * block_elements);
       for (int64_t b = 0; b < view.num_minibatches; ++b) {
         for (int64_t p = 0; p < view.local_shards(); ++p) {
           int64_t begin, end;
           view.Segment(s, b, view.first_local_shard + p, &begin, &end);
+          if (rows_per_shard * dim == 0) continue;  // no rows to read (and no valid ids)
           const float* shard = table + p * rows_per_shard * dim;
           if (q.enabled()) {
             AccumulateQuantizedSegment(view, begin, end, shard, dim, q, quantum, block);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
 #include "cc/core/radix_sort.h"
 #include "cc/core/split_encoding.h"
@@ -20,14 +21,33 @@ Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num
   if (p.num_sc_per_chip < 1 || p.num_replica < 1) {
     return InvalidArgument("table '", t, "': num_sc_per_chip and num_replica must be >= 1");
   }
-  if (!IsPowerOfTwo(p.num_sc_per_chip * p.num_replica)) {
-    return InvalidArgument("table '", t, "': num_replica * num_sc_per_chip (",
-                           p.num_replica * p.num_sc_per_chip, ") must be a power of two");
+  const std::string where = "table '" + t + "'";
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "num_replica", p.num_replica, 1, kMaxReplicas));
+  SCE_RETURN_IF_ERROR(
+      CheckInRange(where, "num_sc_per_chip", p.num_sc_per_chip, 1, kMaxSparseCoresPerChip));
+  int64_t num_shards;
+  SCE_RETURN_IF_ERROR(CheckedSize(where, "num_replica * num_sc_per_chip",
+                                  {p.num_replica, p.num_sc_per_chip}, kMaxShards, &num_shards));
+  if (!IsPowerOfTwo(num_shards)) {
+    return InvalidArgument("table '", t, "': num_replica * num_sc_per_chip (", num_shards,
+                           ") must be a power of two");
   }
-  if (p.sample_count < 1 || p.sample_count % p.num_sc_per_chip != 0) {
+  if (p.max_division_level < 0 || p.max_division_level > 6) {
+    return InvalidArgument("table '", t, "': max_division_level must be in [0, 6], got ",
+                           p.max_division_level);
+  }
+  int64_t id_counts_size;
+  SCE_RETURN_IF_ERROR(CheckedSize(
+      where, "id_counts size num_sc_per_chip * num_replica * num_sc_per_chip * 2^max_division_level",
+      {p.num_sc_per_chip, num_shards, int64_t{1} << p.max_division_level},
+      kMaxIdCounts, &id_counts_size));
+  if (n > kMaxInt32) {
+    return InvalidArgument(where, ": ", n, " ids do not fit the int32 buffer formats");
+  }
+  if (p.sample_count < 1 || p.sample_count > kMaxInt32 || p.sample_count % p.num_sc_per_chip != 0) {
     return InvalidArgument("table '", t, "': sample_count (", p.sample_count,
                            ") must be a positive multiple of num_sc_per_chip (", p.num_sc_per_chip,
-                           ")");
+                           ") and at most ", kMaxInt32);
   }
   if (p.table_vocab_size < 1) {
     return InvalidArgument("table '", t, "': table_vocab_size must be >= 1, got ",
@@ -36,10 +56,6 @@ Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num
   if (p.max_ids_per_partition < 1 || p.max_unique_ids_per_partition < 1) {
     return InvalidArgument("table '", t,
                            "': max_ids_per_partition and max_unique_ids_per_partition must be >= 1");
-  }
-  if (p.max_division_level < 0 || p.max_division_level > 6) {
-    return InvalidArgument("table '", t, "': max_division_level must be in [0, 6], got ",
-                           p.max_division_level);
   }
   int32_t previous = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -74,7 +90,8 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
   const int64_t P = S * params.num_replica;
   const int L = params.max_division_level;
   const int64_t D = int64_t{1} << L;
-  const int64_t division_size = (params.table_vocab_size + D - 1) / D;
+  // Ceiling division without forming table_vocab_size + D - 1 (which overflows near INT64_MAX).
+  const int64_t division_size = params.table_vocab_size / D + (params.table_vocab_size % D != 0);
   const int64_t per_sc = params.sample_count / S;
   const int pbits = Log2(P);
   const int32_t mask = static_cast<int32_t>(P - 1);
@@ -97,7 +114,9 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
   out->max_uniques = 0;
   int64_t pre = 0, after = 0;
   std::vector<uint32_t> order, scratch;
-  std::vector<int64_t> ids(P * (D + 1)), uniques(P * (D + 1));
+  // Per (shard, division) counts of one SparseCore; at most n <= 2^31 - 1 ids, so int32 (these
+  // arrays have up to 2^24 entries).
+  std::vector<int32_t> ids(P * (D + 1)), uniques(P * (D + 1));
   Cumulative cum;
   cum.ids.resize(D + 1);
   cum.uniques.resize(D + 1);
@@ -130,9 +149,11 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
 
     for (int64_t p = 0; p < P; ++p) {
       const int64_t g = s * P + p;
-      const int64_t* pid = &ids[p * (D + 1)];
-      const int64_t* puq = &uniques[p * (D + 1)];
+      const int32_t* pid = &ids[p * (D + 1)];
+      const int32_t* puq = &uniques[p * (D + 1)];
+      int64_t pair_ids = 0;
       for (int64_t i = 1; i <= D; ++i) {
+        pair_ids += pid[i];
         if (pid[i] > params.max_ids_per_partition ||
             puq[i] > params.max_unique_ids_per_partition) {
           return InvalidArgument("table '", params.table_name, "' has too many ids for replica ", p,
@@ -145,6 +166,10 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
         }
         out->id_counts[g * D + i] = out->id_counts[g * D + i - 1] + static_cast<int32_t>(pid[i]);
       }
+      // A pair without ids cannot be too big for any section (the limits are >= 1): it changes
+      // neither the maxima nor the split masks. Skipping it keeps a call with many shards and
+      // few ids (up to 2^24 id_counts entries) cheap.
+      if (pair_ids == 0) continue;
       for (int64_t d = 0; d <= D; ++d) {
         cum.ids[d] = (d == 0 ? 0 : cum.ids[d - 1]) + pid[d];
         cum.uniques[d] = (d == 0 ? 0 : cum.uniques[d - 1]) + puq[d];

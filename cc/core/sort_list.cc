@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
 #include "cc/core/radix_sort.h"
 
@@ -21,7 +22,13 @@ struct Kept {
 Status SortDedupAndCount(const std::vector<FeatureCooView>& features, int64_t num_replica,
                          int64_t num_sc_per_chip, const std::string& table_name,
                          std::vector<Kept>* kept, ShardCounts* counts) {
-  const int64_t num_shards = num_replica * num_sc_per_chip;
+  const std::string where = "table '" + table_name + "'";
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "num_replica", num_replica, 1, kMaxReplicas));
+  SCE_RETURN_IF_ERROR(
+      CheckInRange(where, "num_sc_per_chip", num_sc_per_chip, 1, kMaxSparseCoresPerChip));
+  int64_t num_shards;
+  SCE_RETURN_IF_ERROR(CheckedSize(where, "num_replica * num_sc_per_chip",
+                                  {num_replica, num_sc_per_chip}, kMaxShards, &num_shards));
   if (!IsPowerOfTwo(num_shards)) {
     return FailedPrecondition("table '", table_name, "': num_replica * num_sc_per_chip (",
                               num_shards, ") must be a power of two");
@@ -30,7 +37,7 @@ Status SortDedupAndCount(const std::vector<FeatureCooView>& features, int64_t nu
   counts->ids.assign(num_shards, 0);
   counts->uniques.assign(num_shards, 0);
 
-  int64_t batch = 0;
+  int64_t batch = 0, total_ids = 0;
   for (size_t f = 0; f < features.size(); ++f) {
     const FeatureCooView& v = features[f];
     if (v.num_rows != v.num_cols || v.num_rows != v.num_gains) {
@@ -38,7 +45,11 @@ Status SortDedupAndCount(const std::vector<FeatureCooView>& features, int64_t nu
                              " row ids, ", v.num_cols, " col ids and ", v.num_gains,
                              " gains; they must match");
     }
-    batch += v.sample_count;
+    if (!CheckedAdd(batch, v.sample_count, &batch) || !CheckedAdd(total_ids, v.num_rows, &total_ids) ||
+        total_ids > kMaxInt32) {
+      return InvalidArgument(where, ": the sum of sample_count_list or the number of ids (",
+                             "feature ", f, ") does not fit the int32 buffer formats");
+    }
   }
   if (batch <= 0) {
     return InvalidArgument("table '", table_name, "': the sum of sample_count_list must be > 0");
@@ -127,7 +138,7 @@ Status SortListOfCoo(const std::vector<FeatureCooView>& features, int64_t num_re
   ShardCounts counts;
   SCE_RETURN_IF_ERROR(
       SortDedupAndCount(features, num_replica, num_sc_per_chip, table_name, &kept, &counts));
-  const int64_t num_shards = num_replica * num_sc_per_chip;
+  const int64_t num_shards = static_cast<int64_t>(counts.ids.size());  // validated above
   for (int64_t p = 0; p < num_shards; ++p) {
     if (counts.ids[p] > max_ids_per_sparse_core) {
       return InvalidArgument("table '", table_name, "': sparse core ", p, " gets ", counts.ids[p],
@@ -142,7 +153,7 @@ Status SortListOfCoo(const std::vector<FeatureCooView>& features, int64_t num_re
     }
   }
   int64_t batch = 0;
-  for (const FeatureCooView& v : features) batch += v.sample_count;
+  for (const FeatureCooView& v : features) batch += v.sample_count;  // checked above
   const int pbits = Log2(num_shards);
   const int32_t mask = static_cast<int32_t>(num_shards - 1);
 

@@ -6,6 +6,7 @@ namespace sce {
 
 std::vector<int32_t> BinaryToBucketSplits(int64_t bits, int max_division_level) {
   std::vector<int32_t> points;
+  if (max_division_level < 1 || max_division_level > kMaxSplitLevel) return points;
   const int64_t num_bits = (int64_t{1} << max_division_level) - 1;
   for (int64_t k = 0; k < num_bits && k < 63; ++k) {
     if (((bits >> k) & 1) == 0) continue;
@@ -21,7 +22,10 @@ std::vector<int32_t> BinaryToBucketSplits(int64_t bits, int max_division_level) 
 
 int64_t BucketSplitsToBinary(const std::vector<int32_t>& splits, int max_division_level) {
   int64_t bits = 0;
+  if (max_division_level < 1 || max_division_level > kMaxSplitLevel) return bits;
   for (int32_t point : splits) {
+    // Only points strictly inside (0, 2^L) have a bit; anything else would shift out of range.
+    if (point <= 0 || point >= (int32_t{1} << max_division_level)) continue;
     int64_t x = point;
     int level = max_division_level - 1;
     while (x > 0 && x % 2 == 0) {

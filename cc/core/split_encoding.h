@@ -8,10 +8,14 @@
 
 namespace sce {
 
+// The encoding has 2^L - 1 bits in an int64, so L is at most 6; levels outside [1, 6] have no
+// split points (both functions then return empty / 0).
+constexpr int kMaxSplitLevel = 6;
+
 // Sorted division indices (in (0, 2^L)) at which the vocabulary is cut.
 std::vector<int32_t> BinaryToBucketSplits(int64_t bits, int max_division_level);
 
-// Inverse of BinaryToBucketSplits for any set of points in (0, 2^L).
+// Inverse of BinaryToBucketSplits for any set of points in (0, 2^L); other points are ignored.
 int64_t BucketSplitsToBinary(const std::vector<int32_t>& splits, int max_division_level);
 
 }  // namespace sce

@@ -1,5 +1,6 @@
 // Kernels of SceConvertToCooTensor and SceConvertToListOfSparseCoreCooTensors: thin adapters
 // around sce::ConvertToCoo / sce::ConvertToListOfCoo.
+#include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
 #include "cc/core/coo.h"
 #include "cc/kernels/kernel_utils.h"
@@ -58,6 +59,10 @@ class ConvertToListOfCooTensorsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_sc_shards", &transform_.num_sc_shards));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("stacked_table_sample_count",
                                      &transform_.stacked_table_sample_count));
+    OP_REQUIRES(ctx, transform_.num_sc_per_chip <= sce::kMaxSparseCoresPerChip,
+                absl::InvalidArgumentError(absl::StrCat(
+                    attrs_.context.Describe(), ": num_sc_per_chip must be in [1, ",
+                    sce::kMaxSparseCoresPerChip, "], got ", transform_.num_sc_per_chip)));
     OP_REQUIRES(ctx, sce::IsPowerOfTwo(transform_.num_sc_shards),
                 absl::InvalidArgumentError(absl::StrCat(
                     attrs_.context.Describe(), ": num_sc_shards must be a power of two, got ",

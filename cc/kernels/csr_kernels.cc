@@ -1,5 +1,6 @@
 // Kernels of the minibatching and CSR-building ops: SceGetMinibatchSplitsWithPhysicalReplica,
 // SceGetMinibatchesInCsrWithPhysicalReplica and SceConvertToSparseCoreCsrWrappedCooTensor.
+#include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
 #include "cc/core/csr.h"
 #include "cc/core/minibatch_splits.h"
@@ -18,6 +19,12 @@ absl::Status RequireVector(const Tensor& t, const char* name, const std::string&
   return absl::OkStatus();
 }
 
+// The id buffer capacity from the attributes, overflow-checked: positions in it are int32.
+absl::Status IdBufferSize(const std::string& table, const char* what,
+                          std::initializer_list<int64_t> factors, int64_t* size) {
+  return ToTf(sce::CheckedSize("table '" + table + "'", what, factors, sce::kMaxInt32, size));
+}
+
 int64_t OrOfSplits(const Tensor& splits) {
   int64_t bits = 0;
   auto flat = splits.flat<int64_t>();
@@ -31,7 +38,19 @@ int64_t OrOfSplits(const Tensor& splits) {
 template <typename PackFn>
 void PackIntoOutputs(OpKernelContext* ctx, const sce::CsrParams& params, bool trim_to_size,
                      PackFn pack) {
-  sce::CsrBufferSizes sizes = sce::GetCsrBufferSizes(params);
+  // Every size is validated (checked arithmetic, explicit bounds) before anything is allocated.
+  sce::CsrBufferSizes sizes;
+  OP_REQUIRES_OK(ctx, ToTf(sce::GetCsrBufferSizes(params, &sizes)));
+  if (!trim_to_size) {
+    const int64_t largest = std::max(sizes.row_pointers, sizes.ids);
+    OP_REQUIRES(ctx, largest <= sce::kMaxAllocationElements,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "table '", params.table_name, "': the static CSR buffers would hold ",
+                    sizes.row_pointers, " row pointers and ", sizes.ids,
+                    " ids (max_minibatches_per_sc / max_ids_per_chip_per_sample x batch); the "
+                    "limit is ", sce::kMaxAllocationElements,
+                    " elements per buffer. Lower the attributes or pass trim_to_size=True")));
+  }
   if (trim_to_size) {
     sce::CsrBuffers dry_run;
     OP_REQUIRES_OK(ctx, ToTf(pack(&dry_run)));
@@ -74,7 +93,11 @@ class ConvertToCsrWrappedCooTensorOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("allow_id_dropping", &params_.allow_id_dropping));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_division_level", &params_.max_division_level));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("trim_to_size", &trim_to_size_));
-    params_.max_ids_buffer_size = per_sample * per_sc * params_.num_sc_per_chip;
+    OP_REQUIRES_OK(ctx, IdBufferSize(params_.table_name,
+                                     "max_ids_per_chip_per_sample * sample_count_per_sc * "
+                                     "num_sc_per_chip",
+                                     {per_sample, per_sc, params_.num_sc_per_chip},
+                                     &params_.max_ids_buffer_size));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -170,7 +193,9 @@ class GetMinibatchesInCsrOp : public OpKernel {
                 absl::InvalidArgumentError(absl::StrCat(
                     "table '", params_.table_name, "': sample_count (", sample_count,
                     ") must be divisible by num_sc_per_chip (", params_.num_sc_per_chip, ")")));
-    params_.max_ids_buffer_size = per_sample * sample_count;
+    OP_REQUIRES_OK(ctx, IdBufferSize(params_.table_name,
+                                     "max_ids_per_chip_per_sample * sample_count",
+                                     {per_sample, sample_count}, &params_.max_ids_buffer_size));
   }
 
   void Compute(OpKernelContext* ctx) override {

@@ -4,6 +4,7 @@
 #include <array>
 #include <string>
 
+#include "cc/core/checked_math.h"
 #include "cc/core/fused_update.h"
 #include "cc/core/optimizers.h"
 #include "cc/kernels/kernel_utils.h"
@@ -26,6 +27,9 @@ class FusedUpdateOp : public OpKernel {
 
   explicit FusedUpdateOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, attrs_.Read(ctx));
+    std::string non_finite;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("non_finite_gradients", &non_finite));
+    OP_REQUIRES_OK(ctx, ToTf(sce::ParseNonFiniteGradients(non_finite, &non_finite_)));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("clip_weight_min", &clip_.min));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("clip_weight_max", &clip_.max));
     OP_REQUIRES(ctx, clip_.min <= clip_.max,
@@ -46,11 +50,17 @@ class FusedUpdateOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     std::vector<int> variable_inputs;
+    std::vector<std::string> variable_names = {"embedding_table"};
     for (size_t i = 0; i <= kNumSlots; ++i) variable_inputs.push_back(kTableInput + i);
+    for (const char* slot : Optimizer::kSlots) variable_names.push_back(slot);
     LockedVariables locked;
     std::array<const Tensor*, kNumSlots + 1> inputs;
     if (kResource) {
-      OP_REQUIRES_OK(ctx, locked.Lock(ctx, variable_inputs, /*exclusive=*/true));
+      OP_REQUIRES_OK(ctx, locked.Lock(ctx, variable_inputs, variable_names, attrs_.table_name,
+                                      /*exclusive=*/true));
+      // The update reads and writes the table and every slot row by row: one variable passed
+      // twice would read its own writes.
+      OP_REQUIRES_OK(ctx, locked.RequireDistinct(variable_names, attrs_.table_name));
       for (size_t i = 0; i <= kNumSlots; ++i) inputs[i] = locked.tensor(i);
     } else {
       for (size_t i = 0; i <= kNumSlots; ++i) inputs[i] = &ctx->input(kTableInput + i);
@@ -68,7 +78,8 @@ class FusedUpdateOp : public OpKernel {
                       " but the table has shape ", table.shape().DebugString())));
     }
     const Tensor& grads = ctx->input(kGradientsInput);
-    OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(1) == table.dim_size(1),
+    OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(1) == table.dim_size(1) &&
+                         grads.dim_size(0) <= sce::kMaxInt32,
                 absl::InvalidArgumentError(absl::StrCat(
                     "table '", attrs_.table_name,
                     "': activation_gradients must be a matrix with the table's width ",
@@ -81,6 +92,30 @@ class FusedUpdateOp : public OpKernel {
     sce::CsrView view;
     OP_REQUIRES_OK(ctx, MakeCsrView(ctx, attrs_, kMinibatchesInput, grads.dim_size(0),
                                     table.dim_size(0), &view));
+
+    // Non-finite gradients: one vectorizable pass over the gradients and the gains decides; only
+    // when it finds a NaN or Inf are the referenced rows looked at (before any write).
+    const int64_t dim = table.dim_size(1);
+    const float* grad_data = grads.flat<float>().data();
+    std::vector<uint8_t> bad_activation_rows;
+    if (!sce::AllFinite(grad_data, grads.NumElements()) ||
+        !sce::AllFinite(view.gains, view.num_gains)) {
+      sce::NonFiniteContribution first;
+      sce::FindNonFiniteContributions(view, grad_data, dim, &bad_activation_rows, &first);
+      if (!first.found) {
+        bad_activation_rows.clear();  // only unreferenced rows / padding: nothing to skip
+      } else if (non_finite_ == sce::NonFiniteGradients::kError) {
+        ctx->CtxFailure(absl::InvalidArgumentError(absl::StrCat(
+            "table '", attrs_.table_name, "': ",
+            first.bad_gain ? absl::StrCat("sorted_gains[", first.position, "] is ", first.gain)
+                           : absl::StrCat("activation_gradients row ", first.activation_row,
+                                          " has a non-finite value (NaN or Inf)"),
+            "; it contributes to row ", first.token, " of shard ", first.shard,
+            " (row ", first.table_row, " of the table given). Nothing was updated. Pass "
+            "non_finite_gradients='skip' to skip the rows such gradients touch instead")));
+        return;
+      }
+    }
 
     // Everything is valid: from here on the update cannot fail part-way.
     std::array<float*, kNumSlots + 1> targets;
@@ -101,13 +136,20 @@ class FusedUpdateOp : public OpKernel {
     }
     std::array<float*, kNumSlots> slots;
     for (size_t i = 0; i < kNumSlots; ++i) slots[i] = targets[i + 1];
-    sce::FusedUpdate<Optimizer>(view, grads.flat<float>().data(), table.dim_size(1),
-                                lr.flat<float>()(0), hypers_.data(), clip_, targets[0], slots,
-                                ThreadPoolFor(ctx));
+    const int64_t skipped = sce::FusedUpdate<Optimizer>(
+        view, grad_data, dim, lr.flat<float>()(0), hypers_.data(), clip_, targets[0], slots,
+        ThreadPoolFor(ctx), bad_activation_rows.empty() ? nullptr : bad_activation_rows.data());
+    OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, kResource ? 0 : static_cast<int>(kNumSlots) + 1,
+                                          skipped));
+    if (skipped > 0) {
+      LOG(WARNING) << "table '" << attrs_.table_name << "': skipped " << skipped
+                   << " rows with non-finite gradients (non_finite_gradients='skip')";
+    }
   }
 
  private:
   CsrAttrs attrs_;
+  sce::NonFiniteGradients non_finite_ = sce::NonFiniteGradients::kError;
   sce::Clip clip_;
   std::array<float, Optimizer::kHypers.size() + 1> hypers_{};
 };

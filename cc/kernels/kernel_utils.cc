@@ -108,11 +108,17 @@ absl::Status MakeCsrView(OpKernelContext* ctx, const CsrAttrs& attrs, int num_mi
 }
 
 absl::Status LockedVariables::Lock(OpKernelContext* ctx, const std::vector<int>& inputs,
-                                   bool exclusive) {
+                                   const std::vector<std::string>& names,
+                                   const std::string& table_name, bool exclusive) {
   exclusive_ = exclusive;
-  for (int i : inputs) {
+  for (size_t k = 0; k < inputs.size(); ++k) {
     core::RefCountPtr<Var> var;
-    TF_RETURN_IF_ERROR(LookupResource(ctx, HandleFromInput(ctx, i), &var));
+    absl::Status status = LookupResource(ctx, HandleFromInput(ctx, inputs[k]), &var);
+    if (!status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("table '", table_name, "': variable '", names[k],
+                                       "' could not be read: ", status.message()));
+    }
     vars_.push_back(std::move(var));
   }
   std::vector<mutex*> mutexes;
@@ -130,13 +136,26 @@ absl::Status LockedVariables::Lock(OpKernelContext* ctx, const std::vector<int>&
   for (size_t k = 0; k < vars_.size(); ++k) {
     if (!vars_[k]->is_initialized) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "variable for input '", ctx->op_kernel().requested_input(inputs[k]),
-          "' is not initialized"));
+          "table '", table_name, "': variable '", names[k], "' is not initialized"));
     }
     if (vars_[k]->tensor()->dtype() != DT_FLOAT) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "variable for input '", ctx->op_kernel().requested_input(inputs[k]),
-          "' must be float32, got ", DataTypeString(vars_[k]->tensor()->dtype())));
+          "table '", table_name, "': variable '", names[k], "' must be float32, got ",
+          DataTypeString(vars_[k]->tensor()->dtype())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LockedVariables::RequireDistinct(const std::vector<std::string>& names,
+                                              const std::string& table_name) const {
+  for (size_t a = 0; a < vars_.size(); ++a) {
+    for (size_t b = a + 1; b < vars_.size(); ++b) {
+      if (vars_[a].get() == vars_[b].get()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "table '", table_name, "': the same variable is passed as '", names[a], "' and '",
+            names[b], "'; the table and every slot must be distinct variables"));
+      }
     }
   }
   return absl::OkStatus();

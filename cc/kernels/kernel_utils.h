@@ -60,9 +60,16 @@ absl::Status MakeCsrView(OpKernelContext* ctx, const CsrAttrs& attrs, int num_mi
 // that in-place updates never change a tensor someone else holds.
 class LockedVariables {
  public:
-  absl::Status Lock(OpKernelContext* ctx, const std::vector<int>& inputs, bool exclusive);
+  // `names` are the op-definition argument names of `inputs` (for messages naming the table and
+  // the argument, e.g. "table 'video': variable 'accumulator' must be float32, got double").
+  absl::Status Lock(OpKernelContext* ctx, const std::vector<int>& inputs,
+                    const std::vector<std::string>& names, const std::string& table_name,
+                    bool exclusive);
   ~LockedVariables();
   Tensor* tensor(size_t i) { return vars_[i]->tensor(); }
+  // InvalidArgument naming the table and both arguments when one variable was passed twice.
+  absl::Status RequireDistinct(const std::vector<std::string>& names,
+                               const std::string& table_name) const;
   absl::Status MakeExclusive(OpKernelContext* ctx);
 
  private:

@@ -1,5 +1,6 @@
 // Kernels of the forward sparse-dense matmul: sce::SparseDenseMatmul over a table given as a
 // tensor or read in place from a resource variable (under a shared lock, no copy).
+#include "cc/core/checked_math.h"
 #include "cc/core/lookup.h"
 #include "cc/kernels/kernel_utils.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -24,7 +25,8 @@ class SparseDenseMatmulOp : public OpKernel {
     LockedVariables locked;
     const Tensor* table = &ctx->input(4);
     if (kResource) {
-      OP_REQUIRES_OK(ctx, locked.Lock(ctx, {4}, /*exclusive=*/false));
+      OP_REQUIRES_OK(ctx, locked.Lock(ctx, {4}, {"embedding_table"}, attrs_.table_name,
+                                      /*exclusive=*/false));
       table = locked.tensor(0);
     }
     OP_REQUIRES(ctx, table->dims() == 2 && table->dtype() == DT_FLOAT,
@@ -34,6 +36,13 @@ class SparseDenseMatmulOp : public OpKernel {
     sce::CsrView view;
     OP_REQUIRES_OK(ctx, MakeCsrView(ctx, attrs_, 5, input_size_, table->dim_size(0), &view));
     const int64_t dim = table->dim_size(1);
+    // input_size is an attribute: bound the output before allocating it (a TensorShape whose
+    // element count overflows would abort the process).
+    int64_t elements;
+    OP_REQUIRES_OK(ctx, ToTf(sce::CheckedSize("table '" + attrs_.table_name + "'",
+                                              "the activations size input_size * dim",
+                                              {input_size_, dim}, sce::kMaxAllocationElements,
+                                              &elements)));
     Tensor* activations = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({input_size_, dim}), &activations));
     sce::SparseDenseMatmul(view, table->flat<float>().data(), dim, quantization_,

@@ -34,7 +34,8 @@ void AddCommon(register_op::OpDefBuilderWrapper& op, const char* table_type) {
       .Attr("num_replica: int = 1")
       .Attr("num_source_replicas: int = 1")
       .Attr("first_local_shard: int = 0")
-      .Attr("num_local_shards: int = -1");
+      .Attr("num_local_shards: int = -1")
+      .Attr("non_finite_gradients: {'error', 'skip'} = 'error'");
 }
 
 struct RegisterFusedOps {
@@ -49,8 +50,10 @@ struct RegisterFusedOps {
       for (const char* slot : Optimizer::kSlots) {
         op.Output(std::string("updated_") + slot + ": float32");
       }
+      op.Output("num_skipped_rows: int32");
       op.SetShapeFn([](InferenceContext* c) {
-        for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(6 + i));
+        for (int i = 0; i + 1 < c->num_outputs(); ++i) c->set_output(i, c->input(6 + i));
+        c->set_output(c->num_outputs() - 1, c->Scalar());
         return absl::OkStatus();
       });
       op();
@@ -59,7 +62,11 @@ struct RegisterFusedOps {
       const std::string name = "SceResourceSparseDenseMatmulGradWith" + suffix;
       register_op::OpDefBuilderWrapper op(name.c_str());
       AddCommon<Optimizer>(op, "resource");
-      op.SetShapeFn(shape_inference::NoOutputs);
+      op.Output("num_skipped_rows: int32");
+      op.SetShapeFn([](InferenceContext* c) {
+        c->set_output(0, c->Scalar());
+        return absl::OkStatus();
+      });
       op();
     }
   }

@@ -2,6 +2,8 @@
 // signature) and a resource form that reads the table variable in place.
 #include <string>
 
+#include "cc/core/checked_math.h"
+
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -15,6 +17,14 @@ using shape_inference::ShapeHandle;
 absl::Status ActivationShape(InferenceContext* c, ShapeHandle table) {
   int64_t input_size;
   TF_RETURN_IF_ERROR(c->GetAttr("input_size", &input_size));
+  // Activation rows are int32 indices; a larger input_size is reported here (shape inference)
+  // and by the kernel, never turned into a dimension.
+  if (input_size > sce::kMaxInt32) {
+    std::string table;
+    TF_RETURN_IF_ERROR(c->GetAttr("table_name", &table));
+    return absl::InvalidArgumentError(absl::StrCat("table '", table, "': input_size must be at most ",
+                                                   sce::kMaxInt32, ", got ", input_size));
+  }
   c->set_output(0, c->Matrix(input_size, c->Dim(table, 1)));
   return absl::OkStatus();
 }

@@ -1,6 +1,10 @@
 // Registrations of the host preprocessing ops (spec §4-§10). Op names carry the "Sce" prefix
 // because TensorFlow already registers kernel-less ops under the plain names; the Python wrappers
 // in tf_sc_embedding/ops use TensorFlow's function and argument names.
+#include <string>
+
+#include "cc/core/checked_math.h"
+#include "cc/core/constants.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -13,6 +17,40 @@ using shape_inference::InferenceContext;
 // Attributes that every op accepts so error messages can name the table and feature.
 constexpr char kTableNameAttr[] = "table_name: string = ''";
 constexpr char kFeatureNameAttr[] = "feature_name: string = ''";
+
+// Shape functions see the raw attributes: every size they form is overflow-checked and bounded
+// (sce/checked_math.h), and an impossible value is an InvalidArgument instead of a negative or
+// wrapped-around dimension that would make TensorShape abort the process later.
+std::string TableOf(InferenceContext* c) {
+  std::string table;
+  if (!c->GetAttr("table_name", &table).ok()) table.clear();
+  return "table '" + table + "'";
+}
+
+absl::Status CheckedDim(InferenceContext* c, const char* op, const char* what,
+                        std::initializer_list<int64_t> factors, int64_t add, int64_t max_value,
+                        int64_t* out) {
+  int64_t product;
+  if (!sce::CheckedProduct(factors, &product) || !sce::CheckedAdd(product, add, out) ||
+      *out > max_value) {
+    std::string values;
+    for (int64_t f : factors) values += (values.empty() ? "" : " * ") + std::to_string(f);
+    return absl::InvalidArgumentError(absl::StrCat(TableOf(c), " (", op, "): ", what, " (", values,
+                                                   add ? absl::StrCat(" + ", add) : "",
+                                                   ") exceeds the limit of ", max_value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AttrInRange(InferenceContext* c, const char* name, int64_t max_value,
+                         int64_t* value) {
+  TF_RETURN_IF_ERROR(c->GetAttr(name, value));
+  if (*value > max_value) {
+    return absl::InvalidArgumentError(absl::StrCat(TableOf(c), ": ", name, " must be at most ",
+                                                   max_value, ", got ", *value));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ThreeVectors(InferenceContext* c) {
   for (int i = 0; i < 3; ++i) c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
@@ -52,6 +90,8 @@ REGISTER_OP("SceConvertToListOfSparseCoreCooTensors")
     .Attr(kTableNameAttr)
     .Attr(kFeatureNameAttr)
     .SetShapeFn([](InferenceContext* c) {
+      int64_t cores;
+      TF_RETURN_IF_ERROR(AttrInRange(c, "num_sc_per_chip", sce::kMaxSparseCoresPerChip, &cores));
       for (int i = 0; i < c->num_outputs(); ++i) {
         c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
       }
@@ -78,10 +118,13 @@ REGISTER_OP("SceSortListOfSparseCoreCooTensors")
     .Attr("N: int >= 1")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(ThreeVectors(c));
-      int64_t replicas, cores;
-      TF_RETURN_IF_ERROR(c->GetAttr("num_replica", &replicas));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_sc_per_chip", &cores));
-      c->set_output(3, c->Vector(replicas * cores + 1));
+      int64_t replicas, cores, counts;
+      TF_RETURN_IF_ERROR(AttrInRange(c, "num_replica", sce::kMaxReplicas, &replicas));
+      TF_RETURN_IF_ERROR(AttrInRange(c, "num_sc_per_chip", sce::kMaxSparseCoresPerChip, &cores));
+      TF_RETURN_IF_ERROR(CheckedDim(c, "SortListOfSparseCoreCooTensors",
+                                    "id_counts size num_replica * num_sc_per_chip + 1",
+                                    {replicas, cores}, 1, sce::kMaxShards + 1, &counts));
+      c->set_output(3, c->Vector(counts));
       return absl::OkStatus();
     });
 
@@ -112,7 +155,26 @@ absl::Status CsrShapes(InferenceContext* c, int64_t row_pointers, int64_t ids) {
   return absl::OkStatus();
 }
 
-int64_t RoundUpTo8(int64_t x) { return (x + 7) / 8 * 8; }
+// Static CSR buffer sizes (spec §8, §10) with every product checked.
+absl::Status StaticCsrShapes(InferenceContext* c, const char* op, int64_t minibatches,
+                             int64_t cores, int64_t replicas, int64_t id_factor_a,
+                             int64_t id_factor_b, int64_t id_factor_c) {
+  int64_t shards, block, row_pointers, ids;
+  TF_RETURN_IF_ERROR(CheckedDim(c, op, "num_replica * num_sc_per_chip", {replicas, cores}, 0,
+                                sce::kMaxShards, &shards));
+  if (!sce::CheckedRoundUp(shards, sce::kXlaPadSize, &block)) {
+    return absl::InvalidArgumentError(absl::StrCat(TableOf(c), ": the shard count overflows"));
+  }
+  TF_RETURN_IF_ERROR(CheckedDim(c, op,
+                                "the row-pointer buffer size max_minibatches_per_sc * "
+                                "num_sc_per_chip * RoundUp(shards, 8)",
+                                {minibatches, cores, block}, 0, sce::kMaxAllocationElements,
+                                &row_pointers));
+  TF_RETURN_IF_ERROR(CheckedDim(c, op, "the id buffer size max_ids_per_chip_per_sample * batch",
+                                {id_factor_a, id_factor_b, id_factor_c}, 0,
+                                sce::kMaxAllocationElements, &ids));
+  return CsrShapes(c, row_pointers, ids);
+}
 
 REGISTER_OP("SceConvertToSparseCoreCsrWrappedCooTensor")
     .Input("sorted_row_ids_list: num_sc_per_chip * int32")
@@ -149,8 +211,8 @@ REGISTER_OP("SceConvertToSparseCoreCsrWrappedCooTensor")
       bool trim;
       TF_RETURN_IF_ERROR(c->GetAttr("trim_to_size", &trim));
       if (trim) return CsrShapes(c, InferenceContext::kUnknownDim, InferenceContext::kUnknownDim);
-      return CsrShapes(c, minibatches * cores * RoundUpTo8(replicas * cores),
-                       per_sample * per_sc * cores);
+      return StaticCsrShapes(c, "ConvertToSparseCoreCsrWrappedCooTensor", minibatches, cores,
+                             replicas, per_sample, per_sc, cores);
     });
 
 REGISTER_OP("SceGetMinibatchSplitsWithPhysicalReplica")
@@ -182,9 +244,14 @@ REGISTER_OP("SceGetMinibatchSplitsWithPhysicalReplica")
       TF_RETURN_IF_ERROR(c->GetAttr("num_sc_per_chip", &cores));
       TF_RETURN_IF_ERROR(c->GetAttr("max_division_level", &level));
       c->set_output(3, c->Scalar());
-      if (level >= 0 && level <= 6) {
-        c->set_output(4, c->Vector(cores * cores * replicas * (int64_t{1} << level) + 1));
-      } else {
+      int64_t counts;
+      if (level >= 0 && level <= 6 &&
+          CheckedDim(c, "GetMinibatchSplitsWithPhysicalReplica", "id_counts size",
+                     {cores, cores, replicas, int64_t{1} << level}, 1,
+                     sce::kMaxIdCounts + 1, &counts)
+              .ok()) {
+        c->set_output(4, c->Vector(counts));
+      } else {  // the kernel reports the impossible attribute with the table name
         c->set_output(4, c->Vector(InferenceContext::kUnknownDim));
       }
       c->set_output(5, c->Scalar());
@@ -229,7 +296,8 @@ REGISTER_OP("SceGetMinibatchesInCsrWithPhysicalReplica")
       bool trim;
       TF_RETURN_IF_ERROR(c->GetAttr("trim_to_size", &trim));
       if (trim) return CsrShapes(c, InferenceContext::kUnknownDim, InferenceContext::kUnknownDim);
-      return CsrShapes(c, minibatches * cores * RoundUpTo8(replicas * cores), per_sample * samples);
+      return StaticCsrShapes(c, "GetMinibatchesInCsrWithPhysicalReplica", minibatches, cores,
+                             replicas, per_sample, samples, 1);
     });
 
 }  // namespace

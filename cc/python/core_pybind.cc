@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "cc/core/checked_math.h"
 #include "cc/core/layout.h"
 #include "cc/core/optimizers.h"
 #include "cc/core/split_encoding.h"
@@ -91,8 +92,36 @@ PYBIND11_MODULE(_core, m) {
     sce::ForEachOptimizer(DescribeOptimizers{&out});
     return out;
   });
-  m.def("binary_to_bucket_splits", &sce::BinaryToBucketSplits, py::arg("bits"),
-        py::arg("max_division_level") = 6);
-  m.def("bucket_splits_to_binary", &sce::BucketSplitsToBinary, py::arg("splits"),
-        py::arg("max_division_level") = 6);
+  auto check_level = [](int level) {
+    if (level < 0 || level > sce::kMaxSplitLevel) {
+      throw py::value_error("max_division_level must be in [0, " +
+                            std::to_string(sce::kMaxSplitLevel) + "], got " +
+                            std::to_string(level));
+    }
+  };
+  m.def(
+      "binary_to_bucket_splits",
+      [check_level](int64_t bits, int level) {
+        check_level(level);
+        return sce::BinaryToBucketSplits(bits, level);
+      },
+      py::arg("bits"), py::arg("max_division_level") = 6);
+  m.def(
+      "bucket_splits_to_binary",
+      [check_level](const std::vector<int32_t>& splits, int level) {
+        check_level(level);
+        for (int32_t point : splits) {
+          if (point <= 0 || point >= (int32_t{1} << level)) {
+            throw py::value_error("split point " + std::to_string(point) + " is not in (0, 2^" +
+                                  std::to_string(level) + ")");
+          }
+        }
+        return sce::BucketSplitsToBinary(splits, level);
+      },
+      py::arg("splits"), py::arg("max_division_level") = 6);
+  // Bounds every op checks its attributes against (cc/core/checked_math.h).
+  m.attr("MAX_SPARSE_CORES_PER_CHIP") = sce::kMaxSparseCoresPerChip;
+  m.attr("MAX_REPLICAS") = sce::kMaxReplicas;
+  m.attr("MAX_SHARDS") = sce::kMaxShards;
+  m.attr("MAX_ALLOCATION_ELEMENTS") = sce::kMaxAllocationElements;
 }

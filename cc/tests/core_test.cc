@@ -12,9 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
 #include "cc/core/coo.h"
 #include "cc/core/csr.h"
+#include "cc/core/csr_view.h"
+#include "cc/core/fused_update.h"
+#include "cc/core/lookup.h"
 #include "cc/core/layout.h"
 #include "cc/core/minibatch_splits.h"
 #include "cc/core/sort_list.h"
@@ -438,7 +442,8 @@ void TestPackCsrFromSortedLists() {
   params.max_minibatches_per_sc = 1;
   params.max_ids_buffer_size = 8 * 4 * 4;  // max_ids_per_chip_per_sample * B_stk_sc * S = 128
   params.table_name = "user_video";
-  const sce::CsrBufferSizes sizes = sce::GetCsrBufferSizes(params);
+  sce::CsrBufferSizes sizes;
+  CHECK_OK(sce::GetCsrBufferSizes(params, &sizes));
   CHECK_EQ(sizes.row_pointers, int64_t{32});
   CHECK_EQ(sizes.ids, int64_t{128});
   IntVec row_pointers(sizes.row_pointers, -1), samples(sizes.ids, -1), tokens(sizes.ids, -1);
@@ -633,7 +638,8 @@ void TestPackCsrFromMinibatchSplits() {
   params.max_ids_buffer_size = 16 * 8;  // max_ids_per_chip_per_sample * sample_count = 128
   params.max_division_level = 6;
   params.table_name = "t";
-  const sce::CsrBufferSizes sizes = sce::GetCsrBufferSizes(params);
+  sce::CsrBufferSizes sizes;
+  CHECK_OK(sce::GetCsrBufferSizes(params, &sizes));
   CHECK_EQ(sizes.row_pointers, int64_t{8 * 4 * 8});
   IntVec row_pointers(sizes.row_pointers, -1), samples(sizes.ids, -1), tokens(sizes.ids, -1);
   FloatVec gains(sizes.ids, -1.0f);
@@ -755,6 +761,337 @@ void TestLayoutStacker() {
   CHECK_ERROR(stacker.AddTable("z", 0, 16, "g1", 0, 0), ">= 1");
 }
 
+
+// ---- Issue 10: checked arithmetic and the hardening of every entry point ----------------------
+
+void TestCheckedMath() {
+  g_test = "checked arithmetic";
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  int64_t out = 0;
+  CHECK(sce::CheckedAdd(2, 3, &out) && out == 5);
+  CHECK(!sce::CheckedAdd(kMax, 1, &out));
+  CHECK(!sce::CheckedAdd(kMin, -1, &out));
+  CHECK(sce::CheckedSub(-5, 3, &out) && out == -8);
+  CHECK(!sce::CheckedSub(kMin, 1, &out));
+  CHECK(sce::CheckedMul(int64_t{1} << 31, int64_t{1} << 31, &out) && out == int64_t{1} << 62);
+  CHECK(!sce::CheckedMul(int64_t{1} << 32, int64_t{1} << 31, &out));
+  CHECK(!sce::CheckedMul(kMin, -1, &out));
+  CHECK(!sce::CheckedMul(int64_t{1} << 62, 4, &out));  // wraps to 0 unchecked
+  CHECK(sce::CheckedRoundUp(0, 8, &out) && out == 0);
+  CHECK(sce::CheckedRoundUp(9, 8, &out) && out == 16);
+  CHECK(sce::CheckedRoundUp(16, 8, &out) && out == 16);
+  CHECK(sce::CheckedRoundUp(kMax - 7, 8, &out) && out == kMax - 7);  // a multiple of 8
+  CHECK(!sce::CheckedRoundUp(kMax, 8, &out));
+  CHECK(!sce::CheckedRoundUp(kMax - 6, 32, &out));
+  CHECK(!sce::CheckedRoundUp(5, 0, &out));
+  CHECK(!sce::CheckedRoundUp(-1, 8, &out));
+  CHECK(sce::CheckedProduct({}, &out) && out == 1);
+  CHECK(sce::CheckedProduct({2, 3, 4}, &out) && out == 24);
+  CHECK(!sce::CheckedProduct({int64_t{1} << 40, int64_t{1} << 40, 1}, &out));
+  CHECK(!sce::CheckedProduct({-1, 2}, &out));
+  CHECK_EQ(sce::SaturatingMul(int64_t{1} << 62, 4), kMax);
+  CHECK_EQ(sce::SaturatingMul(3, 4), int64_t{12});
+  CHECK_EQ(sce::SaturatingAdd(kMax, 5), kMax);
+  CHECK_EQ(sce::SaturatingAdd(kMin, -5), kMin);
+  CHECK_OK(sce::CheckInRange("table 't'", "num_replica", 4, 1, 8));
+  CHECK_ERROR(sce::CheckInRange("table 't'", "num_replica", int64_t{1} << 40, 1, 8),
+              "table 't': num_replica must be in [1, 8], got 1099511627776");
+  CHECK_OK(sce::CheckedSize("table 't'", "a * b", {4, 8}, 32, &out));
+  CHECK_EQ(out, int64_t{32});
+  CHECK_ERROR(sce::CheckedSize("table 't'", "a * b", {4, 9}, 32, &out),
+              "a * b (4 * 9) exceeds the limit of 32");
+  CHECK_ERROR(sce::CheckedSize("table 't'", "a * b", {int64_t{1} << 62, 4}, kMax, &out),
+              "exceeds the limit");
+  g_test = "Log2 and IsPowerOfTwo at the extremes";
+  CHECK_EQ(sce::Log2(1), 0);
+  CHECK_EQ(sce::Log2(8), 3);
+  CHECK_EQ(sce::Log2(int64_t{1} << 62), 62);
+  CHECK(!sce::IsPowerOfTwo(0) && !sce::IsPowerOfTwo(kMin) && sce::IsPowerOfTwo(int64_t{1} << 62));
+}
+
+// Valid CSR buffers for S SparseCores x 1 replica (S shards), one entry per shard.
+struct SmallCsr {
+  IntVec row_pointers, samples, tokens;
+  FloatVec gains;
+  sce::CsrView View(int64_t S, int64_t input_size, int64_t table_rows) {
+    row_pointers.clear();
+    samples.clear();
+    tokens.clear();
+    gains.clear();
+    for (int64_t s = 0; s < S; ++s) {
+      for (int64_t p = 0; p < sce::RoundUp(S, 8); ++p) {
+        if (p < S) {
+          samples.push_back(0);
+          tokens.push_back(static_cast<int32_t>(p % 2));
+          gains.push_back(1.0f);
+          while (tokens.size() % 8) {
+            samples.push_back(sce::kPad);
+            tokens.push_back(sce::kPad);
+            gains.push_back(static_cast<float>(sce::kPad));
+          }
+        }
+        row_pointers.push_back(static_cast<int32_t>(tokens.size()));
+      }
+    }
+    sce::CsrView v;
+    v.row_pointers = row_pointers.data();
+    v.num_row_pointers = static_cast<int64_t>(row_pointers.size());
+    v.sample_ids = samples.data();
+    v.token_ids = tokens.data();
+    v.gains = gains.data();
+    v.num_sample_ids = v.num_token_ids = v.num_gains = static_cast<int64_t>(tokens.size());
+    v.num_sc_per_device = S;
+    v.input_size = input_size;
+    v.table_rows = table_rows;
+    v.table_name = "t";
+    return v;
+  }
+};
+
+void TestCsrViewBounds() {
+  g_test = "ValidateCsrView rejects huge attributes before reading";
+  SmallCsr csr;
+  sce::CsrView good = csr.View(2, 4, 8);
+  CHECK_OK(sce::ValidateCsrView(good));
+  sce::CsrView v = good;
+  v.num_sc_per_device = int64_t{1} << 62;  // a power of two whose products wrap around
+  CHECK_ERROR(sce::ValidateCsrView(v), "num_sparsecores_per_device must be a power of two in");
+  v = good;
+  v.num_sc_per_device = int64_t{1} << 32;
+  CHECK_ERROR(sce::ValidateCsrView(v), "got 4294967296");
+  v = good;
+  v.num_replica = int64_t{1} << 40;
+  CHECK_ERROR(sce::ValidateCsrView(v), "num_replica must be in [1, 65536]");
+  v = good;
+  v.num_source_replicas = int64_t{1} << 62;
+  CHECK_ERROR(sce::ValidateCsrView(v), "num_source_replicas must be in");
+  v = good;
+  v.first_local_shard = std::numeric_limits<int64_t>::max();
+  CHECK_ERROR(sce::ValidateCsrView(v), "local shards");
+  v = good;
+  v.num_local_shards = std::numeric_limits<int64_t>::max();
+  CHECK_ERROR(sce::ValidateCsrView(v), "local shards");
+  v = good;
+  v.num_local_shards = -5;
+  CHECK_ERROR(sce::ValidateCsrView(v), "local shards");
+  v = good;
+  v.input_size = int64_t{1} << 62;
+  CHECK_ERROR(sce::ValidateCsrView(v), "input_size");
+  v = good;
+  v.num_minibatches = std::numeric_limits<int32_t>::max();
+  CHECK_ERROR(sce::ValidateCsrView(v), "row_pointers has 16 entries per replica");
+  // Empty buffers with null data pointers validate (no pointer arithmetic on null).
+  sce::CsrView empty;
+  empty.num_sc_per_device = 1;
+  empty.table_name = "t";
+  CHECK_ERROR(sce::ValidateCsrView(empty), "row_pointers has 0 entries");
+  IntVec eight(8, 0);
+  empty.row_pointers = eight.data();
+  empty.num_row_pointers = 8;
+  CHECK_OK(sce::ValidateCsrView(empty));
+  sce::SparseDenseMatmul(empty, nullptr, 0, sce::Quantization(), nullptr, sce::RunSerially);
+
+  g_test = "quantization bounds must be finite";
+  sce::Quantization q;
+  q.low = -INFINITY;
+  q.high = INFINITY;
+  q.num_buckets = 4;
+  CHECK_ERROR(sce::ValidateQuantization(q, "t"), "finite low < high");
+  q.low = -3e38f;
+  q.high = 3e38f;
+  CHECK_ERROR(sce::ValidateQuantization(q, "t"), "finite low < high");
+}
+
+void TestNonFiniteGradients() {
+  g_test = "non-finite gradients: detection, error data and skip";
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  FloatVec finite = {1.0f, -2.0f, 3e38f, -3e38f, 0.0f, -0.0f, 1e-45f};
+  CHECK(sce::AllFinite(finite.data(), static_cast<int64_t>(finite.size())));
+  CHECK(sce::AllFinite(nullptr, 0));
+  for (float bad : {nan, inf, -inf}) {
+    for (size_t at = 0; at < finite.size(); ++at) {
+      FloatVec x = finite;
+      x[at] = bad;
+      CHECK(!sce::AllFinite(x.data(), static_cast<int64_t>(x.size())));
+    }
+  }
+  // 2 SparseCores, 2 shards of 2 rows, 2 samples per SC, dim 2. Entry of SC s, shard p: sample 0,
+  // token p % 2 -> activation rows 0 (SC 0) and 2 (SC 1); table rows 0 (shard 0) and 3 (shard 1).
+  SmallCsr csr;
+  const sce::CsrView v = csr.View(2, 4, 4);
+  CHECK_OK(sce::ValidateCsrView(v));
+  FloatVec grads = {1, 1, 5, 5, nan, 2, 7, 7};  // activation row 2 (SC 1, sample 0) is bad
+  std::vector<uint8_t> bad;
+  sce::NonFiniteContribution first;
+  sce::FindNonFiniteContributions(v, grads.data(), 2, &bad, &first);
+  CHECK_EQ(Str(std::vector<int>(bad.begin(), bad.end())), std::string("[0,0,1,0]"));
+  CHECK(first.found);
+  CHECK_EQ(first.activation_row, int64_t{2});
+  CHECK_EQ(first.shard, int64_t{0});
+  CHECK_EQ(first.table_row, int64_t{0});
+  CHECK(!first.bad_gain);
+
+  FloatVec table = {1, 1, 2, 2, 3, 3, 4, 4};
+  const FloatVec table_before = table;
+  const float no_hypers[1] = {0.0f};
+  const int64_t skipped = sce::FusedUpdate<sce::SgdOptimizer>(
+      v, grads.data(), 2, 0.5f, no_hypers, sce::Clip(), table.data(), {}, sce::RunSerially,
+      bad.data());
+  // Row 0 (shard 0) gets SC 0 row 0 (finite) and SC 1 row 2 (NaN): skipped. Row 3 (shard 1,
+  // token 1) gets rows 0 and 2 as well: skipped. Rows 1 and 2 are untouched.
+  CHECK_EQ(skipped, int64_t{2});
+  CHECK_EQ(Str(table), Str(table_before));
+
+  // Only unreferenced rows are bad: nothing is found and the normal update runs.
+  FloatVec grads2 = {1, 1, nan, 5, 2, 2, inf, 7};  // rows 1 and 3 (sample 1) are not referenced
+  sce::FindNonFiniteContributions(v, grads2.data(), 2, &bad, &first);
+  CHECK(!first.found);
+  const int64_t none = sce::FusedUpdate<sce::SgdOptimizer>(
+      v, grads2.data(), 2, 0.5f, no_hypers, sce::Clip(), table.data(), {}, sce::RunSerially);
+  CHECK_EQ(none, int64_t{0});
+  // Row 0 (shard 0, token 0) gets rows 0 and 2: 1 - 0.5 * (1 + 2) = -0.5.
+  CHECK_EQ(table[0], -0.5f);
+
+  // A non-finite gain is reported as such.
+  SmallCsr csr2;
+  sce::CsrView v2 = csr2.View(2, 4, 4);
+  csr2.gains[0] = inf;
+  FloatVec clean(8, 1.0f);
+  sce::FindNonFiniteContributions(v2, clean.data(), 2, &bad, &first);
+  CHECK(first.found && first.bad_gain && first.position == 0);
+
+  sce::NonFiniteGradients mode;
+  CHECK_OK(sce::ParseNonFiniteGradients("skip", &mode));
+  CHECK(mode == sce::NonFiniteGradients::kSkip);
+  CHECK_ERROR(sce::ParseNonFiniteGradients("ignore", &mode), "must be 'error' or 'skip'");
+}
+
+void TestPreprocessingBounds() {
+  g_test = "COO with a huge sample_count allocates nothing per sample";
+  IntVec index = {0, 0, 5, 0, 5, 0}, values = {3, 4, 4};
+  FloatVec weights = {1.0f, 2.0f, 6.0f};
+  sce::IdInput in;
+  in.index_data = index.data();
+  in.index_rank = 2;
+  in.index_dim0 = 3;
+  in.index_dim1 = 2;
+  in.values = values.data();
+  in.num_values = 3;
+  in.weights = weights.data();
+  in.weights_rank = 1;
+  in.num_weights = 3;
+  sce::CooEntries out;
+  CHECK_OK(sce::ConvertToCoo(in, std::numeric_limits<int32_t>::max(), sce::Combiner::kMean, -1,
+                             {"t", "f"}, &out));
+  CHECK_EQ(Str(out.rows), std::string("[0,5]"));
+  CHECK_EQ(Str(out.cols), std::string("[3,4]"));
+  CHECK_NEAR(out.gains, {1.0, 1.0});  // row 0: 1 / 1; row 5: (2 + 6) / 8
+
+  g_test = "stacking transform bounds (no truncated or shifted ids)";
+  IntVec splits = {0, 1, 2, 3, 4};
+  IntVec ids = {1, 2, 3, 7};
+  FloatVec one = {1.0f};
+  sce::IdInput ragged;
+  ragged.index_data = splits.data();
+  ragged.index_dim0 = 5;
+  ragged.values = ids.data();
+  ragged.num_values = 4;
+  ragged.weights = one.data();
+  ragged.weights_rank = 0;
+  ragged.num_weights = 1;
+  sce::StackingTransform t;
+  t.num_sc_per_chip = 2;
+  t.num_sc_shards = 4;
+  t.stacked_table_sample_count = 4;
+  std::vector<sce::CooEntries> per_sc;
+  CHECK_OK(sce::ConvertToListOfCoo(ragged, 4, sce::Combiner::kSum, t, -1, {"t", "f"}, &per_sc));
+  sce::StackingTransform bad = t;
+  bad.row_offset = int64_t{1} << 33;
+  bad.stacked_table_sample_count = int64_t{1} << 34;
+  CHECK_ERROR(sce::ConvertToListOfCoo(ragged, 4, sce::Combiner::kSum, bad, -1, {"t", "f"}, &per_sc),
+              "table 't', feature 'f': stacked_table_sample_count must be in [0, 2147483647]");
+  bad = t;
+  bad.col_offset = std::numeric_limits<int64_t>::max();
+  CHECK_ERROR(sce::ConvertToListOfCoo(ragged, 4, sce::Combiner::kSum, bad, -1, {"t", "f"}, &per_sc),
+              "col_offset must be in [0, 2147483647]");
+  bad = t;
+  bad.col_offset = std::numeric_limits<int32_t>::max() - 2;  // fits, but id 7 maps past int32
+  CHECK_ERROR(sce::ConvertToListOfCoo(ragged, 4, sce::Combiner::kSum, bad, -1, {"t", "f"}, &per_sc),
+              "does not fit in int32");
+  bad = t;
+  bad.num_sc_per_chip = int64_t{1} << 20;
+  CHECK_ERROR(sce::ConvertToListOfCoo(ragged, 4, sce::Combiner::kSum, bad, -1, {"t", "f"}, &per_sc),
+              "num_sc_per_chip must be in [1, 1024]");
+
+  g_test = "sort, minibatch splits and CSR reject wrapping attributes";
+  IntVec rows = {0, 1, 1}, cols = {0, 4, 8};
+  FloatVec g3 = {1, 1, 1};
+  std::vector<sce::FeatureCooView> features(1);
+  features[0] = {rows.data(), cols.data(), g3.data(), 3, 3, 3, 2, 0};
+  sce::SortedCoo sorted;
+  CHECK_ERROR(sce::SortListOfCoo(features, int64_t{1} << 62, 4, 8, 8, "t", &sorted),
+              "num_replica must be in");
+  CHECK_ERROR(sce::SortListOfCoo(features, 1, int64_t{1} << 62, 8, 8, "t", &sorted),
+              "num_sc_per_chip must be in");
+  sce::MinibatchSplitsParams mp;
+  mp.sample_count = 4;
+  mp.num_replica = int64_t{1} << 60;
+  mp.num_sc_per_chip = 4;
+  mp.table_vocab_size = 64;
+  mp.max_ids_per_partition = mp.max_unique_ids_per_partition = 8;
+  mp.table_name = "t";
+  sce::MinibatchSplits splits_out;
+  CHECK_ERROR(sce::GetMinibatchSplits(rows.data(), cols.data(), g3.data(), 3, 3, 3, mp, &splits_out),
+              "num_replica must be in");
+  mp.num_replica = 1;
+  mp.table_vocab_size = std::numeric_limits<int64_t>::max();  // ceil division must not overflow
+  CHECK_OK(sce::GetMinibatchSplits(rows.data(), cols.data(), g3.data(), 3, 3, 3, mp, &splits_out));
+  mp.num_replica = 65536;  // 4 * 4 * 65536 * 64 id_counts: over kMaxIdCounts
+  mp.table_vocab_size = 64;
+  CHECK_ERROR(sce::GetMinibatchSplits(rows.data(), cols.data(), g3.data(), 3, 3, 3, mp, &splits_out),
+              "exceeds the limit of 16777216");
+  sce::CsrParams cp;
+  cp.num_sc_per_chip = 2;
+  cp.max_ids_buffer_size = 64;
+  cp.table_name = "t";
+  sce::CsrBufferSizes sizes;
+  cp.max_minibatches_per_sc = int64_t{1} << 58;
+  CHECK_ERROR(sce::GetCsrBufferSizes(cp, &sizes), "the row-pointer buffer size");
+  cp.max_minibatches_per_sc = 1;
+  cp.num_replica = int64_t{1} << 40;
+  CHECK_ERROR(sce::GetCsrBufferSizes(cp, &sizes), "num_replica must be in");
+  cp.num_replica = 1;
+  cp.max_ids_buffer_size = int64_t{1} << 40;
+  CHECK_ERROR(sce::GetCsrBufferSizes(cp, &sizes), "int32 position limit");
+  cp.max_ids_buffer_size = 64;
+  CHECK_OK(sce::GetCsrBufferSizes(cp, &sizes));
+  CHECK_EQ(sizes.row_pointers, int64_t{16});
+
+  g_test = "split encoding ignores impossible levels and points";
+  CHECK(sce::BinaryToBucketSplits(-1, 64).empty());
+  CHECK(sce::BinaryToBucketSplits(-1, -3).empty());
+  CHECK_EQ(sce::BucketSplitsToBinary({0, 64, -5, 1 << 30}, 6), int64_t{0});
+  CHECK_EQ(sce::BucketSplitsToBinary({32}, 70), int64_t{0});
+  CHECK_EQ(sce::BucketSplitsToBinary({32}, 6), int64_t{1});
+
+  g_test = "layout stacker: huge partition / SparseCore counts and vocabularies";
+  sce::LayoutStacker huge_cores(1, int64_t{1} << 61, false);
+  CHECK_ERROR(huge_cores.AddTable("a", 10, 8, "g", 0, 1), "sparse_cores_per_partition must be in");
+  sce::LayoutStacker huge_partitions(int64_t{1} << 62, 4, false);
+  CHECK_ERROR(huge_partitions.AddTable("a", 10, 8, "g", 0, 1), "num_partitions must be in");
+  sce::LayoutStacker stacker(1, 4, false);
+  CHECK_ERROR(stacker.AddTable("a", std::numeric_limits<int64_t>::max(), 8, "g", 0, 1),
+              "table 'a': vocabulary size 9223372036854775807 overflows when padded");
+  CHECK_ERROR(stacker.AddTable("b", 10, std::numeric_limits<int64_t>::max(), "g", 0, 1),
+              "table 'b': dim 9223372036854775807 overflows when padded");
+  CHECK_ERROR(stacker.AddTable("c", (int64_t{1} << 31), 8, "g", 0, 1), "more than the limit");
+  CHECK_ERROR(stacker.AddTable("d", 10, int64_t{1} << 60, "g", int64_t{1} << 40, 1),
+              "overflows");
+  CHECK_OK(stacker.AddTable("e", 10, 8, "g", 16, 1));
+}
+
 }  // namespace
 
 int main() {
@@ -762,6 +1099,7 @@ int main() {
       TestConvertToCoo,   TestConvertToListOfCoo, TestSortListOfCoo,
       TestPackCsrFromSortedLists, TestSplitEncoding, TestGetMinibatchSplits,
       TestPackCsrFromMinibatchSplits, TestLayoutStacker,
+      TestCheckedMath, TestCsrViewBounds, TestNonFiniteGradients, TestPreprocessingBounds,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

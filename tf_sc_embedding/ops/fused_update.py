@@ -14,11 +14,30 @@ Keyword-only extras for data-parallel training: `num_replica` (replicas whose Sp
 the table), `num_source_replicas` (how many replicas' CSR buffers and activation gradients are
 concatenated in the inputs; their contributions to a row are summed before the single update), and
 `first_local_shard` / `num_local_shards` (the shards this table variable holds).
+
+Non-finite gradients (keyword-only `non_finite_gradients`):
+
+* "error" (the default): if any activation gradient row or gain that contributes to a row of this
+  table holds a NaN or +-Inf, the step fails with InvalidArgumentError naming the table (and the
+  gradient row and table row) and writes nothing: the table and every slot stay bit-identical.
+* "skip": the table rows such contributions touch are left unchanged (table and slots); every
+  other row is updated as usual. The number of skipped rows is the op's last output,
+  `num_skipped_rows` (int32 scalar), and is logged as a warning, like `num_dropped_ids` of the
+  CSR ops. Pass `return_num_skipped_rows=True` to get it: the functional form then returns
+  `(updated_table_and_slots, num_skipped_rows)`, the in-place form returns `num_skipped_rows`.
+
+Finite inputs give bit-identical results in both modes; the check is one vectorized pass over the
+gradients and gains before any write.
+
+The in-place form rejects the same variable passed twice (e.g. as the table and a slot) with
+InvalidArgumentError naming the table, as the update would read its own writes.
 """
 import dataclasses
 import inspect
 import math
 import re
+
+import tensorflow as tf
 
 from tf_sc_embedding import _core
 from tf_sc_embedding._library import library as _lib
@@ -61,6 +80,8 @@ def _signature(definition):
                P("num_source_replicas", P.KEYWORD_ONLY, default=1),
                P("first_local_shard", P.KEYWORD_ONLY, default=0),
                P("num_local_shards", P.KEYWORD_ONLY, default=-1),
+               P("non_finite_gradients", P.KEYWORD_ONLY, default="error"),
+               P("return_num_skipped_rows", P.KEYWORD_ONLY, default=False),
                P("name", P.KEYWORD_ONLY, default=None)]
     return inspect.Signature(params)
 
@@ -76,6 +97,10 @@ def _make_op_function(definition):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         arguments = dict(bound.arguments)
+        return_count = bool(arguments.pop("return_num_skipped_rows"))
+        if arguments["non_finite_gradients"] not in ("error", "skip"):
+            raise ValueError(f"table '{arguments['table_name']}': non_finite_gradients must be "
+                             f"'error' or 'skip', got {arguments['non_finite_gradients']!r}")
         kinds = {is_variable(arguments[v]) for v in variables}
         if len(kinds) != 1:
             raise TypeError(f"table '{arguments['table_name']}': pass the embedding table and all "
@@ -84,13 +109,28 @@ def _make_op_function(definition):
         if kinds == {True}:
             for v in variables:
                 arguments[v] = handle_of(arguments[v])
-            return in_place(**arguments)
-        return functional(**arguments)
+            num_skipped = in_place(**arguments)
+            if return_count:
+                return num_skipped
+            # As before the count output existed: None eagerly, the update op in a graph.
+            return None if tf.executing_eagerly() else num_skipped.op
+        outputs = functional(**arguments)
+        updated, num_skipped = outputs[:-1], outputs[-1]
+        updated = updated[0] if len(updated) == 1 else list(updated)
+        return (updated, num_skipped) if return_count else updated
 
     op_function.__name__ = f"xla_sparse_dense_matmul_grad_with_{suffix}_and_csr_input"
     op_function.__signature__ = signature
-    op_function.__doc__ = (f"Fused backward pass and {definition.op_name} update; see the module "
-                           "docstring for the argument order and the two forms.")
+    op_function.__doc__ = (
+        f"Fused backward pass and {definition.op_name} update; see the module docstring for the "
+        "argument order and the two forms.\n\n"
+        "non_finite_gradients: 'error' (default) fails the step with InvalidArgumentError naming "
+        "the table when a NaN/Inf gradient or gain contributes to a row, writing nothing; 'skip' "
+        "leaves the rows such contributions touch unchanged (table and slots) and counts them.\n"
+        "return_num_skipped_rows: also return that count (int32 scalar): "
+        "(updated_table_and_slots, num_skipped_rows) for tensors, num_skipped_rows for "
+        "variables.\n"
+        "The in-place form rejects one variable passed twice (InvalidArgumentError).")
     return op_function
 
 

@@ -1,6 +1,9 @@
 """Host preprocessing: ids -> COO -> (sorted, bucketed) -> CSR-wrapped COO buffers."""
 import collections
 
+import tensorflow as tf
+
+from tf_sc_embedding import _core
 from tf_sc_embedding._library import library as _lib
 
 DEFAULT_SPARSE_CORES_PER_REPLICA = 4
@@ -19,9 +22,13 @@ def _csr_result(name, last_field):
     base = collections.namedtuple(name, _CSR_FIELDS + (last_field,))
 
     class Result(base):
-        def __new__(cls, outputs):
+        def __new__(cls, *args):
+            # Result(op_outputs) from the wrapper (8 outputs), or Result(*fields) when tf.nest
+            # rebuilds the tuple (e.g. returned from a tf.function: num_dropped_ids is not a
+            # field, so it is None there).
+            outputs = args[0] if len(args) == 1 else args
             self = super().__new__(cls, *outputs[:7])
-            self.num_dropped_ids = outputs[7]
+            self.num_dropped_ids = outputs[7] if len(outputs) > 7 else None
             return self
 
     Result.__name__ = Result.__qualname__ = name
@@ -30,6 +37,19 @@ def _csr_result(name, last_field):
 
 CsrWrappedCooTensor = _csr_result("CsrWrappedCooTensor", "num_minibatches_per_sc")
 MinibatchesInCsr = _csr_result("MinibatchesInCsr", "num_minibatches_per_physical_sparse_core")
+
+
+def _check_sparse_cores(num_sc_per_chip, table_name, feature_name=""):
+    """InvalidArgumentError for a num_sc_per_chip no op accepts (it sizes output lists)."""
+    try:
+        value = int(num_sc_per_chip)
+    except (TypeError, ValueError):
+        return  # a tensor or other type: TensorFlow's attribute checks report it
+    if value > _core.MAX_SPARSE_CORES_PER_CHIP:  # values < 1: the attribute check reports them
+        where = f"table '{table_name}'" + (f", feature '{feature_name}'" if feature_name else "")
+        raise tf.errors.InvalidArgumentError(
+            None, None, f"{where}: num_sc_per_chip must be in [1, "
+                        f"{_core.MAX_SPARSE_CORES_PER_CHIP}], got {value}")
 
 
 def convert_to_coo_tensor(indices_or_row_splits, values, weights, sample_count, combiner,
@@ -49,7 +69,12 @@ def convert_to_list_of_sparse_core_coo_tensors(
         indices_or_row_splits, values, weights, sample_count, num_sc_per_chip, row_offset,
         col_offset, col_shift, num_sc_shards, stacked_table_sample_count, combiner,
         vocabulary_size=-1, table_name="", feature_name="", name=None):
-    """Per-SparseCore COO lists of one feature with the table-stacking transform (spec §5)."""
+    """Per-SparseCore COO lists of one feature with the table-stacking transform (spec §5).
+
+    The op has 3 * `num_sc_per_chip` outputs, so an impossible `num_sc_per_chip` is rejected here,
+    before TensorFlow builds the output list (the kernel and shape function check it as well).
+    """
+    _check_sparse_cores(num_sc_per_chip, table_name, feature_name)
     return _lib.sce_convert_to_list_of_sparse_core_coo_tensors(
         indices_or_row_splits=indices_or_row_splits, values=values, weights=weights,
         sample_count=sample_count, num_sc_per_chip=num_sc_per_chip, row_offset=row_offset,

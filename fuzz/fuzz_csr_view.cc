@@ -1,0 +1,84 @@
+// libFuzzer target: sce::ValidateCsrView, then (when it accepts) the lookup
+// sce::SparseDenseMatmul and the fused update sce::FusedUpdate (Adagrad), including the
+// non-finite gradient check, over buffers sized like the kernels' input tensors.
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "cc/core/csr_view.h"
+#include "cc/core/fused_update.h"
+#include "cc/core/lookup.h"
+#include "fuzz/fuzz_common.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzedDataProvider in(data, size);
+  using sce_fuzz::Attr;
+  sce::CsrView v;
+  v.table_name = "t";
+  v.num_sc_per_device = Attr(in, 4);
+  v.num_replica = Attr(in, 2);
+  v.num_source_replicas = Attr(in, 2);
+  v.first_local_shard = in.ConsumeBool() ? 0 : Attr(in, 4);
+  v.num_local_shards = in.ConsumeBool() ? -1 : Attr(in, 4);
+  v.num_minibatches = static_cast<int32_t>(Attr(in, 3));  // an int32 scalar input
+  v.input_size = Attr(in, 16);
+  const int64_t dim = in.ConsumeIntegralInRange<int64_t>(0, 4);
+  const int64_t table_rows = in.ConsumeIntegralInRange<int64_t>(0, 64);
+  v.table_rows = table_rows;
+
+  std::vector<int32_t> row_pointers = sce_fuzz::Sorted(
+      in, in.ConsumeIntegralInRange<size_t>(0, 80), 0, 9);
+  const size_t n = in.ConsumeIntegralInRange<size_t>(0, 96);
+  std::vector<int32_t> samples(n), tokens(n);
+  for (size_t i = 0; i < n; ++i) {
+    samples[i] = sce_fuzz::Id(in, 8);
+    tokens[i] = sce_fuzz::Id(in, 16);
+  }
+  std::vector<float> gains = sce_fuzz::Values(in, in.ConsumeIntegralInRange<int>(0, 15) == 0
+                                                      ? in.ConsumeIntegralInRange<size_t>(0, 96)
+                                                      : n);
+  v.row_pointers = row_pointers.empty() ? nullptr : row_pointers.data();
+  v.num_row_pointers = static_cast<int64_t>(row_pointers.size());
+  v.sample_ids = samples.empty() ? nullptr : samples.data();
+  v.token_ids = tokens.empty() ? nullptr : tokens.data();
+  v.gains = gains.empty() ? nullptr : gains.data();
+  v.num_sample_ids = v.num_token_ids = static_cast<int64_t>(n);
+  v.num_gains = static_cast<int64_t>(gains.size());
+  if (!sce::ValidateCsrView(v).ok()) return 0;
+
+  // The kernels allocate the activations [input_size, dim] only after validation, bounded.
+  if (v.input_size > 4096) return 0;
+  std::vector<float> table = sce_fuzz::Values(in, static_cast<size_t>(table_rows * dim));
+  std::vector<float> accumulator(table.size(), 0.5f);
+  std::vector<float> activations(static_cast<size_t>(v.input_size * dim), -1.0f);
+  sce::Quantization q;
+  if (in.ConsumeBool()) {
+    q.low = sce_fuzz::Value(in);
+    q.high = sce_fuzz::Value(in);
+    q.num_buckets = Attr(in, 8);
+    if (!sce::ValidateQuantization(q, "t").ok()) q = sce::Quantization();
+  }
+  sce::SparseDenseMatmul(v, table.empty() ? nullptr : table.data(), dim, q,
+                         activations.empty() ? nullptr : activations.data(), sce::RunSerially);
+
+  std::vector<float> grads = sce_fuzz::Values(in, activations.size());
+  const float* g = grads.empty() ? nullptr : grads.data();
+  std::vector<uint8_t> bad;
+  const bool skip = in.ConsumeBool();
+  if (!sce::AllFinite(g, static_cast<int64_t>(grads.size())) ||
+      !sce::AllFinite(v.gains, v.num_gains)) {
+    sce::NonFiniteContribution first;
+    sce::FindNonFiniteContributions(v, g, dim, &bad, &first);
+    if (!first.found) bad.clear();
+    if (first.found && !skip) return 0;  // the kernel fails the step here
+  }
+  const std::vector<float> table_before = table;
+  const float hypers[1] = {0.0f};
+  const int64_t skipped = sce::FusedUpdate<sce::AdagradOptimizer>(
+      v, g, dim, 0.1f, hypers, sce::Clip(), table.empty() ? nullptr : table.data(),
+      std::array<float*, 1>{accumulator.empty() ? nullptr : accumulator.data()},
+      sce::RunSerially, bad.empty() ? nullptr : bad.data());
+  SCE_FUZZ_CHECK(skipped >= 0);
+  if (bad.empty()) SCE_FUZZ_CHECK(skipped == 0);
+  return 0;
+}

@@ -1,0 +1,492 @@
+"""Randomized op-level fuzzer: calls every tf_sc_embedding op through its Python wrapper (eagerly
+and inside tf.function) with random attributes and inputs, in child processes, and records every
+case that kills the child (signal, abort, sanitizer report) or hangs it.
+
+Cases are deterministic functions of (seed, index), so a recorded crash replays with
+    python fuzz/op_fuzzer.py --seed S --replay INDEX
+A child runs many cases in a row (importing TensorFlow once) and announces each before running it;
+when the child dies or a case exceeds --timeout seconds, the announced case is recorded to
+--crash-dir (a JSON file with the case, the signal / exit code and the child's stderr tail) and a
+new child continues with the next case.
+
+Usage: python fuzz/op_fuzzer.py [--cases N | --seconds T] [--seed S] [--timeout SECONDS]
+                                [--crash-dir DIR] [--replay INDEX]
+Exit status: 0 when no case crashed or hung, 1 otherwise.
+"""
+import argparse
+import json
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+I32 = 2**31 - 1
+I64 = 2**63 - 1
+PAD = 2**31 - 1
+OPS = ("coo", "list_of_coo", "sort", "stats", "splits", "csr_wrapped", "minibatches_in_csr",
+       "lookup", "update", "update_in_place", "stacker")
+OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
+
+
+# ------------------------------------------------------------------------------------------------
+# Case generation (pure Python, no TensorFlow): a case is a JSON-serialisable dict.
+# ------------------------------------------------------------------------------------------------
+
+def attr(rng, small_max=8, minimum=None):
+    """An integer attribute: mostly small, sometimes a power of two, an extreme or anything."""
+    choice = rng.random()
+    if choice < 0.70:
+        value = rng.randint(-1, small_max)
+    elif choice < 0.82:
+        value = 2 ** rng.randint(0, 62)
+    elif choice < 0.94:
+        value = rng.choice([I64, -I64 - 1, I32, 2**31, 2**32, 2**60 + 1, 2**33, -1, 0])
+    else:
+        value = rng.randint(-I64 - 1, I64)
+    if minimum is not None and value < minimum and rng.random() < 0.8:
+        value = minimum  # mostly respect the op-def minimum so the kernel is reached
+    return value
+
+
+NOISE = {"value": 0.15}  # per-element probability of an out-of-range value (set per case)
+
+
+def int_list(rng, n, small_max=16):
+    out = []
+    for _ in range(n):
+        r = rng.random()
+        out.append(rng.randint(0, small_max) if r >= NOISE["value"] else
+                   rng.choice([PAD, -1, -2**31, I32 - 1, rng.randint(-2**31, I32)]))
+    return out
+
+
+def sorted_list(rng, n, step=3):
+    value, out = 0, []
+    for _ in range(n):
+        value += rng.randint(0, step)
+        out.append(value if rng.random() >= NOISE["value"] / 3 else rng.randint(-2**31, I32))
+    return out
+
+
+def float_list(rng, n):
+    return [rng.choice([float("nan"), float("inf"), -float("inf"), 3e38])
+            if rng.random() < NOISE["value"] / 3 else rng.uniform(-2, 2) for _ in range(n)]
+
+
+def csr_buffers(rng, S, P, samples_per_sc, rows_per_shard, minibatches=1):
+    """Mostly valid CSR-wrapped buffers (then randomly damaged)."""
+    block = -(-P // 8) * 8
+    row_pointers, samples, tokens, gains = [], [], [], []
+    for _s in range(S):
+        for _b in range(minibatches):
+            for p in range(block):
+                if p < P:
+                    for _ in range(rng.randint(0, 3)):
+                        samples.append(rng.randint(0, max(samples_per_sc - 1, 0)))
+                        tokens.append(rng.randint(0, max(rows_per_shard - 1, 0)))
+                        gains.append(rng.uniform(-1, 1))
+                    while len(tokens) % 8:
+                        samples.append(PAD)
+                        tokens.append(PAD)
+                        gains.append(float(PAD))
+                row_pointers.append(len(tokens))
+    if rng.random() < 2 * NOISE["value"]:  # damage
+        target = rng.choice([row_pointers, samples, tokens])
+        if target:
+            target[rng.randrange(len(target))] = rng.choice(
+                [-1, PAD, I32 - 1, rng.randint(-2**31, I32), 10**6])
+    if rng.random() < NOISE["value"] / 2 and tokens:
+        tokens.pop()
+    return dict(row_pointers=row_pointers, samples=samples, tokens=tokens, gains=gains)
+
+
+class _Attrs:
+    """Attribute values for one case. In "valid" cases every attribute takes its known-good value
+    except (usually) one, which is drawn at random; in "random" cases all are drawn at random."""
+
+    def __init__(self, rng):
+        self.rng = rng
+        self.mode = rng.choice(["valid", "valid", "valid", "random"])
+        self.mutate_probability = 0.0 if rng.random() < 0.25 else 0.3
+
+    def __call__(self, good, small_max=8, minimum=None):
+        if self.mode == "valid" and self.rng.random() >= self.mutate_probability:
+            return good
+        return attr(self.rng, small_max, minimum)
+
+    def choice(self, good, options):
+        """`good` in valid cases (unless mutated), else one of `options`."""
+        if self.mode == "valid" and self.rng.random() >= self.mutate_probability:
+            return good
+        return self.rng.choice(options)
+
+
+def make_case(seed, index):
+    rng = random.Random(seed * 1_000_003 + index)
+    op = rng.choice(OPS)
+    case = {"op": op, "graph": rng.random() < 0.3}
+    a = _Attrs(rng)
+    NOISE["value"] = 0.005 if a.mode == "valid" else 0.15
+    case["mode"] = a.mode
+    if op in ("coo", "list_of_coo"):
+        sample_count = a(4, 8, minimum=1)
+        form = rng.choice(["dense", "ragged", "sparse", "sparse_bad"])
+        n = rng.randint(0, 12)
+        values = int_list(rng, n, 20)
+        if form == "dense":
+            index = []
+        elif form == "ragged":
+            index = [0] + sorted(rng.randint(0, n) for _ in range(max(min(sample_count, 8), 1) - 1)) + [n]
+            if rng.random() < 0.2:
+                index = sorted_list(rng, rng.randint(1, 9))
+        else:
+            rows = sorted_list(rng, n, 1)
+            index = [[r, 0] for r in rows] if form == "sparse" else [[r] for r in rows]
+        case.update(index=index, values=values,
+                    weights=(float_list(rng, n) if rng.random() < 0.7 else rng.uniform(-1, 2)),
+                    sample_count=sample_count, combiner=rng.choice(["sum", "mean", "sqrtn"]),
+                    vocabulary_size=a(32, 32))
+        if op == "list_of_coo":
+            case.update(num_sc_per_chip=a(2, 4, minimum=1), row_offset=a(0, 8, 0),
+                        col_offset=a(0, 64, 0), col_shift=a(0, 4, 0),
+                        num_sc_shards=a(4, 8, 1), stacked_table_sample_count=a(sample_count, 16, 1))
+    elif op in ("sort", "stats"):
+        features = rng.randint(1, 3)
+        lists = []
+        for _ in range(features):
+            n = rng.randint(0, 10)
+            lists.append(dict(rows=sorted_list(rng, n, 1) if rng.random() < 0.8 else int_list(rng, n),
+                              cols=int_list(rng, n if rng.random() < 0.9 else n + 1, 64),
+                              gains=float_list(rng, n)))
+        case.update(lists=lists,
+                    sample_count_list=[a.choice(2, [2, 4, 0, -3, I32]) for _ in range(features)],
+                    col_offset_list=[a.choice(8 * k, [0, 8, 64, I32]) for k in range(features)],
+                    num_replica=a(1, 2, 1), num_sc_per_chip=a(4, 4, 1),
+                    max_ids=a(256, 32, 1), max_uniques=a(256, 32, 1))
+    elif op == "splits":
+        n = rng.randint(0, 16)
+        case.update(rows=sorted_list(rng, n, 1), cols=int_list(rng, n, 64),
+                    gains=float_list(rng, n), sample_count=a(16, 8, 1),
+                    num_replica=a(1, 2, 1), num_sc_per_chip=a(2, 4, 1),
+                    table_vocab_size=a(65, 64, 1), max_ids=a(8, 8, 1),
+                    max_uniques=a(8, 8, 1), max_division_level=a.choice(6, [0, 1, 3, 6, 7, -1]))
+    elif op in ("csr_wrapped", "minibatches_in_csr"):
+        S = rng.choice([1, 2, 4])
+        P = S * rng.choice([1, 2])
+        level = a.choice(6, [0, 2, 6, 6, 7])
+        D = 2 ** min(max(level, 0), 6)
+        per_sc_counts = a.choice(None, [P + 1, P * D + 1, S * P * D + 1, 1, 3])
+        n = rng.randint(0, 10)
+        if per_sc_counts is None:
+            per_sc_counts = (P + 1 if rng.random() < 0.5 else P * D + 1) if op == "csr_wrapped" \
+                else S * P * D + 1
+        case.update(S=S, num_replica=a(P // S, 2, 1),
+                    rows=int_list(rng, n, 4), cols=int_list(rng, n, 8), gains=float_list(rng, n),
+                    counts=sorted_list(rng, per_sc_counts, 1),
+                    splits=a.choice(rng.choice([0, 1, 5]), [0, 1, 5, 2**62, -1,
+                                                             rng.randint(-2**63, I64)]),
+                    sample_count=a(8, 8, 1), max_minibatches=a(64, 4, 1),
+                    max_ids=a(8, 8, 1), max_division_level=level,
+                    allow_id_dropping=rng.random() < 0.5, trim_to_size=rng.random() < 0.5)
+    elif op in ("lookup", "update", "update_in_place"):
+        S = rng.choice([1, 2, 4])
+        R = rng.choice([1, 2])
+        samples_per_sc = rng.choice([0, 1, 2, 4])
+        rows_per_shard = rng.choice([0, 1, 4])
+        dim = rng.choice([0, 1, 3])
+        minibatches = rng.choice([1, 1, 2])
+        case.update(csr=csr_buffers(rng, S, S * R, samples_per_sc, rows_per_shard,
+                                    minibatches=minibatches),
+                    num_minibatches=a.choice(minibatches, [1, 1, 2, 0, -1, I32]),
+                    table_rows=a.choice(S * R * rows_per_shard, list(range(10))),
+                    dim=dim, input_size=a(S * samples_per_sc, 8),
+                    attrs={k: attr(rng, 4) for k in ("num_sparsecores_per_device", "num_replica",
+                                                     "num_source_replicas", "first_local_shard",
+                                                     "num_local_shards") if a.mode == "random" or rng.random() < 0.1},
+                    num_sc=S, num_replica_base=R,
+                    optimizer=rng.choice(OPTIMIZERS), non_finite=rng.choice(["error", "skip"]),
+                    grad_nan=rng.random() < 0.2, alias=rng.random() < 3 * NOISE["value"],
+                    quantization=a.choice(rng.choice([(0.0, 0.0, 0), (-1.0, 1.0, 4)]),
+                                          [(0.0, 0.0, 0), (-1.0, 1.0, 4),
+                                           (-float("inf"), float("inf"), 3), (1.0, 1.0, 2)]))
+    elif op == "stacker":
+        case.update(num_partitions=a(2, 4), sparse_cores=a(4, 4),
+                    tables=[(a(100, 1000), a(8, 64), a(16, 32)) for _ in
+                            range(rng.randint(1, 4))])
+    return case
+
+
+# ------------------------------------------------------------------------------------------------
+# Case execution (in the child).
+# ------------------------------------------------------------------------------------------------
+
+LAST_MESSAGE = {"text": ""}
+
+
+def run_case(case):
+    import numpy as np  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    from tf_sc_embedding import _core, ops  # noqa: PLC0415
+    from tf_sc_embedding.ops.fused_update import fused_update_function  # noqa: PLC0415
+
+    i32 = lambda x: np.asarray(x, np.int64).astype(np.int32)  # noqa: E731 (wraps like a tensor)
+    f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
+    op = case["op"]
+    T = "fuzz_table"
+
+    def call():
+        if op in ("coo", "list_of_coo"):
+            index = case["index"]
+            index = i32(index) if index else np.zeros([0], np.int32)
+            common = dict(sample_count=case["sample_count"], combiner=case["combiner"],
+                          vocabulary_size=case["vocabulary_size"], table_name=T, feature_name="f")
+            if op == "coo":
+                return ops.convert_to_coo_tensor(index, i32(case["values"]), f32(case["weights"]),
+                                                 **common)
+            return ops.convert_to_list_of_sparse_core_coo_tensors(
+                index, i32(case["values"]), f32(case["weights"]),
+                num_sc_per_chip=case["num_sc_per_chip"], row_offset=case["row_offset"],
+                col_offset=case["col_offset"], col_shift=case["col_shift"],
+                num_sc_shards=case["num_sc_shards"],
+                stacked_table_sample_count=case["stacked_table_sample_count"], **common)
+        if op in ("sort", "stats"):
+            args = dict(row_ids_list=[i32(x["rows"]) for x in case["lists"]],
+                        col_ids_list=[i32(x["cols"]) for x in case["lists"]],
+                        gains_list=[f32(x["gains"]) for x in case["lists"]],
+                        sample_count_list=case["sample_count_list"],
+                        col_offset_list=case["col_offset_list"], num_replica=case["num_replica"],
+                        table_vocab_size=64, feature_width=8,
+                        num_sc_per_chip=case["num_sc_per_chip"], table_name=T)
+            if op == "stats":
+                return ops.get_stats_from_list_of_sparse_core_coo_tensors(**args)
+            return ops.sort_list_of_sparse_core_coo_tensors(
+                max_ids_per_sparse_core=case["max_ids"],
+                max_unique_ids_per_sparse_core=case["max_uniques"], **args)
+        if op == "splits":
+            return ops.get_minibatch_splits_with_physical_replica(
+                ["k"], i32(case["rows"]), i32(case["cols"]), f32(case["gains"]),
+                sample_count=case["sample_count"], num_replica=case["num_replica"],
+                table_vocab_size=case["table_vocab_size"], feature_width=8,
+                num_sc_per_chip=case["num_sc_per_chip"], table_name=T, mini_batch_splits="",
+                max_ids_per_partition=case["max_ids"],
+                max_unique_ids_per_partition=case["max_uniques"],
+                max_division_level=case["max_division_level"])
+        if op == "csr_wrapped":
+            S = case["S"]
+            return ops.convert_to_sparse_core_csr_wrapped_coo_tensor(
+                [i32(case["rows"])] * S, [i32(case["cols"])] * S, [f32(case["gains"])] * S,
+                [i32(case["counts"])] * S, np.int64(case["splits"]),
+                sample_count_per_sc=case["sample_count"], num_replica=case["num_replica"],
+                max_minibatches_per_sc=case["max_minibatches"],
+                max_ids_per_chip_per_sample=case["max_ids"], table_vocab_size=64,
+                feature_width=8, table_name=T, allow_id_dropping=case["allow_id_dropping"],
+                max_division_level=case["max_division_level"], trim_to_size=case["trim_to_size"])
+        if op == "minibatches_in_csr":
+            return ops.get_minibatches_in_csr_with_physical_replica(
+                ["k"], i32(case["rows"]), i32(case["cols"]), f32(case["gains"]),
+                np.int64(case["splits"]), i32(case["counts"]), sample_count=case["sample_count"],
+                num_replica=case["num_replica"], max_minibatches_per_sc=case["max_minibatches"],
+                max_ids_per_chip_per_sample=case["max_ids"], table_vocab_size=64,
+                feature_width=8, num_sc_per_chip=case["S"], table_name=T,
+                mini_batch_in_csr="", allow_id_dropping=case["allow_id_dropping"],
+                max_division_level=case["max_division_level"], trim_to_size=case["trim_to_size"])
+        if op in ("lookup", "update", "update_in_place"):
+            csr = case["csr"]
+            rng = np.random.default_rng(0)
+            table = rng.normal(size=(case["table_rows"], case["dim"])).astype(np.float32)
+            attrs = dict(num_sparsecores_per_device=case["num_sc"], num_replica=case["num_replica_base"])
+            attrs.update(case["attrs"])
+            buffers = (i32(csr["row_pointers"]), i32(csr["samples"]), i32(csr["tokens"]),
+                       f32(csr["gains"]))
+            minibatches = np.int64(case["num_minibatches"]).astype(np.int32)
+            if op == "lookup":
+                q = case["quantization"]
+                return ops.xla_sparse_dense_matmul_with_csr_input(
+                    *buffers, table, minibatches, case["input_size"], q[0], q[1], q[2], T,
+                    **attrs)
+            rows = max(case["input_size"], 0) if case["input_size"] < 4096 else 3
+            grads = rng.normal(size=(rows, case["dim"])).astype(np.float32)
+            if case["grad_nan"] and grads.size:
+                grads.flat[0] = np.nan
+            definition = ops.OPTIMIZERS[case["optimizer"]]
+            hypers = {h: (False if kind == "bool" else 0.5) for h, kind in definition.hyperparameters}
+            slots = [np.full(table.shape, 0.5, np.float32) for _ in definition.slots]
+            if op == "update_in_place":
+                variables = [tf.Variable(x) for x in [table] + slots]
+                if case["alias"] and len(variables) > 1:
+                    variables[1] = variables[0]
+                table, slots = variables[0], variables[1:]
+            return fused_update_function(case["optimizer"])(
+                *buffers, grads, np.float32(0.1), table, *slots, minibatches, table_name=T,
+                non_finite_gradients=case["non_finite"], return_num_skipped_rows=True,
+                **hypers, **attrs)
+        if op == "stacker":
+            stacker = _core.LayoutStacker(case["num_partitions"], case["sparse_cores"])
+            for k, (height, width, samples) in enumerate(case["tables"]):
+                stacker.add_table(f"t{k}", height, width, "g", samples, 1)
+            return [repr(t) for t in stacker.get_layouts()]
+        raise AssertionError(op)
+
+    def materialize(out):
+        tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, out)
+
+    try:
+        if case["graph"] and op not in ("stacker", "update_in_place"):
+            materialize(tf.function(call)())
+        else:
+            materialize(call())
+        return "ok"
+    except tf.errors.OpError as e:
+        LAST_MESSAGE["text"] = e.message
+        return type(e).__name__
+    except (ValueError, TypeError, OverflowError) as e:
+        LAST_MESSAGE["text"] = str(e)
+        return type(e).__name__
+
+
+def child_main(seed, start, stop):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf  # noqa: PLC0415, F401
+    print("READY", flush=True)
+    # Self-test of the crash recording: SCE_OP_FUZZ_SELFTEST="abort:I" or "hang:I" makes case I
+    # abort the child or hang (tests/test_hardening_fuzz.py).
+    kind, _, at = os.environ.get("SCE_OP_FUZZ_SELFTEST", "").partition(":")
+    for index in range(start, stop):
+        print(f"START {index}", flush=True)
+        if kind and int(at) == index:
+            if kind == "abort":
+                os.abort()
+            time.sleep(3600)
+        outcome = run_case(make_case(seed, index))
+        print(f"END {index} {outcome}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# The parent: schedules children, watches for deaths and hangs, records crashes.
+# ------------------------------------------------------------------------------------------------
+
+def _reader(stream, q):
+    for line in stream:
+        q.put(line.rstrip("\n"))
+    q.put(None)
+
+
+def fuzz(seed, num_cases, seconds, timeout, crash_dir, batch=400):
+    os.makedirs(crash_dir, exist_ok=True)
+    deadline = time.monotonic() + seconds if seconds else None
+    outcomes, crashes, executed, index = {}, [], 0, 0
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+    stderr_path = os.path.join(crash_dir, ".child_stderr")
+
+    def more():
+        return (num_cases is None or index < num_cases) and \
+            (deadline is None or time.monotonic() < deadline)
+
+    while more():
+        stop = index + batch if num_cases is None else min(num_cases, index + batch)
+        with open(stderr_path, "w") as stderr_file:
+            child = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--child", str(seed), str(index),
+                 str(stop)], stdout=subprocess.PIPE, stderr=stderr_file, text=True, env=env,
+                cwd=ROOT, start_new_session=True)
+        lines = queue.Queue()
+        threading.Thread(target=_reader, args=(child.stdout, lines), daemon=True).start()
+        current, limit = None, time.monotonic() + 180  # startup: importing TensorFlow
+        while True:
+            if current is None and deadline is not None and time.monotonic() > deadline:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                break
+            try:
+                line = lines.get(timeout=0.2)
+            except queue.Empty:
+                if time.monotonic() < limit:
+                    continue
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                if current is None:
+                    raise RuntimeError("the fuzzing child did not start: " +
+                                       open(stderr_path).read()[-2000:])
+                crashes.append(_record(crash_dir, seed, current, "hang", None, stderr_path))
+                executed, index = executed + 1, current + 1
+                break
+            if line is None:  # the child exited
+                code = child.wait()
+                if current is not None:
+                    crashes.append(_record(crash_dir, seed, current, "death", code, stderr_path))
+                    executed, index = executed + 1, current + 1
+                elif code != 0:
+                    raise RuntimeError(f"fuzzing child exited with {code} between cases: " +
+                                       open(stderr_path).read()[-2000:])
+                break
+            if line.startswith("START "):
+                current, limit = int(line.split()[1]), time.monotonic() + timeout
+            elif line.startswith("END "):
+                _, done, outcome = line.split(maxsplit=2)
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+                executed, index, current = executed + 1, int(done) + 1, None
+    summary = {"seed": seed, "cases": executed, "crashes": len(crashes), "outcomes": outcomes,
+               "crash_files": crashes}
+    with open(os.path.join(crash_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
+def _record(crash_dir, seed, index, kind, code, stderr_path):
+    case = make_case(seed, index)
+    name = os.path.join(crash_dir, f"crash-seed{seed}-case{index}.json")
+    try:
+        stderr_tail = open(stderr_path, errors="replace").read()[-6000:]
+    except OSError:
+        stderr_tail = ""
+    signal_name = None
+    if code is not None and code < 0:
+        signal_name = signal.Signals(-code).name
+    with open(name, "w") as f:
+        json.dump({"seed": seed, "index": index, "kind": kind, "exit_code": code,
+                   "signal": signal_name, "case": case, "stderr_tail": stderr_tail,
+                   "replay": f"python fuzz/op_fuzzer.py --seed {seed} --replay {index}"},
+                  f, indent=1)
+    print(f"CRASH ({kind}, exit {code} {signal_name or ''}): case {index} -> {name}",
+          file=sys.stderr)
+    return name
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        sys.path.insert(0, ROOT)
+        child_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=None, help="number of cases (default 200 "
+                        "unless --seconds is given)")
+    parser.add_argument("--seconds", type=float, default=None, help="fuzz for this long instead")
+    parser.add_argument("--seed", type=int, default=int(time.time()) % 100000)
+    parser.add_argument("--timeout", type=float, default=30.0, help="per-case timeout (hang)")
+    parser.add_argument("--crash-dir", default=os.path.join(ROOT, "build", "fuzz", "op_crashes"))
+    parser.add_argument("--replay", type=int, default=None, help="run one case in-process")
+    parser.add_argument("--show", type=int, default=None, help="print one case")
+    args = parser.parse_args()
+    if args.show is not None:
+        print(json.dumps(make_case(args.seed, args.show), indent=1))
+        return 0
+    if args.replay is not None:
+        sys.path.insert(0, ROOT)
+        case = make_case(args.seed, args.replay)
+        print(json.dumps(case))
+        print(run_case(case), LAST_MESSAGE["text"])
+        return 0
+    num_cases = args.cases if args.cases is not None or args.seconds else 200
+    summary = fuzz(args.seed, num_cases, args.seconds, args.timeout, args.crash_dir)
+    print(json.dumps({k: v for k, v in summary.items() if k != "crash_files"}))
+    return 1 if summary["crashes"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
