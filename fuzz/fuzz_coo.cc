@@ -1,4 +1,4 @@
-// libFuzzer target: sce::ConvertToCoo and sce::ConvertToListOfCoo (spec §3-§5) with arbitrary
+// libFuzzer target: sce::ConvertToCoo and sce::ConvertToListOfCoo (docs/preprocessing.md#from-ids-to-coo-entries and docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform) with arbitrary
 // attributes and inputs shaped like the tensors the kernels view (dense, ragged, sparse, bad rank).
 #include <cstdint>
 #include <vector>

@@ -1,5 +1,5 @@
-// libFuzzer target: sce::GetCsrBufferSizes, sce::PackCsrFromSortedLists (spec §8) and
-// sce::PackCsrFromMinibatchSplits (spec §10), run as the kernels run them: sizes first, then either
+// libFuzzer target: sce::GetCsrBufferSizes, sce::PackCsrFromSortedLists (docs/preprocessing.md#csr-wrapped-coo-buffers) and
+// sce::PackCsrFromMinibatchSplits (docs/preprocessing.md#csr-buffers-with-minibatches), run as the kernels run them: sizes first, then either
 // the static buffers (when small enough to allocate) or a dry run plus exact-size buffers.
 #include <algorithm>
 #include <cstdint>

@@ -1,5 +1,5 @@
-// libFuzzer target: sce::LayoutStacker (spec §2) with arbitrary partition / SparseCore counts,
-// table shapes and limits, and the split encoding (spec §9.3) round trip.
+// libFuzzer target: sce::LayoutStacker (docs/layout.md#table-layout) with arbitrary partition / SparseCore counts,
+// table shapes and limits, and the split encoding (docs/preprocessing.md#split-encoding) round trip.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-// libFuzzer target: sce::GetMinibatchSplits (spec §9).
+// libFuzzer target: sce::GetMinibatchSplits (docs/preprocessing.md#minibatching).
 #include <cstdint>
 #include <vector>
 

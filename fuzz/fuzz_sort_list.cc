@@ -1,4 +1,4 @@
-// libFuzzer target: sce::SortListOfCoo and sce::CountIdsPerShard (spec §6, §7).
+// libFuzzer target: sce::SortListOfCoo and sce::CountIdsPerShard (docs/preprocessing.md#sort-dedup-and-bucket, docs/preprocessing.md#id-statistics).
 #include <cstdint>
 #include <vector>
 

@@ -1,4 +1,4 @@
-"""Bad inputs to the lookup and fused-update ops (spec §17): each fails with InvalidArgumentError
+"""Bad inputs to the lookup and fused-update ops (docs/lookup.md#invalid-inputs): each fails with InvalidArgumentError
 naming the table, without crashing, and a failing in-place step leaves the table and every slot
 variable bit-for-bit unchanged. Also: in-place updates are copy-on-write for held tensors."""
 import math

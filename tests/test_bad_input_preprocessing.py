@@ -1,7 +1,7 @@
 """Bad inputs to the preprocessing ops fail cleanly, with messages that say what is wrong.
 
 Every case must raise InvalidArgumentError (FailedPreconditionError for a non-power-of-two shard
-count in the sort/stats ops, spec §17) and leave the process alive. Where tf_sc_embedding validates
+count in the sort/stats ops, docs/preprocessing.md#invalid-inputs) and leave the process alive. Where tf_sc_embedding validates
 more than TensorFlow does (negative / out-of-range ids, sparse indices shape, row_splits contents,
 divisibility, CSR minibatch limit), the message is checked the same way.
 """
@@ -37,7 +37,7 @@ GOOD_SPLITS = [0, 1, 1, 3, 4]
 
 
 # ------------------------------------------------------------------------------------------------
-# §3 / §4 / §5: ids and input shapes (both ConvertTo* ops share the validation)
+# docs/preprocessing.md#from-ids-to-coo-entries / docs/preprocessing.md#coo-conversion / docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform: ids and input shapes (both ConvertTo* ops share the validation)
 
 
 @pytest.mark.parametrize("convert", CONVERTERS.values(), ids=CONVERTERS.keys())
@@ -150,7 +150,7 @@ def test_invalid_combiner():
 
 
 # ------------------------------------------------------------------------------------------------
-# §5 list op attributes
+# docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform list op attributes
 
 
 @pytest.mark.parametrize("shards", [3, 6, 12])
@@ -178,7 +178,7 @@ def test_list_feature_does_not_fit_stacked_batch():
 
 
 # ------------------------------------------------------------------------------------------------
-# §6 / §7 sort and stats
+# docs/preprocessing.md#sort-dedup-and-bucket / docs/preprocessing.md#id-statistics sort and stats
 
 def sort_args(rows=([0, 1, 1],), cols=([0, 4, 8],), gains=None, **overrides):
     gains = gains or tuple([1.0] * len(c) for c in cols)
@@ -276,7 +276,7 @@ def test_sort_list_lengths_must_agree():
 
 
 # ------------------------------------------------------------------------------------------------
-# §8 CSR-wrapped COO
+# docs/preprocessing.md#csr-wrapped-coo-buffers CSR-wrapped COO
 
 
 def csr_args(S=2, C=1, rows=None, cols=None, counts=None, **overrides):
@@ -411,7 +411,7 @@ def test_csr_wrapped_bad_division_level():
 
 
 # ------------------------------------------------------------------------------------------------
-# §9 minibatch splits
+# docs/preprocessing.md#minibatching minibatch splits
 
 def splits_op(rows=(0, 0, 1, 2), cols=(1, 5, 9, 3), gains=None, **overrides):
     args = dict(sample_count=4, num_replica=1, table_vocab_size=64, feature_width=8,
@@ -495,7 +495,7 @@ def test_splits_bad_division_level():
 
 
 # ------------------------------------------------------------------------------------------------
-# §10 minibatches in CSR
+# docs/preprocessing.md#csr-buffers-with-minibatches minibatches in CSR
 
 
 def minibatch_csr(rows=None, cols=None, splits=0, id_counts=None, **overrides):

@@ -5,8 +5,8 @@
   `<a id="...">` / `<a name="...">`).
 * Links between the pages (`[text](page.md#anchor)`, `[text](#anchor)`) must resolve the same way.
 * No code may cite the external specification by section number any more, neither as
-  "spec" plus section sign and number nor as a bare section sign and number (both xfail until the
-  references are rewritten to docs/ anchors).
+  "spec" plus section sign and number nor as a bare section sign and number: every reference
+  points at a docs/ anchor.
 """
 import collections
 import pathlib
@@ -106,8 +106,6 @@ def test_links_between_docs_pages_resolve():
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.xfail(strict=False, reason="the code still cites the external spec by section "
-                   "number; the references are being rewritten to docs/<page>.md#<anchor>")
 def test_no_section_citations_of_the_external_spec():
     citations = _lines_matching(SPEC_CITATION)
     assert not citations, f"{len(citations)} citations left:\n" + "\n".join(citations)
@@ -123,9 +121,6 @@ def _lines_matching(pattern):
     return found
 
 
-@pytest.mark.xfail(strict=False, reason="tests and C++ comments still point at sections of the "
-                   "external spec (a section sign and a number, without 'spec'); to be rewritten "
-                   "to docs/<page>.md#<anchor> as well")
 def test_no_bare_section_references():
     found = _lines_matching(SECTION_REFERENCE)
     assert not found, f"{len(found)} section references left:\n" + "\n".join(found)

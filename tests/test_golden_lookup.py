@@ -1,5 +1,5 @@
-"""Golden tests with hand-computed numbers: §14.3 per-row optimizer formulas, §14.2 duplicate
-handling, §13 quantization, the §2.4 layout table, the §5/§8/§15 worked example end to end."""
+"""Golden tests with hand-computed numbers: docs/optimizers.md#per-row-formulas per-row optimizer formulas, docs/optimizers.md#gradient-accumulation duplicate
+handling, docs/lookup.md#forward-lookup quantization, the docs/layout.md#stacking layout table, the docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform/docs/preprocessing.md#csr-wrapped-coo-buffers/docs/lookup.md#unstacking-activations-and-stacking-gradients worked example end to end."""
 import math
 import os
 import sys
@@ -60,7 +60,7 @@ def in_place(request):
 
 
 # ------------------------------------------------------------------------------------------------
-# SGD (§14.3) and duplicate handling (§14.2)
+# SGD (docs/optimizers.md#per-row-formulas) and duplicate handling (docs/optimizers.md#gradient-accumulation)
 # ------------------------------------------------------------------------------------------------
 
 SGD_TABLE = [[9.0, 9.0], [1.0, -2.0], [7.0, 7.0], [0.5, 0.5]]
@@ -251,7 +251,7 @@ def test_ftrl_clip():
 
 
 # ------------------------------------------------------------------------------------------------
-# Forward and quantization (§13)
+# Forward and quantization (docs/lookup.md#forward-lookup)
 # ------------------------------------------------------------------------------------------------
 
 def test_quantization_formula():
@@ -298,7 +298,7 @@ def test_default_sparse_cores_is_four():
 
 
 # ------------------------------------------------------------------------------------------------
-# Layout (§2.4, §2.2) and the §5/§6/§8/§15 worked example
+# Layout (docs/layout.md#stacking, docs/layout.md#rounding-rows-and-columns) and the docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform/docs/preprocessing.md#sort-dedup-and-bucket/docs/preprocessing.md#csr-wrapped-coo-buffers/docs/lookup.md#unstacking-activations-and-stacking-gradients worked example
 # ------------------------------------------------------------------------------------------------
 
 def test_layout_table_of_spec_2_4():
@@ -351,7 +351,7 @@ def test_layout_rotation_and_mapping_of_spec_5():
     assert (video.padded_height, video.padded_width, video.sparse_core_shard_row_offset,
             video.sparse_core_shard_rotation) == (128, 16, 8, 4)
     assert video.stacked_table_name == "user_video" and video.total_rows_per_sparse_core_shard == 24
-    # §5 video col transform table: raw id -> (col', shard, row in shard).
+    # docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform video col transform table: raw id -> (col', shard, row in shard).
     for raw, col, shard, row in [(3, 71, 7, 8), (10, 78, 6, 9), (99, 167, 7, 20), (0, 68, 4, 8),
                                  (17, 85, 5, 10), (8, 76, 4, 9)]:
         assert ref_layout.col_id(raw, video) == col
@@ -361,7 +361,7 @@ def test_layout_rotation_and_mapping_of_spec_5():
         assert (storage.partition, storage.row_in_partition) == (shard // 4, (shard % 4) * 24 + row)
 
 
-# §6 outputs of the worked example, per SC: (sorted_row_ids, sorted_col_ids, id_counts).
+# docs/preprocessing.md#sort-dedup-and-bucket outputs of the worked example, per SC: (sorted_row_ids, sorted_col_ids, id_counts).
 SPEC6 = [
     ([0, 1, 1, 3, 2, 3], [0, 4, 0, 9, 8, 8], [0, 2, 3, 3, 3, 3, 3, 4, 6]),
     ([1, 3], [0, 20], [0, 1, 1, 1, 1, 1, 1, 1, 2]),
@@ -394,7 +394,7 @@ def _spec_example_tables(seed=0):
 
 def test_spec_worked_example_forward_end_to_end():
     rp, sa, to, ga = _spec_example_csr()
-    np.testing.assert_array_equal(rp, SPEC8_ROW_POINTERS)  # the packer reproduces §8
+    np.testing.assert_array_equal(rp, SPEC8_ROW_POINTERS)  # the packer reproduces docs/preprocessing.md#csr-wrapped-coo-buffers
     # SC0 slots 24-25: replica 7, tokens [8, 8], samples [2, 3].
     assert list(to[24:26]) == [8, 8] and list(sa[24:26]) == [2, 3]
     assert ga[26] == np.float32(2147483648.0) and to[26] == ref.PAD
@@ -404,7 +404,7 @@ def test_spec_worked_example_forward_end_to_end():
     act = ops.xla_sparse_dense_matmul_with_csr_input(rp, sa, to, ga, stacked, 1, 16, 0.0, 0.0, 0,
                                                      "user_video", num_sparsecores_per_device=4,
                                                      num_replica=2).numpy()
-    for b in range(8):  # §15: f_user sample b <-> row (b//2)*4 + b%2; f_video row + 2.
+    for b in range(8):  # docs/lookup.md#unstacking-activations-and-stacking-gradients: f_user sample b <-> row (b//2)*4 + b%2; f_video row + 2.
         user = sum((tables["user"][i] for i in USER_IDS[b]), np.zeros(16, np.float32))
         video = sum((tables["video"][i] for i in VIDEO_IDS[b]), np.zeros(10, np.float32))
         np.testing.assert_allclose(act[(b // 2) * 4 + b % 2], user, rtol=1e-5, atol=1e-6)
@@ -422,7 +422,7 @@ def test_spec_worked_example_sgd_end_to_end(in_place):
     rng = np.random.default_rng(2)
     user_grads = rng.normal(size=(8, 16)).astype(np.float32)
     video_grads = rng.normal(size=(8, 10)).astype(np.float32)
-    stacked_grads = np.zeros((16, 16), np.float32)  # §15 gradient stacking
+    stacked_grads = np.zeros((16, 16), np.float32)  # docs/lookup.md#unstacking-activations-and-stacking-gradients gradient stacking
     for b in range(8):
         stacked_grads[(b // 2) * 4 + b % 2] = user_grads[b]
         stacked_grads[(b // 2) * 4 + 2 + b % 2, :10] = video_grads[b]

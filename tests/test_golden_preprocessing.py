@@ -1,6 +1,6 @@
-"""The worked examples of spec §4-§10, reproduced exactly through the TF ops.
+"""The worked examples of docs/preprocessing.md#host-preprocessing, reproduced exactly through the TF ops.
 
-Where TensorFlow leaves buffer tails uninitialized (§8, §10) the spec values are compared on the
+Where TensorFlow leaves buffer tails uninitialized (docs/preprocessing.md#csr-wrapped-coo-buffers, docs/preprocessing.md#csr-buffers-with-minibatches) the spec values are compared on the
 unpadded prefixes only, and our tails are additionally required to be PAD.
 """
 import os
@@ -25,7 +25,7 @@ def as_np(result):
 
 
 # ------------------------------------------------------------------------------------------------
-# §4 ConvertToCooTensor
+# docs/preprocessing.md#coo-conversion ConvertToCooTensor
 
 SEC4_SPLITS = [0, 4, 4, 6, 8]
 SEC4_VALUES = [5, 5, 2, 5, 7, 3, 1, 1]
@@ -76,7 +76,7 @@ def test_sec4_dense_case():
 
 
 # ------------------------------------------------------------------------------------------------
-# §5 ConvertToListOfSparseCoreCooTensors: the user/video stacked table, one chip of two.
+# docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform ConvertToListOfSparseCoreCooTensors: the user/video stacked table, one chip of two.
 
 def ragged(samples):
     splits = np.concatenate([[0], np.cumsum([len(s) for s in samples])]).astype(np.int32)
@@ -124,7 +124,7 @@ def test_sec5_list_of_coo(name, rows, cols):
 
 
 # ------------------------------------------------------------------------------------------------
-# §6 SortListOfSparseCoreCooTensors and §7 GetStats
+# docs/preprocessing.md#sort-dedup-and-bucket SortListOfSparseCoreCooTensors and docs/preprocessing.md#id-statistics GetStats
 
 SEC6 = {  # SC: (sorted_row_ids, sorted_col_ids, id_counts)
     0: ([0, 1, 1, 3, 2, 3], [0, 4, 0, 9, 8, 8], [0, 2, 3, 3, 3, 3, 3, 4, 6]),
@@ -166,7 +166,7 @@ def test_sec6_sort_list_limits_are_inclusive():
 
 def test_sec7_stats():
     user, video = sec5_lists("f_user"), sec5_lists("f_video")
-    # Per SC (max ids, max uniques) over the 8 target replicas, counted by hand from §5:
+    # Per SC (max ids, max uniques) over the 8 target replicas, counted by hand from docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform:
     # SC0: replica 0 holds cols 0 and 32 (2 ids, 2 unique), replica 7 holds col 71 twice.
     # SC3: replica 0 holds col 0 for rows 12 and 13 (2 ids, 1 unique).
     expected = {0: (2, 2), 1: (1, 1), 2: (1, 1), 3: (2, 1)}
@@ -183,7 +183,7 @@ def test_sec7_stats():
 
 
 # ------------------------------------------------------------------------------------------------
-# §8 ConvertToSparseCoreCsrWrappedCooTensor
+# docs/preprocessing.md#csr-wrapped-coo-buffers ConvertToSparseCoreCsrWrappedCooTensor
 
 SEC8_BLOCKS = [[2, 9, 16, 16, 16, 16, 17, 26], [33, 40, 40, 40, 40, 40, 40, 41],
                [48, 49, 56, 56, 57, 65, 72, 72], [74, 80, 80, 80, 81, 88, 88, 89]]
@@ -229,7 +229,7 @@ def test_sec8_csr_wrapped():
 
 
 # ------------------------------------------------------------------------------------------------
-# §9.3 split encoding
+# docs/preprocessing.md#split-encoding split encoding
 
 SPLIT_EXAMPLES = [(1 << 0, [32]), (1 << 1, [16]), (1 << 2, [48]), (1 << 3, [8]), (13, [8, 32, 48])]
 
@@ -265,7 +265,7 @@ def test_sec9_3_split_encoding_through_csr_op(bits, points):
 
 
 # ------------------------------------------------------------------------------------------------
-# §9.4 GetMinibatchSplitsWithPhysicalReplica
+# docs/preprocessing.md#minibatch-split-search GetMinibatchSplitsWithPhysicalReplica
 
 SEC9_ROWS = [0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 4, 7]
 SEC9_COLS = [0, 8, 40, 44, 48, 44, 5, 2, 6, 10, 3, 63]
@@ -303,7 +303,7 @@ def test_sec9_4_minibatch_splits():
 
 
 # ------------------------------------------------------------------------------------------------
-# §10 GetMinibatchesInCsrWithPhysicalReplica
+# docs/preprocessing.md#csr-buffers-with-minibatches GetMinibatchesInCsrWithPhysicalReplica
 
 SEC10_BLOCKS = {  # (SC, minibatch): listed entries; the block continues with its last value
     (0, 0): [1, 9, 16, 16, 16, 16, 16, 16], (0, 1): [17, 24], (0, 2): [26, 32], (0, 3): [33, 40],

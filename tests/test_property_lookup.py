@@ -1,5 +1,5 @@
 """Property tests: forward lookup, every fused optimizer (functional and in-place forms) and the
-layout stacker against the numpy/python references in tests/reference (spec §2, §8, §12-§14)."""
+layout stacker against the numpy/python references in tests/reference (docs/layout.md#table-layout, docs/preprocessing.md#csr-wrapped-coo-buffers, docs/lookup.md#forward-lookup)."""
 import math
 import os
 import sys
@@ -67,7 +67,7 @@ def csr_cases(draw):
                     token = int(rng.integers(0, token_range))
                     gain = float(rng.choice([1.0, 0.0, -0.5, rng.normal(), rng.uniform(0, 2)]))
                     if case["pad_inside"] and rng.random() < 0.1:
-                        # Padding inside the valid range of a segment is ignored (§12).
+                        # Padding inside the valid range of a segment is ignored (docs/lookup.md#reading-the-csr-buffers).
                         if rng.random() < 0.5:
                             sample = ref.PAD
                         else:
@@ -330,7 +330,7 @@ def test_layout_stacker_matches_reference(case):
     expected = [_layout_tuple(layout) for layout in reference.get_layouts()]
     assert got == expected
 
-    # §2.5: inside every stack, the padded rows of all member tables map one-to-one onto the
+    # docs/layout.md#mod-sharding: inside every stack, the padded rows of all member tables map one-to-one onto the
     # stacked variable, and the host col id agrees with the shard / row-in-shard mapping.
     stacks = {}
     for layout in reference.get_layouts():
@@ -354,8 +354,8 @@ def test_layout_stacker_matches_reference(case):
        st.integers(0, 2 ** 32 - 1))
 def test_layout_roundtrip_and_lookup_of_logical_rows(num_partitions, sparse_cores, num_tables,
                                                      seed):
-    """Tables stacked by the C++ stacker, sharded with §2.5, are read back by the lookup op as the
-    logical rows (§13 'logical equivalent'), and §2.8 unshuffling inverts the sharding."""
+    """Tables stacked by the C++ stacker, sharded with docs/layout.md#mod-sharding, are read back by the lookup op as the
+    logical rows (docs/lookup.md#forward-lookup 'logical equivalent'), and docs/layout.md#mod-sharding unshuffling inverts the sharding."""
     rng = np.random.default_rng(seed)
     stacker = LayoutStacker(num_partitions, sparse_cores)
     tables = {}

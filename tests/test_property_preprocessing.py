@@ -132,7 +132,7 @@ def expect_failure_or_compare(run_op, run_ref):
 
 
 # ------------------------------------------------------------------------------------------------
-# §4 ConvertToCooTensor
+# docs/preprocessing.md#coo-conversion ConvertToCooTensor
 
 
 @PROPERTY
@@ -174,7 +174,7 @@ def test_ragged_sparse_and_dense_agree(data):
 
 
 # ------------------------------------------------------------------------------------------------
-# §5 ConvertToListOfSparseCoreCooTensors
+# docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform ConvertToListOfSparseCoreCooTensors
 
 Stacking = collections.namedtuple(
     "Stacking", "num_sc_per_chip num_replica sample_count row_offset col_offset col_shift "
@@ -215,7 +215,7 @@ def test_convert_to_list_of_sparse_core_coo_tensors(data):
 
 
 # ------------------------------------------------------------------------------------------------
-# §6 SortListOfSparseCoreCooTensors and §7 GetStats on arbitrary per-feature lists
+# docs/preprocessing.md#sort-dedup-and-bucket SortListOfSparseCoreCooTensors and docs/preprocessing.md#id-statistics GetStats on arbitrary per-feature lists
 
 
 @st.composite
@@ -296,7 +296,7 @@ def test_get_stats_from_list_of_sparse_core_coo_tensors(inputs):
 
 
 # ------------------------------------------------------------------------------------------------
-# §8 ConvertToSparseCoreCsrWrappedCooTensor on arbitrary sorted lists / id_counts
+# docs/preprocessing.md#csr-wrapped-coo-buffers ConvertToSparseCoreCsrWrappedCooTensor on arbitrary sorted lists / id_counts
 
 
 @st.composite
@@ -383,7 +383,7 @@ def test_convert_to_sparse_core_csr_wrapped_coo_tensor(inputs):
 
 
 # ------------------------------------------------------------------------------------------------
-# §9 / §10 legacy minibatching: coo -> splits -> CSR
+# docs/preprocessing.md#minibatching / docs/preprocessing.md#csr-buffers-with-minibatches legacy minibatching: coo -> splits -> CSR
 
 
 @st.composite

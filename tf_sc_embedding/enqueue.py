@@ -114,7 +114,7 @@ def preprocess(layout, flat_features, flat_weights, with_splits=True):
 
 
 def unstack_activations(layout, stacked, activations):
-    """Per feature path, the user's activations (padding columns dropped; spec §15)."""
+    """Per feature path, the user's activations (padding columns dropped; docs/lookup.md#unstacking-activations-and-stacking-gradients)."""
     S = layout.sparse_cores_per_replica
     blocks = tf.reshape(activations, [S, stacked.sample_count // S, stacked.padded_width])
     result = {}

@@ -1,8 +1,8 @@
 """Config -> layout: table rounding, table and feature stacking, mod sharding with rotation.
 
-`EmbeddingLayout` turns the user's nested `FeatureConfig`s into stacked tables (spec §2) using the
+`EmbeddingLayout` turns the user's nested `FeatureConfig`s into stacked tables (docs/layout.md#table-layout) using the
 C++ `LayoutStacker`, and records for every feature where its samples sit in its stacked table
-(spec §2.6). The user's configs are never mutated.
+(docs/layout.md#feature-stacking-and-activation-rows). The user's configs are never mutated.
 """
 import dataclasses
 import functools
@@ -47,13 +47,13 @@ class TablePlacement:
 
     @property
     def col_offset(self):
-        """Stacked col id of this table's first row (spec §2.4)."""
+        """Stacked col id of this table's first row (docs/layout.md#stacking)."""
         return self.layout.sparse_core_shard_row_offset * self.layout.num_sparse_cores
 
 
 @dataclasses.dataclass(frozen=True)
 class FeaturePlacement:
-    """Where one user feature's samples sit in its stacked table's activations (spec §2.6)."""
+    """Where one user feature's samples sit in its stacked table's activations (docs/layout.md#feature-stacking-and-activation-rows)."""
     path: str
     config: object            # the user's FeatureConfig
     table: TablePlacement

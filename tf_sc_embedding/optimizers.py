@@ -90,7 +90,7 @@ class FusedOptimizer:
             **self.hyperparameters)
 
     def stacking_key(self):
-        """Tables stack only if their optimizers are interchangeable (spec §2.4)."""
+        """Tables stack only if their optimizers are interchangeable (docs/layout.md#stacking)."""
         lr = self.config.learning_rate
         lr_key = id(lr) if callable(lr) else float(lr)
         return (self.definition_name, lr_key, self.clip_weight_min, self.clip_weight_max,

@@ -4,7 +4,7 @@
 user table, no stacking, padding or sharding) and lookup functions built from `tf.gather` and
 `tf.math.unsorted_segment_sum`, so the SavedModel loads in any TensorFlow process (and TensorFlow
 Serving) without the tf_sc_embedding op library. Combiners and weights follow the training-time
-lookup (spec §3.2): per sample, ``sum`` is sum(w_i * e_i), ``mean`` divides it by sum(w_i) and
+lookup (docs/preprocessing.md#combiners): per sample, ``sum`` is sum(w_i * e_i), ``mean`` divides it by sum(w_i) and
 ``sqrtn`` by sqrt(sum(w_i^2)); an empty sample gives zeros.
 
 Signatures (flat, for TensorFlow Serving), with ``<f>`` the feature path with non-alphanumeric

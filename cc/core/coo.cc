@@ -28,7 +28,7 @@ std::string Context::Describe() const {
 
 namespace {
 
-// Checks shapes and fills `row_of_token` with the sample each id belongs to (spec §3.1).
+// Checks shapes and fills `row_of_token` with the sample each id belongs to (docs/preprocessing.md#input-forms).
 Status ComputeRowIds(const IdInput& in, int64_t sample_count, const Context& ctx,
                      std::vector<int32_t>* row_of_token) {
   const std::string where = ctx.Describe();
@@ -127,7 +127,7 @@ Status CheckIds(const IdInput& in, int64_t vocabulary_size, const Context& ctx) 
   return Status::Ok();
 }
 
-// Normalisation factor of the combiner (spec §3.2) for a row whose weights sum (mean) or sum of
+// Normalisation factor of the combiner (docs/preprocessing.md#combiners) for a row whose weights sum (mean) or sum of
 // squares (sqrtn) is `s`; a row whose sum is 0 gets 0.
 inline float CombinerFactor(float s, Combiner combiner) {
   if (s == 0.0f) return 0.0f;
@@ -135,7 +135,7 @@ inline float CombinerFactor(float s, Combiner combiner) {
                                      : static_cast<float>(1.0 / static_cast<double>(std::sqrt(s)));
 }
 
-// The shared first half of §4 and §5: validated, merged and normalised entries in input order.
+// The shared first half of docs/preprocessing.md#coo-conversion and docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform: validated, merged and normalised entries in input order.
 Status BuildEntries(const IdInput& in, int64_t sample_count, Combiner combiner,
                     int64_t vocabulary_size, const Context& ctx, CooEntries* out) {
   std::vector<int32_t> rows;

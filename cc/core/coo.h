@@ -1,6 +1,6 @@
 // Conversion of one feature's ids (dense, SparseTensor indices or RaggedTensor row_splits) into
 // COO entries (sample row, id, gain), with combiner normalisation and adjacent duplicate merging
-// (spec §3, §4), and the per-SparseCore split with the table-stacking transform (spec §5).
+// (docs/preprocessing.md#from-ids-to-coo-entries, docs/preprocessing.md#coo-conversion), and the per-SparseCore split with the table-stacking transform (docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform).
 #ifndef SCE_CORE_COO_H_
 #define SCE_CORE_COO_H_
 
@@ -56,11 +56,11 @@ struct CooEntries {
   }
 };
 
-// Spec §4. `vocabulary_size` < 0 disables the id range check (ids must still be >= 0).
+// See docs/preprocessing.md#coo-conversion. `vocabulary_size` < 0 disables the id range check (ids must still be >= 0).
 Status ConvertToCoo(const IdInput& input, int64_t sample_count, Combiner combiner,
                     int64_t vocabulary_size, const Context& context, CooEntries* out);
 
-// Where a feature sits inside its stacked table (spec §2.6, §5).
+// Where a feature sits inside its stacked table (docs/layout.md#feature-stacking-and-activation-rows, docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform).
 struct StackingTransform {
   int64_t num_sc_per_chip = 4;
   int64_t row_offset = 0;                 // the feature's sample offset in the stacked table
@@ -70,7 +70,7 @@ struct StackingTransform {
   int64_t stacked_table_sample_count = 0; // B_stk
 };
 
-// Spec §5: one CooEntries per SparseCore, rows relative to the SC's block of the stacked batch and
+// See docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform: one CooEntries per SparseCore, rows relative to the SC's block of the stacked batch and
 // cols mapped to stacked-table col ids.
 Status ConvertToListOfCoo(const IdInput& input, int64_t sample_count, Combiner combiner,
                           const StackingTransform& transform, int64_t vocabulary_size,

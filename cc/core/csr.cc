@@ -41,7 +41,7 @@ Status ValidateSortedIds(const SortedIdsView& v, int64_t expected_counts_a,
   return Status::Ok();
 }
 
-// The packing loop shared by §8 and §10. `segment(s, p, lo, hi)` returns the [begin, end) range of
+// The packing loop shared by docs/preprocessing.md#csr-wrapped-coo-buffers and docs/preprocessing.md#csr-buffers-with-minibatches. `segment(s, p, lo, hi)` returns the [begin, end) range of
 // ids of source SC s, target shard p, vocabulary divisions [lo, hi) in view(s).
 template <typename ViewOf, typename SegmentOf>
 Status Pack(int64_t splits, const CsrParams& params, ViewOf view_of, SegmentOf segment_of,

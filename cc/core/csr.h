@@ -1,5 +1,5 @@
 // Packing of sorted, bucketed ids into the CSR-wrapped COO buffers the lookup and update kernels
-// consume (spec §8 ConvertToSparseCoreCsrWrappedCooTensor and §10
+// consume (docs/preprocessing.md#csr-wrapped-coo-buffers ConvertToSparseCoreCsrWrappedCooTensor and docs/preprocessing.md#csr-buffers-with-minibatches
 // GetMinibatchesInCsrWithPhysicalReplica): one row-pointer block per (source SC, minibatch), one
 // 8-aligned segment per target shard.
 #ifndef SCE_CORE_CSR_H_
@@ -59,11 +59,11 @@ struct CsrBufferSizes {
 // Validates the parameters (checked arithmetic, explicit bounds) and computes the static sizes.
 Status GetCsrBufferSizes(const CsrParams& params, CsrBufferSizes* sizes);
 
-// Spec §8: one SortedIdsView per source SparseCore; `splits` is the OR of all split masks.
+// See docs/preprocessing.md#csr-wrapped-coo-buffers: one SortedIdsView per source SparseCore; `splits` is the OR of all split masks.
 Status PackCsrFromSortedLists(const std::vector<SortedIdsView>& per_sc, int64_t splits,
                               const CsrParams& params, CsrBuffers* out);
 
-// Spec §10: a single sorted array for the whole chip with S * P * 2^L + 1 id_counts.
+// See docs/preprocessing.md#csr-buffers-with-minibatches: a single sorted array for the whole chip with S * P * 2^L + 1 id_counts.
 Status PackCsrFromMinibatchSplits(const SortedIdsView& ids, int64_t splits,
                                   const CsrParams& params, CsrBuffers* out);
 

@@ -1,4 +1,4 @@
-// A validated view of the CSR-wrapped COO buffers (spec §12) as consumed by the lookup and the
+// A validated view of the CSR-wrapped COO buffers (docs/lookup.md#reading-the-csr-buffers) as consumed by the lookup and the
 // fused update: entry (sample, token, gain) of segment (source SC s, minibatch b, target shard p)
 // reads table row p * R + token and activation row s * (input_size / S) + sample.
 //

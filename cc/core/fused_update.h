@@ -1,4 +1,4 @@
-// The backward pass with a fused optimizer (spec §14.2): gradients of every entry that references
+// The backward pass with a fused optimizer (docs/optimizers.md#gradient-accumulation): gradients of every entry that references
 // a table row are summed first (across samples, SparseCores, minibatches and features), then the
 // optimizer updates that row once, in place. Rows that are not referenced are never touched, so the
 // cost of a step depends on the batch, not on the vocabulary size.

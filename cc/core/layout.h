@@ -1,4 +1,4 @@
-// Table layout (spec §2): padding of rows to a multiple of 8 x SparseCores and columns to a
+// Table layout (docs/layout.md#table-layout): padding of rows to a multiple of 8 x SparseCores and columns to a
 // multiple of 8, first-fit stacking of tables with the same padded width and group, row offsets
 // inside each shard, and shard rotation.
 #ifndef SCE_CORE_LAYOUT_H_

@@ -1,4 +1,4 @@
-// The forward sparse-dense matmul (spec §13): each activation row is the gain-weighted sum of the
+// The forward sparse-dense matmul (docs/lookup.md#forward-lookup): each activation row is the gain-weighted sum of the
 // (optionally quantized) table rows its sample references.
 #ifndef SCE_CORE_LOOKUP_H_
 #define SCE_CORE_LOOKUP_H_

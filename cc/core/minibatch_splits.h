@@ -1,4 +1,4 @@
-// GetMinibatchSplitsWithPhysicalReplica (spec §9): per source SparseCore sort and dedup, bucketing
+// GetMinibatchSplitsWithPhysicalReplica (docs/preprocessing.md#minibatching): per source SparseCore sort and dedup, bucketing
 // of ids by target shard and vocabulary division, and the split bitmask that cuts the vocabulary
 // into minibatches small enough for the per-partition limits.
 #ifndef SCE_CORE_MINIBATCH_SPLITS_H_
@@ -27,7 +27,7 @@ struct MinibatchSplits {
   std::vector<int32_t> rows;       // local sample id in the source SparseCore
   std::vector<int32_t> cols;       // row inside the target shard
   std::vector<float> gains;
-  int64_t splits = 0;              // split bitmask (spec §9.3)
+  int64_t splits = 0;              // split bitmask (docs/preprocessing.md#split-encoding)
   std::vector<int32_t> id_counts;  // S * P * 2^L + 1 exclusive prefix sums
   int64_t max_ids = 0;
   int64_t max_uniques = 0;

@@ -1,6 +1,6 @@
 // The one definition of every fused optimizer: its name, its slot variables (in TensorFlow's op
 // argument order), its hyperparameters (TensorFlow's op attribute names), and its per-row math
-// (spec §14.3). Op registrations, kernels, the Python slot creation and the numpy reference in the
+// (docs/optimizers.md#per-row-formulas). Op registrations, kernels, the Python slot creation and the numpy reference in the
 // tests are all derived from this table.
 #ifndef SCE_CORE_OPTIMIZERS_H_
 #define SCE_CORE_OPTIMIZERS_H_

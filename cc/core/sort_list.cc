@@ -17,7 +17,7 @@ struct Kept {
   float gain;
 };
 
-// Shared by §6 and §7: groups features by member table, sorts each group by (col, row, position),
+// Shared by docs/preprocessing.md#sort-dedup-and-bucket and docs/preprocessing.md#id-statistics: groups features by member table, sorts each group by (col, row, position),
 // merges duplicate (row, col) pairs into their first occurrence, and counts per target shard.
 Status SortDedupAndCount(const std::vector<FeatureCooView>& features, int64_t num_replica,
                          int64_t num_sc_per_chip, const std::string& table_name,

@@ -1,5 +1,5 @@
-// Per-(stacked table, source SparseCore) sort, dedup and bucketing by target shard (spec §6), and
-// the statistics variant that only counts ids and unique ids per shard (spec §7).
+// Per-(stacked table, source SparseCore) sort, dedup and bucketing by target shard (docs/preprocessing.md#sort-dedup-and-bucket), and
+// the statistics variant that only counts ids and unique ids per shard (docs/preprocessing.md#id-statistics).
 #ifndef SCE_CORE_SORT_LIST_H_
 #define SCE_CORE_SORT_LIST_H_
 
@@ -35,12 +35,12 @@ struct ShardCounts {
   std::vector<int64_t> uniques;  // distinct cols per target shard
 };
 
-// Spec §7 (GetStatsFromListOfSparseCoreCooTensors) for one source SparseCore.
+// See docs/preprocessing.md#id-statistics (GetStatsFromListOfSparseCoreCooTensors) for one source SparseCore.
 Status CountIdsPerShard(const std::vector<FeatureCooView>& features, int64_t num_replica,
                         int64_t num_sc_per_chip, const std::string& table_name,
                         ShardCounts* counts);
 
-// Spec §6 (SortListOfSparseCoreCooTensors) for one source SparseCore.
+// See docs/preprocessing.md#sort-dedup-and-bucket (SortListOfSparseCoreCooTensors) for one source SparseCore.
 Status SortListOfCoo(const std::vector<FeatureCooView>& features, int64_t num_replica,
                      int64_t num_sc_per_chip, int64_t max_ids_per_sparse_core,
                      int64_t max_unique_ids_per_sparse_core, const std::string& table_name,

@@ -1,4 +1,4 @@
-// The minibatch split bitmask (spec §9.3): a heap-ordered binary tree over 2^L vocabulary
+// The minibatch split bitmask (docs/preprocessing.md#split-encoding): a heap-ordered binary tree over 2^L vocabulary
 // divisions in which bit k means "split section k at its midpoint".
 #ifndef SCE_CORE_SPLIT_ENCODING_H_
 #define SCE_CORE_SPLIT_ENCODING_H_

@@ -1,4 +1,4 @@
-// Registrations of the fused backward + optimizer ops (spec §14), generated from the optimizer
+// Registrations of the fused backward + optimizer ops (docs/optimizers.md#fused-backward-pass), generated from the optimizer
 // definitions in cc/core/optimizers.h: a functional form with TensorFlow's signature that returns
 // updated copies, and a resource form that updates the table and slot variables in place.
 #include <string>

@@ -1,4 +1,4 @@
-// Registration of the forward sparse-dense matmul (spec §13), in a tensor form (TensorFlow's
+// Registration of the forward sparse-dense matmul (docs/lookup.md#forward-lookup), in a tensor form (TensorFlow's
 // signature) and a resource form that reads the table variable in place.
 #include <string>
 

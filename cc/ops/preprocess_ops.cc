@@ -1,4 +1,4 @@
-// Registrations of the host preprocessing ops (spec §4-§10). Op names carry the "Sce" prefix
+// Registrations of the host preprocessing ops (docs/preprocessing.md#host-preprocessing). Op names carry the "Sce" prefix
 // because TensorFlow already registers kernel-less ops under the plain names; the Python wrappers
 // in tf_sc_embedding/ops use TensorFlow's function and argument names.
 #include <string>
@@ -155,7 +155,7 @@ absl::Status CsrShapes(InferenceContext* c, int64_t row_pointers, int64_t ids) {
   return absl::OkStatus();
 }
 
-// Static CSR buffer sizes (spec §8, §10) with every product checked.
+// Static CSR buffer sizes (docs/preprocessing.md#csr-wrapped-coo-buffers, docs/preprocessing.md#csr-buffers-with-minibatches) with every product checked.
 absl::Status StaticCsrShapes(InferenceContext* c, const char* op, int64_t minibatches,
                              int64_t cores, int64_t replicas, int64_t id_factor_a,
                              int64_t id_factor_b, int64_t id_factor_c) {

@@ -1,5 +1,5 @@
-// Unit tests of cc/core (no TensorFlow, no gtest) against the golden worked examples of
-// /work/shared/spec/sparsecore_ops.md. Every CHECK counts one pass or one failure; failures are
+// Unit tests of cc/core (no TensorFlow, no gtest) against worked examples of the rules in docs/
+// (docs/layout.md#table-layout, docs/preprocessing.md#host-preprocessing). Every CHECK counts one pass or one failure; failures are
 // printed with file:line and both values. The program prints "N passed, N failed" and exits
 // non-zero if anything failed.
 //
@@ -152,7 +152,7 @@ sce::CsrBuffers Bind(IntVec* row_pointers, IntVec* samples, IntVec* tokens, Floa
 }
 
 // ------------------------------------------------------------------------------------------------
-// §4 ConvertToCooTensor
+// docs/preprocessing.md#coo-conversion ConvertToCooTensor
 // ------------------------------------------------------------------------------------------------
 
 const IntVec kRowSplits4 = {0, 4, 4, 6, 8};
@@ -161,7 +161,7 @@ const IntVec kValues4 = {5, 5, 2, 5, 7, 3, 1, 1};
 const FloatVec kWeights4 = {1, 2, 1, 1, .5f, .5f, 1, 3};
 
 void TestConvertToCoo() {
-  g_test = "ConvertToCoo §4";
+  g_test = "ConvertToCoo docs/preprocessing.md#coo-conversion";
   struct Case {
     const char* combiner;
     std::vector<double> gains;
@@ -194,7 +194,7 @@ void TestConvertToCoo() {
     CHECK_EQ(checked.gains, ragged.gains);
   }
 
-  g_test = "ConvertToCoo §4 dense";
+  g_test = "ConvertToCoo docs/preprocessing.md#coo-conversion dense";
   sce::CooEntries dense;
   CHECK_OK(sce::ConvertToCoo(Dense({5, 5, 2, 9}, {1.0f}), 4, sce::Combiner::kMean, -1, ctx,
                              &dense));
@@ -202,7 +202,7 @@ void TestConvertToCoo() {
   CHECK_EQ(dense.cols, (IntVec{5, 5, 2, 9}));
   CHECK_EQ(dense.gains, (FloatVec{1, 1, 1, 1}));
 
-  g_test = "ConvertToCoo §3.3 adjacent-only merge";
+  g_test = "ConvertToCoo docs/preprocessing.md#adjacent-merge adjacent-only merge";
   sce::CooEntries merged;
   CHECK_OK(sce::ConvertToCoo(Ragged({0, 3}, {5, 2, 5}, {1.0f}), 1, sce::Combiner::kSum, -1, ctx,
                              &merged));
@@ -242,7 +242,7 @@ void TestConvertToCoo() {
 }
 
 // ------------------------------------------------------------------------------------------------
-// §5 / §6 / §7 / §8: the user/video stacked table, C = 2, S = 4, N = P = 8.
+// docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform / docs/preprocessing.md#sort-dedup-and-bucket / docs/preprocessing.md#id-statistics / docs/preprocessing.md#csr-wrapped-coo-buffers: the user/video stacked table, C = 2, S = 4, N = P = 8.
 // ------------------------------------------------------------------------------------------------
 
 constexpr int64_t kChips = 2;
@@ -288,7 +288,7 @@ bool BuildUserVideo(UserVideo* uv) {
 }
 
 void TestConvertToListOfCoo() {
-  g_test = "ConvertToListOfCoo §5";
+  g_test = "ConvertToListOfCoo docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform";
   UserVideo uv;
   CHECK(BuildUserVideo(&uv));
   if (uv.user.size() != 4 || uv.video.size() != 4) return;
@@ -305,7 +305,7 @@ void TestConvertToListOfCoo() {
     CHECK_EQ(uv.video[sc].gains, FloatVec(video_rows[sc].size(), 1.0f));
   }
 
-  g_test = "ConvertToListOfCoo §5 video col transform";
+  g_test = "ConvertToListOfCoo docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform video col transform";
   // raw id -> col' (shard (id + 4) mod 8, row in shard 8 + id / 8).
   const IntVec raw = {3, 10, 99, 0, 17, 8};
   const IntVec want = {71, 78, 167, 68, 85, 76};
@@ -363,7 +363,7 @@ bool SortAll(const UserVideo& uv, std::vector<sce::SortedCoo>* sorted) {
 }
 
 void TestSortListOfCoo() {
-  g_test = "SortListOfCoo §6";
+  g_test = "SortListOfCoo docs/preprocessing.md#sort-dedup-and-bucket";
   UserVideo uv;
   CHECK(BuildUserVideo(&uv));
   if (uv.user.size() != 4 || uv.video.size() != 4) return;
@@ -382,13 +382,13 @@ void TestSortListOfCoo() {
     CHECK_EQ(sorted[sc].gains, FloatVec(rows[sc].size(), 1.0f));
   }
 
-  g_test = "GetStatsFromListOfSparseCoreCooTensors §7 (SC0)";
+  g_test = "GetStatsFromListOfSparseCoreCooTensors docs/preprocessing.md#id-statistics (SC0)";
   sce::ShardCounts counts;
   CHECK_OK(sce::CountIdsPerShard(ViewsForSc(uv, 0), kChips, kScPerChip, "user_video", &counts));
   CHECK_EQ(counts.ids, (std::vector<int64_t>{2, 1, 0, 0, 0, 0, 1, 2}));
   CHECK_EQ(counts.uniques, (std::vector<int64_t>{2, 1, 0, 0, 0, 0, 1, 1}));
 
-  g_test = "SortListOfCoo §6 dedup merges into the first occurrence";
+  g_test = "SortListOfCoo docs/preprocessing.md#sort-dedup-and-bucket dedup merges into the first occurrence";
   // Two features of the same member table (same col_offset) on one SC; (row 1, col 8) appears
   // in both and (row 0, col 3) twice in the first. P = 8.
   const IntVec r1 = {0, 0, 1}, c1 = {3, 3, 8};
@@ -419,7 +419,7 @@ void TestSortListOfCoo() {
 }
 
 void TestPackCsrFromSortedLists() {
-  g_test = "PackCsrFromSortedLists §8";
+  g_test = "PackCsrFromSortedLists docs/preprocessing.md#csr-wrapped-coo-buffers";
   UserVideo uv;
   CHECK(BuildUserVideo(&uv));
   if (uv.user.size() != 4 || uv.video.size() != 4) return;
@@ -485,7 +485,7 @@ void TestPackCsrFromSortedLists() {
   CHECK_EQ(bad_gain, 0);
   CHECK_EQ(FPAD, 2147483648.0f);
 
-  g_test = "PackCsrFromSortedLists §8 dry run + exact-size buffers";
+  g_test = "PackCsrFromSortedLists docs/preprocessing.md#csr-wrapped-coo-buffers dry run + exact-size buffers";
   sce::CsrBuffers dry_run;  // null buffers: only the sizes are computed
   CHECK_OK(sce::PackCsrFromSortedLists(views, 0, params, &dry_run));
   CHECK_EQ(dry_run.ids_unpadded_size, int64_t{96});
@@ -503,7 +503,7 @@ void TestPackCsrFromSortedLists() {
   // The full-size buffers are PAD past the unpadded sizes.
   CHECK_EQ(Slice(tokens.data(), 96, 128), IntVec(32, PAD));
 
-  g_test = "PackCsrFromSortedLists §8 overflow";
+  g_test = "PackCsrFromSortedLists docs/preprocessing.md#csr-wrapped-coo-buffers overflow";
   params.max_ids_buffer_size = 64;
   CHECK_ERROR(sce::PackCsrFromSortedLists(views, 0, params, &out), "allow_id_dropping");
   params.allow_id_dropping = true;
@@ -524,11 +524,11 @@ void TestPackCsrFromSortedLists() {
 }
 
 // ------------------------------------------------------------------------------------------------
-// §9 GetMinibatchSplitsWithPhysicalReplica and §10 GetMinibatchesInCsrWithPhysicalReplica
+// docs/preprocessing.md#minibatching GetMinibatchSplitsWithPhysicalReplica and docs/preprocessing.md#csr-buffers-with-minibatches GetMinibatchesInCsrWithPhysicalReplica
 // ------------------------------------------------------------------------------------------------
 
 void TestSplitEncoding() {
-  g_test = "split encoding §9.3";
+  g_test = "split encoding docs/preprocessing.md#split-encoding";
   CHECK_EQ(sce::BinaryToBucketSplits(1 << 0, 6), (IntVec{32}));
   CHECK_EQ(sce::BinaryToBucketSplits(1 << 1, 6), (IntVec{16}));
   CHECK_EQ(sce::BinaryToBucketSplits(1 << 2, 6), (IntVec{48}));
@@ -570,7 +570,7 @@ sce::MinibatchSplitsParams Params9() {
 }
 
 void TestGetMinibatchSplits() {
-  g_test = "GetMinibatchSplits §9.4";
+  g_test = "GetMinibatchSplits docs/preprocessing.md#minibatch-split-search";
   sce::MinibatchSplits out;
   CHECK_OK(sce::GetMinibatchSplits(kRows9.data(), kCols9.data(), kGains9.data(), 12, 12, 12,
                                    Params9(), &out));
@@ -619,7 +619,7 @@ void TestGetMinibatchSplits() {
 }
 
 void TestPackCsrFromMinibatchSplits() {
-  g_test = "PackCsrFromMinibatchSplits §10";
+  g_test = "PackCsrFromMinibatchSplits docs/preprocessing.md#csr-buffers-with-minibatches";
   sce::MinibatchSplits mb;
   CHECK_OK(sce::GetMinibatchSplits(kRows9.data(), kCols9.data(), kGains9.data(), 12, 12, 12,
                                    Params9(), &mb));
@@ -693,11 +693,11 @@ void TestPackCsrFromMinibatchSplits() {
 }
 
 // ------------------------------------------------------------------------------------------------
-// §2.4 layout stacker
+// docs/layout.md#stacking layout stacker
 // ------------------------------------------------------------------------------------------------
 
 void TestLayoutStacker() {
-  g_test = "LayoutStacker §2.4";
+  g_test = "LayoutStacker docs/layout.md#stacking";
   sce::LayoutStacker stacker(/*num_partitions=*/2, /*sparse_cores_per_partition=*/4,
                              /*disable_table_stacking=*/false);
   // Python adds tables in name order; only the first table gets samples (the 2.21 bug).
@@ -736,7 +736,7 @@ void TestLayoutStacker() {
   CHECK_EQ(layouts[1].per_sparse_core_batch_size, int64_t{2});
   CHECK_EQ(layouts[1].num_features, int64_t{1});
 
-  g_test = "LayoutStacker §2.2 limits and disabled stacking";
+  g_test = "LayoutStacker docs/layout.md#rounding-rows-and-columns limits and disabled stacking";
   sce::LayoutStacker unstacked(2, 4, /*disable_table_stacking=*/true);
   CHECK_OK(unstacked.AddTable("x", 100, 16, "g", 0, 0));
   CHECK_OK(unstacked.AddTable("y", 100, 16, "g", 0, 0));

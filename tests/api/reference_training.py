@@ -4,14 +4,14 @@ Nothing here knows about stacking, sharding, replicas or CSR buffers: a step is 
 from the spec's semantics on the user's [vocabulary_size, dim] tables and the *global* batch
 (all replicas' samples concatenated in replica order).
 
-* §3.2 combiners: per sample, gain_t = w_t (sum), w_t / sum(w) (mean), w_t / sqrt(sum(w^2))
+* docs/preprocessing.md#combiners combiners: per sample, gain_t = w_t (sum), w_t / sum(w) (mean), w_t / sqrt(sum(w^2))
   (sqrtn); a sample whose scale is 0 gets gain 0.
 * Forward: activation[b] = sum over the sample's ids of gain * table[id] (the pre-update table).
-* §14.2 backward: for every table row, G[row] = sum of gain * dA[b] over every feature using the
+* docs/optimizers.md#gradient-accumulation backward: for every table row, G[row] = sum of gain * dA[b] over every feature using the
   table and every sample of the global batch; then ONE optimizer step per touched row, with the
-  per-row math of `tests/reference/lookup.py` (§14.3, float32, clip of the new table row);
+  per-row math of `tests/reference/lookup.py` (docs/optimizers.md#per-row-formulas, float32, clip of the new table row);
   untouched rows and their slots are unchanged (so Adam is lazy, no bias correction).
-* §16 slot initial values.
+* docs/optimizers.md#slots slot initial values.
 
 The optimizer is described by TensorFlow's own config object
 (`tf.tpu.experimental.embedding.SGD`, ...); `optimizer_definition` maps it onto the reference's
@@ -36,7 +36,7 @@ f32 = np.float32
 class OptimizerDefinition:
     name: str                      # key of reference.lookup.OPTIMIZER_STEPS
     slot_names: tuple              # TensorFlow's slot names, in the per-row step's slot order
-    slot_initial_values: tuple     # §16
+    slot_initial_values: tuple     # docs/optimizers.md#slots
     hyperparameters: dict          # the op attribute names the per-row step reads
     clip_min: float
     clip_max: float
@@ -76,7 +76,7 @@ def optimizer_definition(config):
 
 
 def initial_slots(config, shape):
-    """{slot name: initial logical slot} of an optimizer config (§16)."""
+    """{slot name: initial logical slot} of an optimizer config (docs/optimizers.md#slots)."""
     definition = optimizer_definition(config)
     return {name: np.full(shape, value, np.float32)
             for name, value in zip(definition.slot_names, definition.slot_initial_values)}
@@ -107,7 +107,7 @@ class Feature:
 
 
 def combiner_gains(ids: Sequence[int], weights: Sequence[float], combiner: str):
-    """§3.2: the gain of every id of one sample."""
+    """docs/preprocessing.md#combiners: the gain of every id of one sample."""
     weights = [f32(w) for w in weights]
     if combiner == "sum":
         return weights

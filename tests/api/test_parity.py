@@ -4,7 +4,7 @@ Every run trains a few steps with a custom loop (`strategy.run` around the looku
 `apply_gradients`, all inside one `tf.function`) and compares, after every step, the logical
 tables, every slot and the activations with
 
-(a) the pure-numpy reference of `reference_training.py` (spec §3.2 / §14 on logical tables), and
+(a) the pure-numpy reference of `reference_training.py` (docs/preprocessing.md#combiners / docs/optimizers.md#fused-backward-pass on logical tables), and
 (b) a dense TensorFlow reference: logical `tf.Variable`s, `tf.nn.embedding_lookup_sparse`,
     `tf.GradientTape`, and the same update formulas written with TF ops applied to the summed
     `IndexedSlices` gradient (SGD and Adagrad are also checked against `tf.compat.v1.train`).
@@ -309,7 +309,7 @@ class Trainer:
 # --------------------------------------------------------------------------------------------
 
 def tf_optimizer_step(definition, g, w, slots, lr):
-    """The §14.3 per-row formulas with TF ops, on gathered rows [n, dim]."""
+    """The docs/optimizers.md#per-row-formulas per-row formulas with TF ops, on gathered rows [n, dim]."""
     hp = definition.hyperparameters
     name = definition.name
     if name == "sgd":
@@ -688,7 +688,7 @@ def test_seeded_initializer_gives_same_logical_tables_on_any_replica_count(make_
     base_tables, base_slots = results[1]
     for name, value in base_tables.items():
         assert np.abs(value).max() > 0
-        # Slot initial values (§16): FTRL accumulators start at initial_accumulator_value.
+        # Slot initial values (docs/optimizers.md#slots): FTRL accumulators start at initial_accumulator_value.
         np.testing.assert_array_equal(base_slots[name]["accumulators"],
                                       np.full(value.shape, np.float32(0.1)))
         np.testing.assert_array_equal(base_slots[name]["linears"], np.zeros(value.shape))
@@ -849,7 +849,7 @@ def at_most_two_samples_per_id_and_sparse_core(steps, seed=1):
     (over all features of its table); ids still repeat across SparseCores and replicas.
 
     The minibatching limits count (sample, id) pairs per SparseCore and vocabulary division, and
-    a single division over the limit is an error (spec §9.2), so with limits of 2 this is the
+    a single division over the limit is an error (docs/preprocessing.md#minibatch-split-search), so with limits of 2 this is the
     most duplication that can be valid.
     """
     rng = np.random.default_rng(seed)

@@ -1,10 +1,10 @@
-"""Python reference of the table layout (spec §2), written from the spec.
+"""Python reference of the table layout (docs/layout.md#table-layout), written from the spec.
 
-* `ReferenceStacker`: §2.1 construction, §2.2 AddTable (padding, first-fit stacking with strict
-  limits, row offsets, rotations), §2.3 GetLayouts ordering and stacked names.
-* `logical_to_storage`, `col_id`: §2.5 mapping of a logical table row to its shard, row in shard,
+* `ReferenceStacker`: docs/layout.md#stacking construction, docs/layout.md#rounding-rows-and-columns AddTable (padding, first-fit stacking with strict
+  limits, row offsets, rotations), docs/layout.md#stacking GetLayouts ordering and stacked names.
+* `logical_to_storage`, `col_id`: docs/layout.md#mod-sharding mapping of a logical table row to its shard, row in shard,
   row in the stacked variable, partition and row in the partition; and the host "col id" formula.
-* `unshuffle_from_sc_to_cpu`, `shard_tables`: §2.8 inverse mapping and the CPU -> SC sharding of
+* `unshuffle_from_sc_to_cpu`, `shard_tables`: docs/layout.md#mod-sharding inverse mapping and the CPU -> SC sharding of
   a whole stack, used to build stacked variables in tests.
 """
 import dataclasses
@@ -105,7 +105,7 @@ class ReferenceStacker:
 
 
 # --------------------------------------------------------------------------------------------
-# §2.5 logical row -> storage
+# docs/layout.md#mod-sharding logical row -> storage
 # --------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -127,14 +127,14 @@ def logical_to_storage(r, layout):
 
 
 def col_id(r, layout):
-    """Host col id c = ((r + col_shift) AND (N-1)) + (r AND NOT(N-1)) + col_offset (§2.5, §5)."""
+    """Host col id c = ((r + col_shift) AND (N-1)) + (r AND NOT(N-1)) + col_offset (docs/layout.md#mod-sharding, docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform)."""
     n = layout.num_sparse_cores
     col_offset = layout.sparse_core_shard_row_offset * n
     return ((r + layout.sparse_core_shard_rotation) & (n - 1)) + (r & ~(n - 1)) + col_offset
 
 
 def unshuffle_from_sc_to_cpu(t, num_sparse_cores, offset, size, rotation):
-    """§2.8: stacked [N * R, dim] -> one table's [size * N, dim] in logical row order."""
+    """docs/layout.md#mod-sharding: stacked [N * R, dim] -> one table's [size * N, dim] in logical row order."""
     t = np.asarray(t)
     n = num_sparse_cores
     x = t.reshape(n, -1, t.shape[-1])[:, offset:offset + size, :]
@@ -145,7 +145,7 @@ def unshuffle_from_sc_to_cpu(t, num_sparse_cores, offset, size, rotation):
 def shard_tables(tables, layouts):
     """Builds the full stacked variable [N * R, padded_width] of one stack from unpadded tables.
 
-    `tables[name]` is [height, width]; padding rows/columns are zero (§2.8 step 1).
+    `tables[name]` is [height, width]; padding rows/columns are zero (docs/layout.md#mod-sharding step 1).
     """
     first = layouts[0]
     n, R, dim = first.num_sparse_cores, first.total_rows_per_sparse_core_shard, first.padded_width

@@ -1,10 +1,10 @@
 """Numpy reference of the SparseCore lookup and fused-update math, written from the spec.
 
-* §8 / §12: segment semantics of the CSR-wrapped COO buffers and how entries address table and
-  activation rows (`csr_segments`, `csr_entries`), plus a §8-style packer (`pack_csr`) used by the
+* docs/preprocessing.md#csr-wrapped-coo-buffers / docs/lookup.md#reading-the-csr-buffers: segment semantics of the CSR-wrapped COO buffers and how entries address table and
+  activation rows (`csr_segments`, `csr_entries`), plus a packer in the format of docs/preprocessing.md#csr-wrapped-coo-buffers (`pack_csr`) used by the
   tests to build buffers.
-* §13: forward sparse-dense matmul with optional quantization (`sparse_dense_matmul`).
-* §14.2 / §14.3: fused gradient + optimizer update (`fused_update`), with each optimizer's per-row
+* docs/lookup.md#forward-lookup: forward sparse-dense matmul with optional quantization (`sparse_dense_matmul`).
+* docs/optimizers.md#gradient-accumulation / docs/optimizers.md#per-row-formulas: fused gradient + optimizer update (`fused_update`), with each optimizer's per-row
   math evaluated in float32 in exactly the order the spec writes it.
 
 Everything is float32: every scalar is converted with np.float32 before it takes part in
@@ -72,7 +72,7 @@ def powf(base, exponent):
 
 
 # --------------------------------------------------------------------------------------------
-# CSR segments (§8 segment semantics, §12)
+# CSR segments (docs/preprocessing.md#csr-wrapped-coo-buffers segment semantics, docs/lookup.md#reading-the-csr-buffers)
 # --------------------------------------------------------------------------------------------
 
 def csr_segments(row_pointers, num_sc, num_minibatches, num_shards):
@@ -108,7 +108,7 @@ def csr_entries(row_pointers, sample_ids, token_ids, gains, num_sc, num_minibatc
 
 def pack_csr(segments, num_sc, num_minibatches, num_shards, ids_capacity=None,
              row_pointer_capacity=None, tail_fill=None, rng=None):
-    """Packs per-segment entries into CSR-wrapped COO buffers as §8 step 3 does.
+    """Packs per-segment entries into CSR-wrapped COO buffers as docs/preprocessing.md#csr-wrapped-coo-buffers step 3 does.
 
     `segments[(s, b, p)]` is a list of (sample, token, gain); missing keys are empty segments.
     Returns (row_pointers int32, sample_ids int32, token_ids int32, gains float32). Buffers are
@@ -152,11 +152,11 @@ def pack_csr(segments, num_sc, num_minibatches, num_shards, ids_capacity=None,
 
 
 # --------------------------------------------------------------------------------------------
-# Forward (§13)
+# Forward (docs/lookup.md#forward-lookup)
 # --------------------------------------------------------------------------------------------
 
 def quantize(values, low, high, num_buckets):
-    """§13: v <- min(max(v, low), high); quantum = (high - low) / (num_buckets - 1);
+    """docs/lookup.md#forward-lookup: v <- min(max(v, low), high); quantum = (high - low) / (num_buckets - 1);
     v <- floor((v - low) / quantum + 0.5) * quantum + low. float32 throughout."""
     v = np.asarray(values, dtype=np.float32)
     low, high = f32(low), f32(high)
@@ -169,7 +169,7 @@ def sparse_dense_matmul(row_pointers, sample_ids, token_ids, gains, table, num_m
                         input_size, quantization_config_low=0.0, quantization_config_high=0.0,
                         quantization_config_num_buckets=0, num_sparsecores_per_device=-1,
                         num_replica=1):
-    """A[s * B_sc + sample] = sum over valid entries of gain * Q(W[p * R + token]) (§12, §13).
+    """A[s * B_sc + sample] = sum over valid entries of gain * Q(W[p * R + token]) (docs/lookup.md#reading-the-csr-buffers, docs/lookup.md#forward-lookup).
 
     Entries are accumulated into each activation row in segment order (s, b, p, position).
     """
@@ -191,8 +191,8 @@ def sparse_dense_matmul(row_pointers, sample_ids, token_ids, gains, table, num_m
 
 
 # --------------------------------------------------------------------------------------------
-# Per-row optimizer math (§14.3). Each step takes float32 arrays (one row) and returns the new
-# table row and the new slot rows, in the op's slot order (§14.1 tuple orders).
+# Per-row optimizer math (docs/optimizers.md#per-row-formulas). Each step takes float32 arrays (one row) and returns the new
+# table row and the new slot rows, in the op's slot order (docs/optimizers.md#fused-backward-pass tuple orders).
 # --------------------------------------------------------------------------------------------
 
 def clip(w, clip_min, clip_max):
@@ -284,7 +284,7 @@ OPTIMIZER_STEPS = {
 
 
 # --------------------------------------------------------------------------------------------
-# Fused update (§14.2)
+# Fused update (docs/optimizers.md#gradient-accumulation)
 # --------------------------------------------------------------------------------------------
 
 def accumulate_gradients(row_pointers, sample_ids, token_ids, gains, activation_gradients,

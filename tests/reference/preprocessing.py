@@ -1,4 +1,4 @@
-"""Numpy reference of the SparseCore host preprocessing ops, written from the spec (§3-§10).
+"""Numpy reference of the SparseCore host preprocessing ops, written from the spec (docs/preprocessing.md#host-preprocessing).
 
 It is the test oracle, so it favours obviously-correct code over speed: Python loops over tokens,
 float32 arithmetic written out step by step (every float operation is on np.float32 scalars, so
@@ -12,7 +12,7 @@ minibatches). Shape/range validation is tested separately and not modelled here.
 
 Behaviour of tf_sc_embedding that the spec lists as undefined or unchecked in TensorFlow, and that
 this reference pins down ("deviation" below):
-  * §6/§9 duplicates are found by ordering on (col, row, position): a full (row, col) dedup whose
+  * docs/preprocessing.md#sort-dedup-and-bucket/docs/preprocessing.md#minibatching duplicates are found by ordering on (col, row, position): a full (row, col) dedup whose
     gains merge into the first occurrence. Identical to TensorFlow for row-sorted input.
   * CSR buffer tails past the unpadded sizes hold PAD (float(PAD) for gains).
   * Both CSR ops fail when there are more minibatches than `max_minibatches_per_sc`.
@@ -35,11 +35,11 @@ def round_up(x, m):
 
 
 # ------------------------------------------------------------------------------------------------
-# §3 shared helpers
+# docs/preprocessing.md#from-ids-to-coo-entries shared helpers
 
 
 def row_ids(indices_or_row_splits, num_values):
-    """§3.1: the sample (row) of every token, for dense, sparse and ragged input."""
+    """docs/preprocessing.md#input-forms: the sample (row) of every token, for dense, sparse and ragged input."""
     index = np.asarray(indices_or_row_splits)
     if index.ndim == 2:                      # SparseTensor indices: row = first coordinate
         return index[:, 0].astype(np.int64)
@@ -50,7 +50,7 @@ def row_ids(indices_or_row_splits, num_values):
 
 
 def combiner_scales(rows, weights, sample_count, combiner):
-    """§3.2: per-row float32 normaliser, or None for "sum".
+    """docs/preprocessing.md#combiners: per-row float32 normaliser, or None for "sum".
 
     Sums are accumulated in float32 in token order; 1/x and 1/sqrt(x) are evaluated in double from
     a float32 sum (and a float32 sqrt for sqrtn), then rounded to float32.
@@ -69,7 +69,7 @@ def combiner_scales(rows, weights, sample_count, combiner):
 
 
 def adjacent_dedup(rows, cols, weights):
-    """§3.3: merge a token into the last emitted entry when (row, col) is equal."""
+    """docs/preprocessing.md#adjacent-merge: merge a token into the last emitted entry when (row, col) is equal."""
     entries = []  # [row, col, weight]
     for r, c, w in zip(rows, cols, weights):
         if entries and entries[-1][0] == r and entries[-1][1] == c:
@@ -80,7 +80,7 @@ def adjacent_dedup(rows, cols, weights):
 
 
 # ------------------------------------------------------------------------------------------------
-# §4 ConvertToCooTensor
+# docs/preprocessing.md#coo-conversion ConvertToCooTensor
 
 
 def convert_to_coo_tensor(indices_or_row_splits, values, weights, sample_count, combiner):
@@ -100,11 +100,11 @@ def convert_to_coo_tensor(indices_or_row_splits, values, weights, sample_count, 
 
 
 # ------------------------------------------------------------------------------------------------
-# §5 ConvertToListOfSparseCoreCooTensors
+# docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform ConvertToListOfSparseCoreCooTensors
 
 
 def stacked_col(col, col_offset, col_shift, num_sc_shards):
-    """§5 step 4: raw id -> stacked-table col id (rotation inside the shard bits, plus offset)."""
+    """docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform step 4: raw id -> stacked-table col id (rotation inside the shard bits, plus offset)."""
     low_bits = num_sc_shards - 1
     return ((col + col_shift) & low_bits) + (col & ~low_bits) + col_offset
 
@@ -132,7 +132,7 @@ def convert_to_list_of_sparse_core_coo_tensors(
 
 
 # ------------------------------------------------------------------------------------------------
-# §6 SortListOfSparseCoreCooTensors and §7 GetStatsFromListOfSparseCoreCooTensors
+# docs/preprocessing.md#sort-dedup-and-bucket SortListOfSparseCoreCooTensors and docs/preprocessing.md#id-statistics GetStatsFromListOfSparseCoreCooTensors
 
 
 def full_dedup(rows, cols, gains):
@@ -153,7 +153,7 @@ def full_dedup(rows, cols, gains):
 
 
 def _dedup_member_tables(row_ids_list, col_ids_list, gains_list, col_offset_list):
-    """§6 steps 2-3: per member table (ascending col_offset), the deduped entries in sorted order.
+    """docs/preprocessing.md#sort-dedup-and-bucket steps 2-3: per member table (ascending col_offset), the deduped entries in sorted order.
 
     Returns a list of (row, col, gain, table_index).
     """
@@ -210,7 +210,7 @@ def get_stats_from_list_of_sparse_core_coo_tensors(
 
 
 # ------------------------------------------------------------------------------------------------
-# §9.3 split encoding
+# docs/preprocessing.md#split-encoding split encoding
 
 
 def bits_to_bucket_splits(bits, max_division_level):
@@ -235,11 +235,11 @@ def bucket_splits_to_bits(points, max_division_level):
 
 
 # ------------------------------------------------------------------------------------------------
-# §8 / §10 packing of the CSR-wrapped COO buffers
+# docs/preprocessing.md#csr-wrapped-coo-buffers / docs/preprocessing.md#csr-buffers-with-minibatches packing of the CSR-wrapped COO buffers
 
 
 def _pack_csr(segments, num_shards, capacity, max_minibatches_per_sc, allow_id_dropping):
-    """Lays out segments[s][b][p] = (tokens, samples, gains) as in §8 step 3.
+    """Lays out segments[s][b][p] = (tokens, samples, gains) as in docs/preprocessing.md#csr-wrapped-coo-buffers step 3.
 
     Returns the CSR dict; tails past the unpadded sizes are PAD (deviation: TF leaves them
     uninitialized).
@@ -301,7 +301,7 @@ def convert_to_sparse_core_csr_wrapped_coo_tensor(
         sorted_row_ids_list, sorted_col_ids_list, sorted_gains_list, id_counts_list, splits,
         sample_count_per_sc, num_replica, num_sc_per_chip, max_minibatches_per_sc,
         max_ids_per_chip_per_sample, allow_id_dropping, max_division_level=6):
-    """§8. id_counts of P+1 elements: one segment per shard (copied into every minibatch);
+    """docs/preprocessing.md#csr-wrapped-coo-buffers. id_counts of P+1 elements: one segment per shard (copied into every minibatch);
     of P*D+1 elements: segment (p, minibatch [lo, hi)) = [id_counts[p*D+lo], id_counts[p*D+hi])."""
     num_shards = num_replica * num_sc_per_chip
     divisions = 2 ** max_division_level
@@ -328,7 +328,7 @@ def convert_to_sparse_core_csr_wrapped_coo_tensor(
 
 
 # ------------------------------------------------------------------------------------------------
-# §9 GetMinibatchSplitsWithPhysicalReplica
+# docs/preprocessing.md#minibatching GetMinibatchSplitsWithPhysicalReplica
 
 
 def get_minibatch_splits_with_physical_replica(
@@ -403,14 +403,14 @@ def get_minibatch_splits_with_physical_replica(
 
 
 # ------------------------------------------------------------------------------------------------
-# §10 GetMinibatchesInCsrWithPhysicalReplica
+# docs/preprocessing.md#csr-buffers-with-minibatches GetMinibatchesInCsrWithPhysicalReplica
 
 
 def get_minibatches_in_csr_with_physical_replica(
         row_ids, col_ids, gains, splits, id_counts, sample_count, num_replica, num_sc_per_chip,
         max_minibatches_per_sc, max_ids_per_chip_per_sample, allow_id_dropping=False,
         max_division_level=6):
-    """§10: the §8 packing with segment (s, b, p) = divisions [lo, hi) of group s*P+p."""
+    """docs/preprocessing.md#csr-buffers-with-minibatches: the docs/preprocessing.md#csr-wrapped-coo-buffers packing with segment (s, b, p) = divisions [lo, hi) of group s*P+p."""
     P, D = num_replica * num_sc_per_chip, 2 ** max_division_level
     bounds = [0] + bits_to_bucket_splits(_or_of(splits), max_division_level) + [D]
     data = (np.asarray(col_ids), np.asarray(row_ids), np.asarray(gains, np.float32))

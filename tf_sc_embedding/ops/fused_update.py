@@ -1,4 +1,4 @@
-"""Backward sparse-dense matmul fused with an optimizer update (spec §14).
+"""Backward sparse-dense matmul fused with an optimizer update (docs/optimizers.md#fused-backward-pass).
 
 One Python function per optimizer, generated from the optimizer definitions compiled into the op
 library (cc/core/optimizers.h), with TensorFlow's argument order:

@@ -1,4 +1,4 @@
-"""Forward sparse-dense matmul over CSR-wrapped COO buffers (spec §13)."""
+"""Forward sparse-dense matmul over CSR-wrapped COO buffers (docs/lookup.md#forward-lookup)."""
 from tf_sc_embedding._library import library as _lib
 from tf_sc_embedding.ops._variables import handle_of, is_variable
 

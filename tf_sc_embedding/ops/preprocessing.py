@@ -54,7 +54,7 @@ def _check_sparse_cores(num_sc_per_chip, table_name, feature_name=""):
 
 def convert_to_coo_tensor(indices_or_row_splits, values, weights, sample_count, combiner,
                           vocabulary_size=-1, table_name="", feature_name="", name=None):
-    """COO entries (row_ids, col_ids, gains) of one feature (spec §4).
+    """COO entries (row_ids, col_ids, gains) of one feature (docs/preprocessing.md#coo-conversion).
 
     Unlike TensorFlow's op, ids are validated: an id < 0, or >= `vocabulary_size` when given,
     fails with InvalidArgument naming `table_name` and `feature_name`.
@@ -69,7 +69,7 @@ def convert_to_list_of_sparse_core_coo_tensors(
         indices_or_row_splits, values, weights, sample_count, num_sc_per_chip, row_offset,
         col_offset, col_shift, num_sc_shards, stacked_table_sample_count, combiner,
         vocabulary_size=-1, table_name="", feature_name="", name=None):
-    """Per-SparseCore COO lists of one feature with the table-stacking transform (spec §5).
+    """Per-SparseCore COO lists of one feature with the table-stacking transform (docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform).
 
     The op has 3 * `num_sc_per_chip` outputs, so an impossible `num_sc_per_chip` is rejected here,
     before TensorFlow builds the output list (the kernel and shape function check it as well).
@@ -88,7 +88,7 @@ def sort_list_of_sparse_core_coo_tensors(
         row_ids_list, col_ids_list, gains_list, sample_count_list, col_offset_list, num_replica,
         table_vocab_size, feature_width, num_sc_per_chip, max_ids_per_sparse_core,
         max_unique_ids_per_sparse_core, table_name, name=None):
-    """Sort, dedup and bucket one source SparseCore's ids by target shard (spec §6)."""
+    """Sort, dedup and bucket one source SparseCore's ids by target shard (docs/preprocessing.md#sort-dedup-and-bucket)."""
     return _lib.sce_sort_list_of_sparse_core_coo_tensors(
         row_ids_list=row_ids_list, col_ids_list=col_ids_list, gains_list=gains_list,
         sample_count_list=sample_count_list, col_offset_list=col_offset_list,
@@ -101,7 +101,7 @@ def sort_list_of_sparse_core_coo_tensors(
 def get_stats_from_list_of_sparse_core_coo_tensors(
         row_ids_list, col_ids_list, gains_list, sample_count_list, col_offset_list, num_replica,
         table_vocab_size, feature_width, num_sc_per_chip, table_name, name=None):
-    """Max ids and max unique ids per target shard for one source SparseCore (spec §7)."""
+    """Max ids and max unique ids per target shard for one source SparseCore (docs/preprocessing.md#id-statistics)."""
     return _lib.sce_get_stats_from_list_of_sparse_core_coo_tensors(
         row_ids_list=row_ids_list, col_ids_list=col_ids_list, gains_list=gains_list,
         sample_count_list=sample_count_list, col_offset_list=col_offset_list,
@@ -114,7 +114,7 @@ def convert_to_sparse_core_csr_wrapped_coo_tensor(
         sample_count_per_sc, num_replica, max_minibatches_per_sc, max_ids_per_chip_per_sample,
         table_vocab_size, feature_width, table_name, allow_id_dropping,
         max_division_level=DEFAULT_MAX_DIVISION_LEVEL, trim_to_size=False, name=None):
-    """CSR-wrapped COO buffers from per-SparseCore sorted lists (spec §8).
+    """CSR-wrapped COO buffers from per-SparseCore sorted lists (docs/preprocessing.md#csr-wrapped-coo-buffers).
 
     With `trim_to_size`, the buffers hold exactly the unpadded sizes instead of TensorFlow's static
     capacity (which is still the overflow limit).
@@ -135,7 +135,7 @@ def get_minibatch_splits_with_physical_replica(
         feature_width, num_sc_per_chip, table_name, mini_batch_splits,
         max_ids_per_partition=256, max_unique_ids_per_partition=256,
         max_division_level=DEFAULT_MAX_DIVISION_LEVEL, name=None):
-    """Sort, dedup, bucket and compute the minibatch split bitmask (spec §9).
+    """Sort, dedup, bucket and compute the minibatch split bitmask (docs/preprocessing.md#minibatching).
 
     `max_ids_per_partition` / `max_unique_ids_per_partition` are the per-partition limits that
     TensorFlow reads from the TPU runtime.
@@ -154,7 +154,7 @@ def get_minibatches_in_csr_with_physical_replica(
         max_minibatches_per_sc, max_ids_per_chip_per_sample, table_vocab_size, feature_width,
         num_sc_per_chip, table_name, mini_batch_in_csr, allow_id_dropping=False,
         max_division_level=DEFAULT_MAX_DIVISION_LEVEL, trim_to_size=False, name=None):
-    """CSR-wrapped COO buffers, one block per (SparseCore, minibatch) (spec §10).
+    """CSR-wrapped COO buffers, one block per (SparseCore, minibatch) (docs/preprocessing.md#csr-buffers-with-minibatches).
 
     With `allow_id_dropping`, ids that do not fit are dropped and counted in the result's
     `num_dropped_ids` attribute instead of failing. With `trim_to_size`, the buffers hold exactly
