@@ -283,9 +283,21 @@ class TPUEmbeddingV2(tf.Module):
         return serving.export_serving(self, export_dir, **kwargs)
 
     # ----------------------------------------------------------------------------- checkpoints
+    # Saved by checkpointing's registered saver (one logical table at a time).
+    _sce_checkpoint_writer = True
+
     def _trackable_children(self, save_type=None, **kwargs):
-        # Only the per-table logical nodes: the per-replica variables depend on the topology and
-        # are never checkpointed directly.
+        # Only the per-table logical nodes (named as TensorFlow names its table and slot
+        # variables): the per-replica variables depend on the topology and are never
+        # checkpointed directly.
+        return checkpointing.trackable_children(self._logical_nodes)
+
+    def _lookup_dependency(self, name, cached_dependencies=None):
+        node = checkpointing.lookup_dependency(self.__dict__.get("_logical_nodes", {}), name)
+        return node if node is not None else super()._lookup_dependency(name, cached_dependencies)
+
+    def logical_tables_for_checkpoint(self):
+        """Table name -> checkpointing.LogicalTable."""
         return dict(self._logical_nodes)
 
     def _require_built(self, what):
