@@ -42,6 +42,7 @@ import keras
 
 from tf_sc_embedding import checkpointing
 from tf_sc_embedding import keras_compat
+from tf_sc_embedding import keras_config
 from tf_sc_embedding.embedding import TPUEmbeddingV2
 from tf_sc_embedding.layout import DEFAULT_SPARSE_CORES_PER_REPLICA
 
@@ -93,6 +94,7 @@ def _pad_to(feature, rows):
     return tf.ensure_shape(padded, [rows] + feature.shape.as_list()[1:])
 
 
+@keras.saving.register_keras_serializable(package="tf_sc_embedding")
 class EmbeddingLayer(keras.layers.Layer):
     """A Keras layer owning a `TPUEmbeddingV2`; see the module docstring.
 
@@ -162,6 +164,30 @@ class EmbeddingLayer(keras.layers.Layer):
     @property
     def feature_config(self):
         return self._feature_config
+
+    # -------------------------------------------------------------------------- .keras saving
+    def get_config(self):
+        """Keras config: the feature, table, optimizer and SparseCore configs (keras_config)."""
+        config = super().get_config()
+        kwargs = self._embedding_kwargs
+        config.update(
+            feature_config=keras_config.serialize_feature_config(self._feature_config),
+            optimizer=keras_config.serialize_optimizer(kwargs["optimizer"]),
+            batch_size=self._batch_size,
+            sparse_core_embedding_config=keras_config.serialize_sparse_core_config(
+                kwargs["sparse_core_embedding_config"]),
+            sparse_cores_per_replica=kwargs["sparse_cores_per_replica"])
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["feature_config"] = keras_config.deserialize_feature_config(
+            config["feature_config"])
+        config["optimizer"] = keras_config.deserialize_optimizer(config.get("optimizer"))
+        config["sparse_core_embedding_config"] = keras_config.deserialize_sparse_core_config(
+            config.get("sparse_core_embedding_config"))
+        return cls(**config)
 
     # -------------------------------------------------------------------------- Keras plumbing
     def build(self, *args, **kwargs):  # the tables are built from the batch size, not shapes
