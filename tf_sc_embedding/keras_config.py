@@ -4,8 +4,7 @@
 Serialized: the nesting of the feature config (dicts, lists, tuples), every `FeatureConfig`
 (name, output_shape, max_sequence_length, validate_weights_and_indices, its table by name),
 every `TableConfig` once (vocabulary_size, dim, name, combiner, initializer, optimizer,
-quantization_config must be None), the embedding optimizers of `tf.tpu.experimental.embedding`
-(their constructor arguments; a learning rate or slot creation function that is a Python
+quantization_config), the embedding optimizers of `tf.tpu.experimental.embedding` (their constructor arguments; a learning rate or slot creation function that is a Python
 callable cannot be serialized) and `SparseCoreEmbeddingConfig`.
 
 Initializers: Keras initializers through `keras.saving.serialize_keras_object`; TensorFlow's
@@ -19,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import keras
+from tensorflow.python.tpu.tpu_embedding_v2_utils import QuantizationConfig  # TableConfig's type
 
 E = tf.tpu.experimental.embedding
 _OPTIMIZERS = {cls.__name__: cls for cls in (E.SGD, E.Adagrad, E.AdagradMomentum, E.Adam, E.FTRL)}
@@ -112,9 +112,11 @@ def deserialize_sparse_core_config(config):
 
 
 def _serialize_table(table):
-    if getattr(table, "quantization_config", None) is not None:
-        raise ValueError(f"table '{table.name}': quantization_config cannot be serialized")
-    return {"vocabulary_size": int(table.vocabulary_size), "dim": int(table.dim),
+    quantization = getattr(table, "quantization_config", None)
+    return {"quantization_config": None if quantization is None else {
+                "num_buckets": int(quantization.num_buckets),
+                "lower": float(quantization.lower), "upper": float(quantization.upper)},
+            "vocabulary_size": int(table.vocabulary_size), "dim": int(table.dim),
             "name": table.name, "combiner": table.combiner,
             "initializer": serialize_initializer(table.initializer, f"table '{table.name}'"),
             "optimizer": serialize_optimizer(table.optimizer, f"table '{table.name}'")}
@@ -151,7 +153,9 @@ def deserialize_feature_config(config):
         tables[t["name"]] = E.TableConfig(
             vocabulary_size=t["vocabulary_size"], dim=t["dim"], name=t["name"],
             combiner=t["combiner"], initializer=deserialize_initializer(t["initializer"]),
-            optimizer=deserialize_optimizer(t["optimizer"]))
+            optimizer=deserialize_optimizer(t["optimizer"]),
+            quantization_config=None if t.get("quantization_config") is None else
+            QuantizationConfig(**t["quantization_config"]))
 
     def node(value):
         if "feature" in value:

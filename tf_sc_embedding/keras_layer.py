@@ -26,10 +26,18 @@ from `batch_size` (global) if given, else from the static batch size of the firs
 batches (e.g. the last one of `predict`) are padded with empty samples and the padding is sliced
 off; use `drop_remainder=True` for training data so every training batch is full.
 
+Dense ids: a dense [batch, n] feature is n one-id samples per row, with activations
+[batch, n, dim], as in TensorFlow. With `batch_size` the tables are built at construction for one
+id per sample (unless every FeatureConfig has an output_shape) and laid out again, values kept,
+when the layer first sees dense [batch, n] inputs (a functional model's `keras.Input`s or the
+first call), before any step.
+
 Checkpoints: `tf.train.Checkpoint(model=model)` saves the tables per user table in their logical
 (unstacked, unsharded) form via `TPUEmbeddingV2`'s checkpoint nodes (topology independent); the
-Keras weight files (`model.save_weights`, `ModelCheckpoint(save_weights_only=True)`,
-`BackupAndRestore`) store the logical tables and optimizer slots as well (`save_own_variables`).
+Keras files (`model.save("m.keras")`, `model.save_weights`, `ModelCheckpoint`,
+`BackupAndRestore`) store the logical tables and optimizer slots as well (`save_own_variables`),
+and `get_config` / `from_config` serialize the configs (keras_config.py), so
+`keras.models.load_model` rebuilds the layer.
 Custom training loops keep working: `layer.embedding` is the `TPUEmbeddingV2` (enqueue, dequeue,
 apply_gradients), and a loop differentiating a loss with respect to `model.trainable_variables`
 updates the tables through the trigger exactly as `fit` does.

@@ -96,7 +96,9 @@ def test_config_round_trip_of_every_optimizer():
 
 
 def test_feature_config_round_trip_keeps_shared_tables_and_nesting():
-    table = E.TableConfig(vocabulary_size=10, dim=3, name="shared")
+    from tensorflow.python.tpu.tpu_embedding_v2_utils import QuantizationConfig  # pylint: disable=import-outside-toplevel
+    table = E.TableConfig(vocabulary_size=10, dim=3, name="shared",
+                          quantization_config=QuantizationConfig(16, -1.0, 1.0))
     config = {"x": [E.FeatureConfig(table=table, name="f1"),
                     E.FeatureConfig(table=table, name="f2", output_shape=[4, 2])],
               "y": (E.FeatureConfig(table=table, name="f3", max_sequence_length=0),)}
@@ -107,6 +109,7 @@ def test_feature_config_round_trip_keeps_shared_tables_and_nesting():
     assert flat[1].output_shape.as_list() == [4, 2]
     assert isinstance(flat[0].table.initializer, type(table.initializer))
     assert flat[0].table.initializer.get_config() == table.initializer.get_config()
+    assert vars(flat[0].table.quantization_config) == vars(table.quantization_config)
 
 
 def test_unserializable_learning_rate_fails_clearly():
