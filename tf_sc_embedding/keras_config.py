@@ -4,8 +4,9 @@
 Serialized: the nesting of the feature config (dicts, lists, tuples), every `FeatureConfig`
 (name, output_shape, max_sequence_length, validate_weights_and_indices, its table by name),
 every `TableConfig` once (vocabulary_size, dim, name, combiner, initializer, optimizer,
-quantization_config), the embedding optimizers of `tf.tpu.experimental.embedding` (their constructor arguments; a learning rate or slot creation function that is a Python
-callable cannot be serialized) and `SparseCoreEmbeddingConfig`.
+quantization_config), the embedding optimizers of `tf.tpu.experimental.embedding` (their
+constructor arguments; a learning rate or slot creation function that is a Python callable cannot
+be serialized) and `SparseCoreEmbeddingConfig`.
 
 Initializers: Keras initializers through `keras.saving.serialize_keras_object`; TensorFlow's
 (`tf.constant_initializer`, TableConfig's default truncated normal, other `init_ops_v2`
