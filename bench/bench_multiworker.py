@@ -29,7 +29,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="1,2,4")
-    parser.add_argument("--exchanges", default="all_to_all,all_gather")
+    parser.add_argument("--exchanges", default="all_to_all,all_to_all_sharded,all_gather",
+                        help="all_to_all: the default (small tables replicated); "
+                             "all_to_all_sharded: every table sharded; all_gather: the earlier "
+                             "design (all-gather of ids, all-reduce of activations, every table "
+                             "sharded)")
     parser.add_argument("--batch", type=int, default=1024, help="per-worker batch")
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--vocab-cap", type=int, default=100_000)
@@ -65,9 +69,12 @@ def worker(args):
                             initializer=tf.initializers.RandomUniform(-0.05, 0.05, seed=i))
               for i, v in enumerate(vocab)]
     features = {f"f{i}": E.FeatureConfig(table=t) for i, t in enumerate(tables)}
+    exchange = "all_gather" if args.exchange == "all_gather" else "all_to_all"
+    threshold = {} if args.exchange == "all_to_all" else {"replication_threshold_bytes": 0}
     with strategy.scope():
         embedding = sce.TPUEmbeddingV2(features, E.Adagrad(learning_rate=0.05),
-                                       exchange=args.exchange)
+                                       exchange=exchange, **threshold)
+    replicated = sum(p == "replicated" for p in embedding.placement_plan.values())
     embedding.build(per_replica_batch_size=args.batch)
 
     total = args.warmup + args.steps
@@ -103,7 +110,7 @@ def worker(args):
         sum(int(x.values.shape[0]) for x in ids.values()) for ids, _ in batches)
     with open(os.path.join(args.out, f"worker_{args.index}.json"), "w") as f:
         json.dump({"bytes_per_step": sent / args.steps, "step_ms": statistics.median(times),
-                   "ids_per_step": ids_per_step}, f)
+                   "ids_per_step": ids_per_step, "replicated_tables": replicated}, f)
     return 0
 
 
@@ -146,12 +153,24 @@ def run_cluster(args, workers, exchange, directory):
     results = [json.load(open(os.path.join(directory, f"worker_{i}.json")))
                for i in range(workers)]
     return {"bytes_per_step": statistics.mean(r["bytes_per_step"] for r in results),
-            "step_ms": results[0]["step_ms"], "ids_per_step": results[0]["ids_per_step"]}
+            "step_ms": results[0]["step_ms"], "ids_per_step": results[0]["ids_per_step"],
+            "replicated_tables": results[0]["replicated_tables"]}
 
 
-def project(measured, target):
-    """Linear in the worker count through the two largest measured points."""
+def project(exchange, measured, target):
+    """Bytes per worker per step at `target` workers, from the two largest measured points.
+
+    all_to_all: a replica sends the (W-1)/W of its exchange payload P that other replicas own,
+    plus small terms (counts, padding to the largest chunk, the replicated tables' all-gather)
+    taken as linear in W: b(W) = P (W-1)/W + c W. all_gather: every term grows with W (the
+    gathered buffers and the [W x batch] partial activations): b(W) linear in W.
+    """
     (w1, b1), (w2, b2) = sorted(measured.items())[-2:]
+    if exchange.startswith("all_to_all"):
+        f1, f2 = (w1 - 1) / w1, (w2 - 1) / w2
+        c = (b2 * f1 - b1 * f2) / (w2 * f1 - w1 * f2)
+        payload = (b1 - c * w1) / f1
+        return payload * (target - 1) / target + c * target
     slope = (b2 - b1) / (w2 - w1)
     return b2 + slope * (target - w2)
 
@@ -176,30 +195,42 @@ def main():
                       f"per worker per step, step {r['step_ms']:.1f} ms", flush=True)
     print(f"\n### Multi-worker exchange (per-worker batch {args.batch}, dim {args.dim}, "
           f"vocabularies capped at {args.vocab_cap:,}, ~{results[(exchanges[0], counts[0])]['ids_per_step']:,.0f} ids per worker per step)\n")
-    print("| workers | exchange | MB sent per worker per step | step ms (worker 0, median) |")
-    print("|---:|---|---:|---:|")
+    print("| workers | exchange | replicated tables | MB sent per worker per step | "
+          "step ms (worker 0, median) |")
+    print("|---:|---|---:|---:|---:|")
     for (exchange, workers), r in sorted(results.items(), key=lambda x: (x[0][1], x[0][0])):
-        print(f"| {workers} | {exchange} | {r['bytes_per_step'] / 1e6:.2f} | {r['step_ms']:.1f} |")
+        print(f"| {workers} | {exchange} | {r['replicated_tables']} | "
+              f"{r['bytes_per_step'] / 1e6:.2f} | {r['step_ms']:.1f} |")
     multi = [w for w in counts if w > 1]
     if len(multi) >= 2:
-        print("\n| projection (linear in workers from the measured points) | 8 workers | "
+        print("\n| projection from the measured points (see project()) | 8 workers | "
               "64 workers |")
         print("|---|---:|---:|")
         projected = {}
         for exchange in exchanges:
             measured = {w: results[(exchange, w)]["bytes_per_step"] for w in multi}
-            projected[exchange] = (project(measured, 8), project(measured, 64))
+            projected[exchange] = (project(exchange, measured, 8),
+                                   project(exchange, measured, 64))
             print(f"| {exchange}: MB per worker per step | {projected[exchange][0] / 1e6:.2f} | "
                   f"{projected[exchange][1] / 1e6:.2f} |")
-        if "all_to_all" in projected and "all_gather" in projected:
-            ratio8 = projected["all_gather"][0] / projected["all_to_all"][0]
-            ratio64 = projected["all_gather"][1] / projected["all_to_all"][1]
-            print(f"\nall_gather / all_to_all bytes: {ratio8:.1f}x at 8 workers, "
+        print()
+        for exchange in exchanges:
+            if exchange == "all_gather" or "all_gather" not in projected:
+                continue
+            ratio8 = projected["all_gather"][0] / projected[exchange][0]
+            ratio64 = projected["all_gather"][1] / projected[exchange][1]
+            print(f"all_gather / {exchange} bytes: {ratio8:.1f}x at 8 workers, "
                   f"{ratio64:.1f}x at 64 workers")
         lo, hi = multi[0], multi[-1]
-        growth = (results[("all_to_all", hi)]["bytes_per_step"] /
-                  results[("all_to_all", lo)]["bytes_per_step"])
-        print(f"all_to_all bytes per worker, {hi} vs {lo} workers: {growth:.2f}x")
+        for exchange in exchanges:
+            growth = (results[(exchange, hi)]["bytes_per_step"] /
+                      results[(exchange, lo)]["bytes_per_step"])
+            line = f"{exchange} bytes per worker, {hi} vs {lo} workers: {growth:.2f}x"
+            if exchange.startswith("all_to_all"):
+                # What a replica hands to the all-to-alls, its own chunk included.
+                payload = growth * ((lo - 1) / lo) / ((hi - 1) / hi)
+                line += f" (payload including the chunk a replica keeps: {payload:.2f}x)"
+            print(line)
     return 0
 
 

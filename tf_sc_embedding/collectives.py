@@ -273,6 +273,18 @@ class ReplicaView:
         return tf.foldl(tf.bitwise.bitwise_or, gathered, initializer=tf.constant(0, value.dtype))
 
 
+class LocalView:
+    """A replica's view of a layout laid out for one replica (replicated tables): no collectives."""
+    num_replicas = 1
+    replica_id = 0
+
+    @staticmethod
+    def all_to_all(value):
+        return value
+
+    all_gather = all_sum = all_max = all_or = all_to_all
+
+
 # Bytes one replica sends per byte of its input, as (numerator, denominator) with W replicas.
 _SENT_FRACTION = {"all_to_all": lambda w: (w - 1, w), "all_gather": lambda w: (w - 1, 1),
                   "all_sum": lambda w: (2 * (w - 1), w)}

@@ -6,6 +6,7 @@ Construct it (under a `tf.distribute` strategy scope or without one) from Tensor
 gradients of the activations. Tables are built on first use (or by `build`) because the layout
 depends on the per-replica batch size.
 """
+import collections
 import contextlib
 import threading
 
@@ -18,11 +19,17 @@ from tf_sc_embedding import private_tf
 from tf_sc_embedding import stats as stats_lib
 from tf_sc_embedding import exchange as all_to_all_exchange
 from tf_sc_embedding import sharded_lookup as all_gather_exchange
-from tf_sc_embedding.layout import (DEFAULT_SPARSE_CORES_PER_REPLICA, EmbeddingLayout,
-                                    flat_feature_paths)
+from tf_sc_embedding.layout import (DEFAULT_SPARSE_CORES_PER_REPLICA, REPLICATED, SHARDED,
+                                    EmbeddingPlan, flat_feature_paths, table_names)
 from tf_sc_embedding.table_storage import PARAMETERS, TableStorage, as_tensor_zero_copy
 
 EXCHANGES = ("auto", "all_to_all", "all_gather")
+# With several replicas, tables with at most this many bytes of parameters are held whole by every
+# replica (data parallel, updated with a sparse allreduce) instead of being sharded.
+DEFAULT_REPLICATION_THRESHOLD_BYTES = 256 * 1024
+
+# What dequeue returns for apply_gradients: the sharded tables' and the replicated tables' state.
+Preserved = collections.namedtuple("Preserved", ["sharded", "replicated"])
 
 
 def _choose_exchange(exchange, num_replicas, sparse_core_config):
@@ -56,15 +63,22 @@ class TPUEmbeddingV2(tf.Module):
         else "all_to_all" (which has no partition buffers to limit).
       collective_timeout_seconds: fail a step whose collective waits longer than this (e.g. a
         worker died); 0 waits forever (MultiWorkerMirroredStrategy's health checks still abort).
+      replication_threshold_bytes: with several replicas, tables whose parameters take at most
+        this many bytes (vocabulary_size x dim x 4) are replicated: every replica holds the whole
+        table, looks it up locally and applies the same update after a sparse allreduce of the
+        touched rows. 0 shards every table.
+      table_placement: {table name: "sharded" | "replicated"}, overriding the threshold.
       track_sparse_core_stats: measure every enqueued batch's SparseCore partition statistics
-        (`sparse_core_stats`, TensorBoard summaries; see tf_sc_embedding/stats.py).
+        of the sharded tables (`sparse_core_stats`, TensorBoard summaries; see
+        tf_sc_embedding/stats.py).
     """
 
     def __init__(self, feature_config, optimizer=None, pipeline_execution_with_tensor_core=False,
                  sparse_core_embedding_config=None,
                  sparse_cores_per_replica=DEFAULT_SPARSE_CORES_PER_REPLICA, exchange="auto",
                  collective_timeout_seconds=collectives.DEFAULT_TIMEOUT_SECONDS,
-                 track_sparse_core_stats=True):
+                 replication_threshold_bytes=DEFAULT_REPLICATION_THRESHOLD_BYTES,
+                 table_placement=None, track_sparse_core_stats=True):
         super().__init__(name="tpu_embedding_v2")
         self._track_stats = bool(track_sparse_core_stats)
         self._stats = None
@@ -81,9 +95,11 @@ class TPUEmbeddingV2(tf.Module):
         self._exchange = _choose_exchange(exchange, self._num_replicas,
                                           sparse_core_embedding_config)
         self._build_lock = threading.Lock()
-        self._layout = None
+        self._plan = None
         self._storage = None
         self._flat_paths = flat_feature_paths(feature_config)
+        self._replicated = _replicated_tables(feature_config, replication_threshold_bytes,
+                                              table_placement or {})
         # Fail fast on bad configs (optimizers, combiners, names) before any input is seen.
         config_layout = self._check_config()
         # Checkpoint nodes, one per user table, named by table (see checkpointing.py). They exist
@@ -96,13 +112,17 @@ class TPUEmbeddingV2(tf.Module):
     # ----------------------------------------------------------------------------- building
     def _check_config(self):
         shapes = {p: (self._sparse_cores,) for p in self._flat_paths}
-        return EmbeddingLayout(self._feature_config, self._optimizer, self._num_replicas,
-                               self._sparse_cores, shapes, self._sparse_core_config)
+        return self._make_plan(shapes)
+
+    def _make_plan(self, shapes):
+        return EmbeddingPlan(self._feature_config, self._optimizer, self._num_replicas,
+                             self._sparse_cores, shapes, self._sparse_core_config,
+                             replicated=self._replicated)
 
     def build(self, per_replica_batch_size=None, output_shapes=None):
         """Lays out and creates the tables for a per-replica batch size (or per-feature shapes)."""
         with self._build_lock:
-            if self._layout is not None:
+            if self._plan is not None:
                 return
             shapes = {}
             flat_features = tf.nest.flatten(self._feature_config)
@@ -127,16 +147,15 @@ class TPUEmbeddingV2(tf.Module):
                         f"global batch must be divisible by replicas x SparseCores "
                         f"({self._num_replicas} x {self._sparse_cores})")
                 shapes[path] = shape
-            layout = EmbeddingLayout(self._feature_config, self._optimizer, self._num_replicas,
-                                     self._sparse_cores, shapes, self._sparse_core_config)
+            plan = self._make_plan(shapes)
             pending = self._pending_restore
-            storage = TableStorage(layout, self._group)
+            storage = TableStorage(plan, self._group)
             storage.create(lambda table, kind: pending.get(table, {}).get(kind))
             self._group.create_variables()
             self._storage = storage
-            if self._track_stats:
-                self._stats = stats_lib.RunningStats(layout)
-            self._layout = layout
+            self._plan = plan
+            if self._track_stats and plan.sharded is not None:
+                self._stats = stats_lib.RunningStats(plan.sharded)
             self._pending_restore = {}
 
     def _output_shapes_of(self, flat_features):
@@ -156,7 +175,7 @@ class TPUEmbeddingV2(tf.Module):
 
     @property
     def built(self):
-        return self._layout is not None
+        return self._plan is not None
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -187,7 +206,7 @@ class TPUEmbeddingV2(tf.Module):
     def per_replica_feature_shapes(self):
         """Per flat feature, the per-replica shape of its samples (after build)."""
         self._require_built("per_replica_feature_shapes")
-        return [tuple(p.output_shape) for p in self._layout.features]
+        return [tuple(p.output_shape) for p in self._plan.features]
 
     @property
     def table_shapes(self):
@@ -202,12 +221,15 @@ class TPUEmbeddingV2(tf.Module):
     def embedding_layouts(self):
         """Where every table lives: table name -> TableLayout (stacked name, offsets, rotation)."""
         self._require_built("embedding_layouts")
-        return self._layout.table_layouts()
+        return self._plan.table_layouts()
 
     @property
     def placement_plan(self):
-        """Table name -> "sharded" (every table is mod-sharded over all replicas)."""
-        return {name: "sharded" for name in self._logical_nodes}
+        """Table name -> "sharded" (mod-sharded over all replicas) or "replicated" (whole on
+        every replica; only with several replicas)."""
+        replicated = self._replicated if self._num_replicas > 1 else frozenset()
+        return {name: REPLICATED if name in replicated else SHARDED
+                for name in self._logical_nodes}
 
     @property
     def variables(self):
@@ -231,7 +253,7 @@ class TPUEmbeddingV2(tf.Module):
         self._require_built("embedding_table_shards")
         variables = self._storage.stacked_variables()
         return {t.config: list(variables[name][PARAMETERS].shards)
-                for name, s in self._layout.stacked_tables.items() for t in s.tables}
+                for name, s in self._plan.stacked_tables.items() for t in s.tables}
 
     def logical_slot(self, table_config, slot_name):
         """One optimizer slot of one user table, in the logical [vocabulary_size, dim] view."""
@@ -272,7 +294,7 @@ class TPUEmbeddingV2(tf.Module):
         table's shapes must have been checked by the caller. A later call wins per table and kind.
         """
         with self._build_lock:
-            if self._layout is None:
+            if self._plan is None:
                 for name, kinds in values.items():
                     self._pending_restore.setdefault(name, {}).update(kinds)
                 return
@@ -316,7 +338,7 @@ class TPUEmbeddingV2(tf.Module):
         return dict(self._logical_nodes)
 
     def _require_built(self, what):
-        if self._layout is None:
+        if self._plan is None:
             raise RuntimeError(f"{what} needs the tables: call build(), embedding_lookup() or "
                                "enqueue() first")
 
@@ -356,10 +378,18 @@ class TPUEmbeddingV2(tf.Module):
                         self.flatten_features(weights, "weights", allow_none=True))
         if not self.built:
             self.build(output_shapes=self._output_shapes_of(flat))
+        by_path = dict(zip(self._flat_paths, zip(flat, flat_weights)))
+        result = {}
         with tf.device(device) if device else contextlib.nullcontext():
-            return enqueue_lib.preprocess(self._layout, flat, flat_weights,
-                                          with_splits=self._exchange != "all_to_all",
-                                          observe_coo=self._stats_observer(summarize))
+            for layout in self._plan.parts():
+                ids = [by_path[f.path][0] for f in layout.features]
+                weights_ = [by_path[f.path][1] for f in layout.features]
+                splits = layout is self._plan.sharded and self._exchange != "all_to_all"
+                observe = (self._stats_observer(summarize) if layout is self._plan.sharded
+                           else None)
+                result.update(enqueue_lib.preprocess(layout, ids, weights_, with_splits=splits,
+                                                     observe_coo=observe))
+        return result
 
     def _enqueue_per_replica(self, features, weights, device):
         """Cross-replica enqueue of per-replica inputs -> per-replica preprocessed outputs."""
@@ -439,29 +469,45 @@ class TPUEmbeddingV2(tf.Module):
         variables = self._storage.stacked_variables()
         return {name: variables[name][PARAMETERS].shard(view.replica_id) for name in variables}
 
+    def _local_variables(self, view, layout):
+        variables = self._storage.stacked_variables()
+        return {name: (variables[name][PARAMETERS].shard(view.replica_id),
+                       [variables[name][s].shard(view.replica_id)
+                        for s in stacked.optimizer.slot_names])
+                for name, stacked in layout.stacked_tables.items()}
+
     def dequeue(self, preprocessed):
         """Looks up this replica's activations; returns (activations, preserved)."""
         self._require_built("dequeue")
         view = collectives.ReplicaView(self._group)
         shards = self._local_parameters(view)
-        if self._exchange == "all_to_all":
-            stacked_activations, preserved = all_to_all_exchange.lookup(
-                view, self._layout, preprocessed, shards)
-        else:
-            stacked_activations, preserved = {}, {}
-            for name, stacked in self._layout.stacked_tables.items():
-                csr = all_gather_exchange.pack_and_gather(view, self._layout, stacked,
+        stacked_activations = {}
+        sharded, replicated = self._plan.sharded, self._plan.replicated
+        preserved_sharded = preserved_replicated = None
+        if sharded is not None and self._exchange == "all_to_all":
+            activations, preserved_sharded = all_to_all_exchange.lookup(
+                view, sharded, preprocessed, shards)
+            stacked_activations.update(activations)
+        elif sharded is not None:
+            preserved_sharded = {}
+            for name, stacked in sharded.stacked_tables.items():
+                csr = all_gather_exchange.pack_and_gather(view, sharded, stacked,
                                                           preprocessed[name],
                                                           self._sparse_core_config)
                 stacked_activations[name] = all_gather_exchange.lookup(
-                    view, self._layout, stacked, csr, shards[name])
-                preserved[name] = csr
+                    view, sharded, stacked, csr, shards[name])
+                preserved_sharded[name] = csr
+        if replicated is not None:   # whole tables on every replica: looked up locally
+            activations, preserved_replicated = all_to_all_exchange.lookup(
+                collectives.LocalView(), replicated, preprocessed, shards)
+            stacked_activations.update(activations)
         activations_by_path = {}
-        for name, stacked in self._layout.stacked_tables.items():
+        for name, stacked in self._plan.stacked_tables.items():
             activations_by_path.update(enqueue_lib.unstack_activations(
-                self._layout, stacked, stacked_activations[name]))
+                self._plan, stacked, stacked_activations[name]))
         flat = [activations_by_path[p] for p in self._flat_paths]
-        return tf.nest.pack_sequence_as(self._feature_config, flat), preserved
+        return (tf.nest.pack_sequence_as(self._feature_config, flat),
+                Preserved(preserved_sharded, preserved_replicated))
 
     def embedding_lookup(self, features, weights=None):
         """enqueue + dequeue: returns (activations, preserved)."""
@@ -477,41 +523,78 @@ class TPUEmbeddingV2(tf.Module):
                                "embedding_lookup (or build) first")
         flat = self.flatten_features(gradients, "gradients", allow_none=True)
         by_path = dict(zip(self._flat_paths, flat))
-        grads = {name: enqueue_lib.stack_gradients(self._layout, stacked, by_path)
-                 for name, stacked in self._layout.stacked_tables.items()}
+        grads = {name: enqueue_lib.stack_gradients(self._plan, stacked, by_path)
+                 for name, stacked in self._plan.stacked_tables.items()}
         view = collectives.ReplicaView(self._group)
         self._check_preserved(preserved_outputs)
-        variables = self._storage.stacked_variables()
-        local = {name: (variables[name][PARAMETERS].shard(view.replica_id),
-                        [variables[name][s].shard(view.replica_id)
-                         for s in stacked.optimizer.slot_names])
-                 for name, stacked in self._layout.stacked_tables.items()}
+        sharded, replicated = self._plan.sharded, self._plan.replicated
         # No table is updated before every table's inputs passed validation: a bad id in one
         # feature must leave all tables unchanged, not only the table it belongs to.
         validated = [t for t in tf.nest.flatten(preserved_outputs) if isinstance(t, tf.Tensor)]
+        updates = []  # noqa
         with tf.control_dependencies(validated):
-            if self._exchange == "all_to_all":
-                return all_to_all_exchange.apply_gradients(view, self._layout, preserved_outputs,
-                                                           grads, local)
-            return [all_gather_exchange.apply_update(view, self._layout, stacked,
-                                                     preserved_outputs[name], grads[name],
-                                                     *local[name])
-                    for name, stacked in self._layout.stacked_tables.items()]
+            if sharded is not None and self._exchange == "all_to_all":
+                updates += all_to_all_exchange.apply_gradients(
+                    view, sharded, preserved_outputs.sharded, grads,
+                    self._local_variables(view, sharded))
+            elif sharded is not None:
+                local = self._local_variables(view, sharded)
+                updates += [all_gather_exchange.apply_update(
+                    view, sharded, stacked, preserved_outputs.sharded[name], grads[name],
+                    *local[name]) for name, stacked in sharded.stacked_tables.items()]
+            if replicated is not None:
+                local_rows = all_to_all_exchange.exchange_gradients(
+                    collectives.LocalView(), replicated, preserved_outputs.replicated, grads)
+                merged = all_to_all_exchange.sparse_allreduce(view, replicated, local_rows)
+                updates += all_to_all_exchange.update_owned_rows(
+                    replicated, 0, merged, self._local_variables(view, replicated))
+        return updates
 
     def _check_preserved(self, preserved):
         """preserved_outputs must be what dequeue returned (checked before any collective)."""
-        names = set(self._layout.stacked_tables)
-        if self._exchange == "all_to_all":
-            ok = (isinstance(preserved, tuple) and len(preserved) == 2 and
-                  isinstance(preserved[0], dict) and set(preserved[0]) == names and
-                  all(isinstance(v, all_to_all_exchange.ExchangedTable)
-                      for v in preserved[0].values()) and
-                  isinstance(preserved[1], all_to_all_exchange.ExchangeSizes))
-        else:
-            ok = (isinstance(preserved, dict) and set(preserved) == names and
-                  all(isinstance(v, all_gather_exchange.PreservedCsr) for v in preserved.values()))
+        def a2a_ok(part, layout):
+            return (isinstance(part, tuple) and len(part) == 2 and isinstance(part[0], dict) and
+                    set(part[0]) == set(layout.stacked_tables) and
+                    all(isinstance(v, all_to_all_exchange.ExchangedTable)
+                        for v in part[0].values()) and
+                    isinstance(part[1], all_to_all_exchange.ExchangeSizes))
+
+        def gather_ok(part, layout):
+            return (isinstance(part, dict) and set(part) == set(layout.stacked_tables) and
+                    all(isinstance(v, all_gather_exchange.PreservedCsr) for v in part.values()))
+
+        sharded, replicated = self._plan.sharded, self._plan.replicated
+        ok = isinstance(preserved, Preserved)
+        if ok:
+            if sharded is None:
+                ok = preserved.sharded is None
+            else:
+                check = a2a_ok if self._exchange == "all_to_all" else gather_ok
+                ok = check(preserved.sharded, sharded)
+            ok = ok and ((preserved.replicated is None) if replicated is None
+                         else a2a_ok(preserved.replicated, replicated))
         if not ok or not all(isinstance(t, (tf.Tensor, tf.Variable))
-                             for t in tf.nest.flatten(preserved)):
+                             for t in tf.nest.flatten(preserved) if t is not None):
             raise ValueError("preserved_outputs must be the second value returned by dequeue / "
                              "embedding_lookup of this embedding in the same step (stacked "
-                             f"tables {sorted(names)}); got {type(preserved).__name__}")
+                             f"tables {sorted(self._plan.stacked_tables)}); got "
+                             f"{type(preserved).__name__}")
+
+
+def _replicated_tables(feature_config, threshold_bytes, overrides):
+    """Names of the tables to replicate: at most threshold_bytes of parameters, or overridden."""
+    names = table_names(feature_config)
+    unknown = set(overrides) - set(names)
+    if unknown:
+        raise ValueError(f"table_placement names unknown tables {sorted(unknown)}; the tables "
+                         f"are {sorted(names)}")
+    replicated = set()
+    for name, table in names.items():
+        placement = overrides.get(name)
+        if placement not in (None, SHARDED, REPLICATED):
+            raise ValueError(f"table '{name}': table_placement must be '{SHARDED}' or "
+                             f"'{REPLICATED}', got {placement!r}")
+        size = int(table.vocabulary_size) * int(table.dim) * 4
+        if placement == REPLICATED or (placement is None and size <= threshold_bytes):
+            replicated.add(name)
+    return frozenset(replicated)

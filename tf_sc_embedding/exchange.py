@@ -33,44 +33,62 @@ ExchangedTable = collections.namedtuple("ExchangedTable", [
     "sample_rows",         # [ids] row of each id's sample in the stacked activations
     "unique_positions",    # [ids] position of each id's unique id in the send order
     "gains",               # [ids] combiner weight of each id
-    "send_row_positions",  # [unique] first float of each unique id's row in the send buffer
     "received_rows",       # [received] owner side: row of this replica's variable per received id
-    "recv_row_positions",  # [received] owner side: first float of each received id's row
 ])
-# Shared by all stacked tables of one step.
-ExchangeSizes = collections.namedtuple("ExchangeSizes", ["row_chunk"])
+# Shared by all stacked tables of one step: entries per (replica, table) sent and received, and
+# the floats per replica chunk of the row buffers.
+ExchangeSizes = collections.namedtuple("ExchangeSizes", ["send_counts", "recv_counts",
+                                                         "row_chunk"])
 
 
 def _exclusive_cumsum(x, axis=0):
     return tf.math.cumsum(x, axis=axis, exclusive=True)
 
 
-def _entry_positions(counts, chunk, offsets, width):
-    """First flat position of every entry of segments laid out one per chunk.
+def pack_by_replica(values, counts, chunk, num_replicas):
+    """One flat buffer [W * chunk] for an all-to-all: chunk d holds, table after table, the
+    counts[d, t] entries of values[t] that go to replica d (values[t] is sorted by replica).
 
-    Segment s (counts[s] entries, `width` values each) starts at s * chunk + offsets[s]; entries
-    are numbered segment by segment.
+    values: per table [n_t] or [n_t, width_t]; counts: [W, T]. Built from contiguous slices only
+    (tf.split + tf.concat), so the cost is a copy of the payload.
     """
-    num = tf.shape(counts, out_type=tf.int32)[0]
-    segment = tf.repeat(tf.range(num, dtype=tf.int32), counts)
-    rank = tf.range(tf.reduce_sum(counts), dtype=tf.int32) - tf.repeat(_exclusive_cumsum(counts),
-                                                                         counts)
-    return segment * chunk + tf.gather(offsets, segment) + rank * width
+    pieces = [tf.split(tf.reshape(v, [tf.shape(v)[0], -1]), counts[:, t], num=num_replicas)
+              for t, v in enumerate(values)]
+    dtype = values[0].dtype
+    chunks = []
+    for d in range(num_replicas):
+        flat = [tf.reshape(p[d], [-1]) for p in pieces]
+        used = tf.add_n([tf.size(f, out_type=tf.int32) for f in flat])
+        chunks.append(tf.concat(flat + [tf.zeros([chunk - used], dtype)], 0))
+    return tf.concat(chunks, 0)
 
 
-def _pack(parts, size):
-    """Scatters (values [n, width], first positions [n], width) of every table into one buffer."""
-    indices, values = [], []
-    for rows, positions, width in parts:
-        index = positions[:, None] + tf.range(width, dtype=tf.int32)[None, :]
-        indices.append(tf.reshape(index, [-1, 1]))
-        values.append(tf.reshape(rows, [-1]))
-    return tf.scatter_nd(tf.concat(indices, 0), tf.concat(values, 0), [size])
+def unpack_by_replica(buffer, counts, widths, chunk, num_replicas):
+    """Inverse of pack_by_replica: per table, the entries of every replica's chunk, in replica
+    order ([n_t] where widths[t] is None, else [n_t, widths[t]])."""
+    num_tables = len(widths)
+    rows = tf.reshape(buffer, [num_replicas, chunk])
+    floats = tf.stack([counts[:, t] * (w or 1) for t, w in enumerate(widths)], axis=1)
+    per_table = [[] for _ in widths]
+    for s in range(num_replicas):
+        sizes = tf.concat([floats[s], [chunk - tf.reduce_sum(floats[s])]], 0)
+        parts = tf.split(rows[s], sizes, num=num_tables + 1)
+        for t, w in enumerate(widths):
+            per_table[t].append(parts[t] if w is None else tf.reshape(parts[t], [-1, w]))
+    return [tf.concat(p, 0) for p in per_table]
 
 
-def _unpack(buffer, positions, width):
-    index = positions[:, None] + tf.range(width, dtype=tf.int32)[None, :]
-    return tf.gather(buffer, index)
+def _chunks(view, send_counts, widths):
+    """Agreed chunk sizes (ids, floats) of the all-to-all buffers: the largest over all pairs."""
+    send_floats = send_counts * widths[None, :]
+    chunks = view.all_max(tf.stack([tf.reduce_max(tf.reduce_sum(send_counts, axis=1)),
+                                    tf.reduce_max(tf.reduce_sum(send_floats, axis=1))]))
+    return chunks[0], chunks[1]
+
+
+def _all_to_all(view, buffer):
+    num_replicas = view.num_replicas
+    return tf.reshape(view.all_to_all(tf.reshape(buffer, [num_replicas, -1])), [-1])
 
 
 def _quantized(rows, quantization):
@@ -92,7 +110,8 @@ def lookup(view, layout, coo_by_table, table_shards):
     W = layout.num_replicas
     S = layout.sparse_cores_per_replica
     stacked = list(layout.stacked_tables.values())
-    widths = tf.constant([s.padded_width for s in stacked], tf.int32)
+    width_list = [s.padded_width for s in stacked]
+    widths = tf.constant(width_list, tf.int32)
 
     # 1. unique ids per table, sorted by owner; counts and chunk sizes.
     sources = []
@@ -108,54 +127,33 @@ def lookup(view, layout, coo_by_table, table_shards):
                                                     dtype=tf.int32)))
     send_counts = tf.stack([t["counts"] for t in sources], axis=1)          # [W dest, T]
     recv_counts = view.all_to_all(send_counts)                              # [W source, T]
-    send_floats = send_counts * widths[None, :]
-    chunks = view.all_max(tf.stack([tf.reduce_max(tf.reduce_sum(send_counts, axis=1)),
-                                    tf.reduce_max(tf.reduce_sum(send_floats, axis=1))]))
-    id_chunk, row_chunk = chunks[0], chunks[1]
-    send_id_offsets = _exclusive_cumsum(send_counts, axis=1)
-    send_row_offsets = _exclusive_cumsum(send_floats, axis=1)
-    recv_id_offsets = _exclusive_cumsum(recv_counts, axis=1)
-    recv_row_offsets = _exclusive_cumsum(recv_counts * widths[None, :], axis=1)
+    id_chunk, row_chunk = _chunks(view, send_counts, widths)
 
     # 2. unique ids to their owners (as rows of the owner's variable).
-    id_positions = [_entry_positions(send_counts[:, i], id_chunk, send_id_offsets[:, i], 1)
-                    for i in range(len(stacked))]
-    send_ids = tf.scatter_nd(tf.concat(id_positions, 0)[:, None],
-                             tf.concat([t["local"] for t in sources], 0), [W * id_chunk])
-    recv_ids = tf.reshape(view.all_to_all(tf.reshape(send_ids, [W, -1])), [-1])
+    recv_ids = _all_to_all(view, pack_by_replica([t["local"] for t in sources], send_counts,
+                                                 id_chunk, W))
+    received = unpack_by_replica(recv_ids, recv_counts, [None] * len(stacked), id_chunk, W)
 
     # 3. owners read their rows (the variable is read in place, not copied) and return them.
-    response, owners = [], []
-    for i, table in enumerate(stacked):
-        counts = recv_counts[:, i]
-        received = tf.gather(recv_ids, _entry_positions(counts, id_chunk, recv_id_offsets[:, i],
-                                                        1))
-        rows = _quantized(tf.gather(table_shards[table.name].read_value(), received),
-                          table.quantization)
-        positions = _entry_positions(counts, row_chunk, recv_row_offsets[:, i],
-                                     table.padded_width)
-        response.append((rows, positions, table.padded_width))
-        owners.append(dict(received_rows=received, recv_row_positions=positions))
-    recv_rows = tf.reshape(
-        view.all_to_all(tf.reshape(_pack(response, W * row_chunk), [W, -1])), [-1])
+    rows = [_quantized(tf.gather(table_shards[table.name].read_value(), received[i]),
+                       table.quantization) for i, table in enumerate(stacked)]
+    recv_rows = _all_to_all(view, pack_by_replica(rows, recv_counts, row_chunk, W))
+    rows_in_send_order = unpack_by_replica(recv_rows, send_counts, width_list, row_chunk, W)
 
     # 4. rows -> activations.
     activations, preserved = {}, {}
     for i, table in enumerate(stacked):
         source = sources[i]
-        positions = _entry_positions(send_counts[:, i], row_chunk, send_row_offsets[:, i],
-                                     table.padded_width)
-        rows_in_send_order = _unpack(recv_rows, positions, table.padded_width)
         unique_positions = tf.gather(tf.math.invert_permutation(source["order"]),
                                      source["inverse"])
         coo = source["coo"]
-        contributions = tf.gather(rows_in_send_order, unique_positions) * coo.gains[:, None]
+        contributions = tf.gather(rows_in_send_order[i], unique_positions) * coo.gains[:, None]
         activations[table.name] = tf.math.unsorted_segment_sum(contributions, coo.row_ids,
                                                                table.sample_count)
         preserved[table.name] = ExchangedTable(
             sample_rows=coo.row_ids, unique_positions=unique_positions, gains=coo.gains,
-            send_row_positions=positions, **owners[i])
-    return activations, (preserved, ExchangeSizes(row_chunk))
+            received_rows=received[i])
+    return activations, (preserved, ExchangeSizes(send_counts, recv_counts, row_chunk))
 
 
 def _owner_csr(local_rows, rows_per_shard, sparse_cores, num_replicas, replica_id):
@@ -190,35 +188,42 @@ def _owner_csr(local_rows, rows_per_shard, sparse_cores, num_replicas, replica_i
     return begin + counts, samples, tokens, gains, order, S * per_sc
 
 
-def apply_gradients(view, layout, preserved, gradients, variables):
-    """Fused optimizer update of the rows this replica owns, from every replica's gradients.
+def exchange_gradients(view, layout, preserved, gradients):
+    """Step 5: one gradient row per unique id, sent to its owner.
 
-    gradients: {stacked name: [B_stk, padded_width]}; variables: {stacked name: (parameter
-    variable, [slot variables in the optimizer's order])} of this replica.
+    Returns {stacked name: (rows of the owner's variable, [received, padded_width] gradients)} of
+    the rows this replica owns (several entries per row when several replicas touched it).
+    """
+    tables, sizes = preserved
+    stacked = list(layout.stacked_tables.values())
+    per_unique = []
+    for i, table in enumerate(stacked):
+        state = tables[table.name]
+        per_id = tf.gather(gradients[table.name], state.sample_rows) * state.gains[:, None]
+        per_unique.append(tf.math.unsorted_segment_sum(
+            per_id, state.unique_positions, tf.reduce_sum(sizes.send_counts[:, i])))
+    W = layout.num_replicas
+    received = unpack_by_replica(
+        _all_to_all(view, pack_by_replica(per_unique, sizes.send_counts, sizes.row_chunk, W)),
+        sizes.recv_counts, [t.padded_width for t in stacked], sizes.row_chunk, W)
+    return {table.name: (tables[table.name].received_rows, received[i])
+            for i, table in enumerate(stacked)}
+
+def update_owned_rows(layout, replica_id, rows_and_gradients, variables):
+    """The fused optimizer update of rows of this replica's variables (duplicates are summed).
+
+    rows_and_gradients: {stacked name: (rows, [n, padded_width] gradients)}; variables:
+    {stacked name: (parameter variable, [slot variables in the optimizer's order])}.
     """
     W = layout.num_replicas
     S = layout.sparse_cores_per_replica
-    tables, sizes = preserved
-    row_chunk = sizes.row_chunk
-    stacked = list(layout.stacked_tables.values())
-    # 5. one gradient row per unique id, to its owner.
-    parts = []
-    for table in stacked:
-        state = tables[table.name]
-        per_id = tf.gather(gradients[table.name], state.sample_rows) * state.gains[:, None]
-        per_unique = tf.math.unsorted_segment_sum(
-            per_id, state.unique_positions, tf.size(state.send_row_positions))
-        parts.append((per_unique, state.send_row_positions, table.padded_width))
-    received = tf.reshape(view.all_to_all(tf.reshape(_pack(parts, W * row_chunk), [W, -1])),
-                          [-1])
     updates = []
-    for table in stacked:
-        state = tables[table.name]
-        grads = _unpack(received, state.recv_row_positions, table.padded_width)
-        pointers, samples, tokens, gains, order, rows = _owner_csr(
-            state.received_rows, table.rows_per_shard, S, W, view.replica_id)
+    for table in layout.stacked_tables.values():
+        rows, grads = rows_and_gradients[table.name]
+        pointers, samples, tokens, gains, order, activation_rows = _owner_csr(
+            rows, table.rows_per_shard, S, W, replica_id)
         grads = tf.gather(grads, order)
-        grads = tf.pad(grads, [[0, rows - tf.shape(grads)[0]], [0, 0]])
+        grads = tf.pad(grads, [[0, activation_rows - tf.shape(grads)[0]], [0, 0]])
         parameters, slots = variables[table.name]
         definition = ops.OPTIMIZERS[table.optimizer.definition_name]
         updates.append(table.optimizer.apply(
@@ -226,6 +231,71 @@ def apply_gradients(view, layout, preserved, gradients, variables):
             sorted_gains=gains, activation_gradients=grads, embedding_table=parameters,
             num_minibatches_per_physical_sparse_core=tf.constant(1), table_name=table.name,
             num_sparsecores_per_device=S, num_replica=W, num_source_replicas=1,
-            first_local_shard=view.replica_id * S, num_local_shards=S,
+            first_local_shard=replica_id * S, num_local_shards=S,
             **dict(zip(definition.slots, slots))))
     return updates
+
+
+def apply_gradients(view, layout, preserved, gradients, variables):
+    """Fused optimizer update of the rows this replica owns, from every replica's gradients.
+
+    gradients: {stacked name: [B_stk, padded_width]}; variables: {stacked name: (parameter
+    variable, [slot variables in the optimizer's order])} of this replica.
+    """
+    received = exchange_gradients(view, layout, preserved, gradients)
+    return update_owned_rows(layout, view.replica_id, received, variables)
+
+
+def sparse_allreduce(view, layout, rows_and_gradients):
+    """Every replica's (row, gradient row) pairs of replicated tables, summed, on every replica.
+
+    The sparse allreduce of docs/multi_worker.md#replicated-tables in two phases, each one set of
+    collectives for all tables: (1) reduce-scatter: each row goes to replica row mod W with an
+    all-to-all, which sums the duplicates it receives; (2) all-gather of the reduced slices. A
+    replica sends about its own unique rows in (1) and 1/W of the union of all replicas' rows,
+    times W-1, in (2): bounded by the table size, whatever the number of replicas.
+    Returns {stacked name: (rows, gradients)} in the same order on every replica.
+    """
+    W = view.num_replicas
+    stacked = list(layout.stacked_tables.values())
+    width_list = [s.padded_width for s in stacked]
+    widths = tf.constant(width_list, tf.int32)
+    # (1) reduce-scatter by owner = row mod W.
+    rows, grads, counts = [], [], []
+    for table in stacked:
+        r, g = rows_and_gradients[table.name]
+        owner = r % W
+        order = tf.argsort(owner, stable=True)
+        rows.append(tf.gather(r, order))
+        grads.append(tf.gather(g, order))
+        counts.append(tf.math.bincount(owner, minlength=W, maxlength=W, dtype=tf.int32))
+    send_counts = tf.stack(counts, axis=1)                                     # [W, T]
+    recv_counts = view.all_to_all(send_counts)
+    id_chunk, row_chunk = _chunks(view, send_counts, widths)
+    recv_ids = unpack_by_replica(
+        _all_to_all(view, pack_by_replica(rows, send_counts, id_chunk, W)), recv_counts,
+        [None] * len(stacked), id_chunk, W)
+    recv_grads = unpack_by_replica(
+        _all_to_all(view, pack_by_replica(grads, send_counts, row_chunk, W)), recv_counts,
+        width_list, row_chunk, W)
+    reduced_ids, reduced_grads = [], []
+    for ids, g in zip(recv_ids, recv_grads):
+        unique, inverse = tf.unique(ids, out_idx=tf.int32)
+        reduced_ids.append(unique)
+        reduced_grads.append(tf.math.unsorted_segment_sum(g, inverse, tf.size(unique)))
+    # (2) all-gather of the reduced slices (equal shapes: padded to the largest slice).
+    mine = tf.stack([tf.size(u, out_type=tf.int32) for u in reduced_ids])           # [T]
+    all_counts = tf.reshape(view.all_gather(mine[None, :]), [W, len(stacked)])     # [W, T]
+    id_chunk = tf.reduce_max(tf.reduce_sum(all_counts, axis=1))
+    row_chunk = tf.reduce_max(tf.reduce_sum(all_counts * widths[None, :], axis=1))
+    one_chunk = tf.ones([1, len(stacked)], tf.int32)
+
+    def gathered(values, chunk):
+        local = pack_by_replica(values, tf.reshape(mine, [1, -1]) * one_chunk, chunk, 1)
+        return view.all_gather(local[None, :])
+
+    ids = unpack_by_replica(gathered(reduced_ids, id_chunk), all_counts,
+                            [None] * len(stacked), id_chunk, W)
+    grads = unpack_by_replica(gathered(reduced_grads, row_chunk), all_counts, width_list,
+                              row_chunk, W)
+    return {table.name: (ids[i], grads[i]) for i, table in enumerate(stacked)}

@@ -96,6 +96,16 @@ def flat_feature_paths(feature_config):
     return [path for path, _ in nest.flatten_with_joined_string_paths(feature_config)]
 
 
+def table_names(feature_config):
+    """The names of the distinct tables of a feature config (unnamed ones: table_<index>)."""
+    tables = []
+    for feature in nest.flatten(feature_config):
+        if isinstance(feature, tf.tpu.experimental.embedding.FeatureConfig) and \
+                not any(feature.table is t for t in tables):
+            tables.append(feature.table)
+    return {_table_name(t, i): t for i, t in enumerate(tables)}
+
+
 def _table_name(table, index):
     return table.name if table.name else f"table_{index}"
 
@@ -104,14 +114,16 @@ class EmbeddingLayout:
     """The stacked layout of a feature config for a number of replicas and SparseCores."""
 
     def __init__(self, feature_config, optimizer, num_replicas, sparse_cores_per_replica,
-                 output_shapes: Dict[str, Tuple[int, ...]], sparse_core_embedding_config=None):
+                 output_shapes: Dict[str, Tuple[int, ...]], sparse_core_embedding_config=None,
+                 tables: Optional[frozenset] = None):
+        """`tables`: lay out only these table names (and their features); None: all."""
         self.num_replicas = num_replicas
         self.sparse_cores_per_replica = sparse_cores_per_replica
         self.num_sparse_cores = num_replicas * sparse_cores_per_replica
         config = sparse_core_embedding_config
         self.flat_paths_and_features = nest.flatten_with_joined_string_paths(feature_config)
-        tables = self._unique_tables()
-        placements = self._place_tables(tables, optimizer, output_shapes, config)
+        self._only = tables
+        placements = self._place_tables(self._unique_tables(), optimizer, output_shapes, config)
         self.features = self._place_features(placements, output_shapes)
         self.stacked_tables = self._stack(placements, config)
 
@@ -138,7 +150,9 @@ class EmbeddingLayout:
                                 disable_table_stacking=bool(config and
                                                             config.disable_table_stacking))
         bound, groups = {}, {}
-        named = sorted(((_table_name(t, i), t) for i, t in enumerate(tables)), key=lambda x: x[0])
+        named = sorted(((_table_name(t, i), t) for i, t in enumerate(tables)
+                        if self._only is None or _table_name(t, i) in self._only),
+                       key=lambda x: x[0])
         for name, table in named:
             where = f"table '{name}'"
             table_optimizer = table.optimizer if table.optimizer is not None else optimizer
@@ -163,7 +177,9 @@ class EmbeddingLayout:
         offsets: Dict[str, int] = {}
         features = []
         for path, feature in self.flat_paths_and_features:
-            table = by_table[id(feature.table)]
+            table = by_table.get(id(feature.table))
+            if table is None:   # a table of the other placement
+                continue
             stacked = table.layout.stacked_table_name
             shape = tuple(output_shapes[path])
             placement = FeaturePlacement(path, feature, table, shape, offsets.get(stacked, 0))
@@ -196,3 +212,46 @@ class EmbeddingLayout:
     def table_layouts(self) -> Dict[str, TableLayout]:
         """Layout of every user table, by table name."""
         return {t.name: t.layout for s in self.stacked_tables.values() for t in s.tables}
+
+
+SHARDED, REPLICATED = "sharded", "replicated"
+
+
+class EmbeddingPlan:
+    """Where every table lives: mod-sharded over all replicas, or held whole by every replica.
+
+    `sharded` is the layout of the sharded tables over all replicas, `replicated` the layout of
+    the replicated ones as if there were one replica (each replica holds all S shards of them);
+    either is None when it has no table. Replication only exists with several replicas.
+    """
+
+    def __init__(self, feature_config, optimizer, num_replicas, sparse_cores_per_replica,
+                 output_shapes, sparse_core_embedding_config=None, replicated=frozenset()):
+        names = table_names(feature_config)
+        replicated = frozenset(replicated) if num_replicas > 1 else frozenset()
+        unknown = replicated - set(names)
+        if unknown:
+            raise ValueError(f"table_placement names unknown tables {sorted(unknown)}; the "
+                             f"tables are {sorted(names)}")
+        self.placement = {n: REPLICATED if n in replicated else SHARDED for n in names}
+        args = (feature_config, optimizer)
+        config = sparse_core_embedding_config
+        sharded = frozenset(set(names) - replicated)
+        self.sharded = (EmbeddingLayout(*args, num_replicas, sparse_cores_per_replica,
+                                        output_shapes, config, tables=sharded)
+                        if sharded or not names else None)
+        self.replicated = (EmbeddingLayout(*args, 1, sparse_cores_per_replica, output_shapes,
+                                           config, tables=replicated) if replicated else None)
+        self.num_replicas = num_replicas
+        self.sparse_cores_per_replica = sparse_cores_per_replica
+        by_path = {f.path: f for layout in self.parts() for f in layout.features}
+        self.features = tuple(by_path[path] for path in flat_feature_paths(feature_config))
+        self.stacked_tables = {name: stacked for layout in self.parts()
+                               for name, stacked in layout.stacked_tables.items()}
+
+    def parts(self):
+        return [layout for layout in (self.sharded, self.replicated) if layout is not None]
+
+    def table_layouts(self) -> Dict[str, TableLayout]:
+        """Layout of every user table, by table name."""
+        return {name: t for layout in self.parts() for name, t in layout.table_layouts().items()}

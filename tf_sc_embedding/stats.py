@@ -13,6 +13,10 @@
   (this step's values), ``.../running_max_ids_per_partition`` and
   ``.../running_max_unique_ids_per_partition``.
 
+Only the sharded tables are measured: tables the embedding replicates (small tables with several
+replicas, `replication_threshold_bytes` / `table_placement`) have no partitions here; measure them
+with `compute_sparse_core_stats` or place them "sharded" while tuning.
+
 The statistics are those of the SparseCore layout the embedding uses (replicas as chips,
 `sparse_cores_per_replica` SparseCores each), whatever exchange runs on CPU: they are what a TPU
 job with the same topology needs, even where the CPU exchange (all-to-all) has no limits.

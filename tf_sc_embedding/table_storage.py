@@ -20,6 +20,9 @@ logical [vocabulary_size, dim] view of every user table and slot:
   time (an initializer is evaluated at the logical shape, so a seeded initializer gives the same
   logical table on any topology), or from a deferred checkpoint restore.
 
+Small tables may instead be *replicated* (layout.EmbeddingPlan): laid out as for one replica
+and held whole by every replica; reading them needs no collective, writing writes every copy.
+
 Nothing else in the library touches the variables or the logical<->storage mapping.
 """
 import inspect
@@ -188,15 +191,30 @@ class _Blocks:
 class TableStorage:
     """Variables of every stacked table and slot held by this process, and their logical views."""
 
-    def __init__(self, layout, group):
-        self.layout = layout
+    def __init__(self, plan, group):
+        self.plan = plan
         self.group = group
-        self.sparse_cores = layout.sparse_cores_per_replica
-        self.num_replicas = layout.num_replicas
-        self._placements = {t.name: t for s in layout.stacked_tables.values() for t in s.tables}
-        self._blocks = {name: _Blocks(p, self.num_replicas, self.sparse_cores)
-                        for name, p in self._placements.items()}
+        self.sparse_cores = plan.sparse_cores_per_replica
+        self.num_replicas = plan.num_replicas
+        self._placements = {t.name: t for s in plan.stacked_tables.values() for t in s.tables}
+        self._replicated = frozenset(
+            t.name for s in (plan.replicated.stacked_tables.values() if plan.replicated else ())
+            for t in s.tables)
+        self._blocks = {
+            name: _Blocks(p, 1 if name in self._replicated else self.num_replicas,
+                          self.sparse_cores)
+            for name, p in self._placements.items()}
         self._tables = None
+
+    def is_replicated(self, table_name):
+        """True if every replica holds the whole table (small tables; see layout.EmbeddingPlan)."""
+        return table_name in self._replicated
+
+    def _holders(self, table_name, block_replica):
+        """The local replicas whose variables hold a block (a replicated table's: all of them)."""
+        if table_name in self._replicated:
+            return self.group.local_replica_ids
+        return (block_replica,) if block_replica in self.group.local_replica_ids else ()
 
     # -- queries
     @property
@@ -237,7 +255,7 @@ class TableStorage:
         """
         tables = {}
         with tf.init_scope():
-            for stacked_name, stacked in self.layout.stacked_tables.items():
+            for stacked_name, stacked in self.plan.stacked_tables.items():
                 kinds = {}
                 for kind in (PARAMETERS,) + tuple(stacked.optimizer.slot_names):
                     kinds[kind] = self._create_one(stacked, kind, from_checkpoint)
@@ -283,8 +301,8 @@ class TableStorage:
             return
         blocks = self._blocks[table_name]
         for _, replica, start, _ in blocks.blocks:
-            if replica in views:
-                views[replica][start:start + blocks.rows_per_residue, :] = value
+            for holder in self._holders(table_name, replica):
+                views[holder][start:start + blocks.rows_per_residue, :] = value
 
     # -- logical -> storage
     def _place(self, views, table_name, first_row, values, height_limit=None, width=None):
@@ -295,15 +313,14 @@ class TableStorage:
         height = blocks.layout.height if height_limit is None else height_limit
         stop = min(first_row + len(values), height)
         for k, replica, start, _ in blocks.blocks:
-            if replica not in views:
-                continue
             r0 = first_row + (k - first_row) % n     # first row >= first_row with r % n == k
             if r0 >= stop:
                 continue
             count = (stop - 1 - r0) // n + 1
             j0 = r0 // n
-            views[replica][start + j0:start + j0 + count, :width] = \
-                values[r0 - first_row:stop - first_row:n]
+            for holder in self._holders(table_name, replica):
+                views[holder][start + j0:start + j0 + count, :width] = \
+                    values[r0 - first_row:stop - first_row:n]
 
     def _place_chunks(self, views, table_name, reader):
         height = self.placement(table_name).layout.height
@@ -345,18 +362,17 @@ class TableStorage:
         n, width = blocks.n, blocks.layout.width
         stop = min(first_row + len(values), blocks.layout.height)
         for k, replica, start, _ in blocks.blocks:
-            if replica not in sharded.shards_by_replica:
-                continue
             r0 = first_row + (k - first_row) % n
             if r0 >= stop:
                 continue
             count = (stop - 1 - r0) // n + 1
             indices = np.arange(start + r0 // n, start + r0 // n + count)
-            variable = sharded.shard(replica)
-            with tf.device(variable.device):
-                current = tf.gather(variable, indices).numpy()
-                current[:, :width] = values[r0 - first_row:stop - first_row:n]
-                variable.scatter_update(tf.IndexedSlices(current, indices))
+            for holder in self._holders(table_name, replica):
+                variable = sharded.shard(holder)
+                with tf.device(variable.device):
+                    current = tf.gather(variable, indices).numpy()
+                    current[:, :width] = values[r0 - first_row:stop - first_row:n]
+                    variable.scatter_update(tf.IndexedSlices(current, indices))
 
     # -- storage -> logical
     def _local_contribution(self, sharded, table_name, replica, width):
@@ -379,11 +395,12 @@ class TableStorage:
         layout = blocks.layout
         out = aligned_empty((layout.padded_height, layout.width))
         blocked = out.reshape(blocks.rows_per_residue, blocks.n, layout.width)
-        if not self.group.is_multi_worker:
+        if not self.group.is_multi_worker or self.is_replicated(table_name):
             views = {r: private_tf.numpy_view(v.read_value())
                      for r, v in sharded.shards_by_replica.items()}
             for k, replica, start, count in blocks.blocks:
-                blocked[:count, k, :] = views[replica][start:start + count, :layout.width]
+                holder = self._holders(table_name, replica)[0]
+                blocked[:count, k, :] = views[holder][start:start + count, :layout.width]
             del views
             return out[:layout.height]
         gathered = self._gather_across_workers(sharded, table_name, layout.width)
@@ -414,7 +431,7 @@ class TableStorage:
 
     def read_logical_tf(self, table_name, kind):
         """read_logical with TensorFlow ops (graph contexts, e.g. tracing a SavedModel)."""
-        if self.group.is_multi_worker:
+        if self.group.is_multi_worker and not self.is_replicated(table_name):
             raise NotImplementedError("reading a complete logical table inside a tf.function is "
                                       "not supported with several worker processes: read eagerly")
         placement = self.placement(table_name)
@@ -422,7 +439,8 @@ class TableStorage:
         blocks = self._blocks[table_name]
         layout = blocks.layout
         rows = blocks.rows_per_residue
-        pieces = [sharded.shard(replica)[start:start + rows, :layout.width]
+        pieces = [sharded.shard(self._holders(table_name, replica)[0])[start:start + rows,
+                                                                       :layout.width]
                   for _, replica, start, _ in blocks.blocks]
         return tf.reshape(tf.stack(pieces, axis=1),
                           [layout.padded_height, layout.width])[:layout.height]
@@ -432,6 +450,6 @@ class TableStorage:
         blocks = self._blocks[table_name]
         mask = np.zeros(blocks.layout.height, bool)
         for k, replica, _, _ in blocks.blocks:
-            if replica in self.group.local_replica_ids:
+            if self._holders(table_name, replica):
                 mask[k::blocks.n] = True
         return mask

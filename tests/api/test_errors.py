@@ -375,3 +375,56 @@ def test_int64_ids_below_int32_range_fail():
     embedding = small_embedding()
     with pytest.raises(tf.errors.InvalidArgumentError, match="feature 'f'"):
         embedding.embedding_lookup({"f": tf.constant([1, -(2 ** 32) + 3, 2, 3], tf.int64)})
+
+
+# --------------------------------------------------------------------------------------------
+# Strategies and placement
+# --------------------------------------------------------------------------------------------
+
+def _one_table_config():
+    table = E.TableConfig(vocabulary_size=16, dim=4, name="t")
+    return {"f": E.FeatureConfig(table=table)}
+
+
+def test_unsupported_strategy_is_rejected_naming_the_supported_ones():
+    strategy = tf.distribute.experimental.CentralStorageStrategy()
+    with strategy.scope():
+        with pytest.raises(ValueError, match="MultiWorkerMirroredStrategy") as info:
+            sce.TPUEmbeddingV2(_one_table_config(), E.SGD(0.1))
+    assert "CentralStorageStrategy" in str(info.value)
+
+
+def test_parameter_server_strategy_is_rejected():
+    from tf_sc_embedding import collectives  # pylint: disable=import-outside-toplevel
+
+    class ParameterServerStrategyV2:   # what strategy_replicas sees of a PS strategy
+        num_replicas_in_sync = 1
+
+    with pytest.raises(ValueError, match="ParameterServerStrategy.*supported strategies"):
+        collectives.strategy_replicas(ParameterServerStrategyV2())
+
+
+@pytest.mark.parametrize("placement,match", [
+    ({"nope": "replicated"}, "unknown tables"), ({"t": "mirrored"}, "must be 'sharded'")])
+def test_bad_table_placement_names_the_table(placement, match):
+    with pytest.raises(ValueError, match=match):
+        sce.TPUEmbeddingV2(_one_table_config(), E.SGD(0.1), table_placement=placement)
+
+
+def test_placement_plan_follows_the_threshold_and_overrides():
+    skip_without_devices(2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    small = E.TableConfig(vocabulary_size=16, dim=4, name="small")
+    large = E.TableConfig(vocabulary_size=100_000, dim=8, name="large")
+    config = {"a": E.FeatureConfig(table=small), "b": E.FeatureConfig(table=large)}
+    with strategy.scope():
+        default = sce.TPUEmbeddingV2(config, E.SGD(0.1))
+        forced = sce.TPUEmbeddingV2(config, E.SGD(0.1),
+                                    table_placement={"small": "sharded", "large": "replicated"})
+        none = sce.TPUEmbeddingV2(config, E.SGD(0.1), replication_threshold_bytes=0)
+    assert default.placement_plan == {"small": "replicated", "large": "sharded"}
+    assert forced.placement_plan == {"small": "sharded", "large": "replicated"}
+    assert none.placement_plan == {"small": "sharded", "large": "sharded"}
+    # One replica: nothing to replicate.
+    assert sce.TPUEmbeddingV2(config, E.SGD(0.1)).placement_plan == {
+        "small": "sharded", "large": "sharded"}

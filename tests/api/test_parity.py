@@ -213,7 +213,7 @@ class Trainer:
 
     def __init__(self, replicas, optimizer, combiner, kind, sc_config=None, dtype=tf.int64,
                  use_function=True, features=FEATURES, template=None, table_optimizers=None,
-                 none_gradients=(), build=True, tables=None):
+                 none_gradients=(), build=True, tables=None, replicated=()):
         self.replicas = replicas
         self.n = num_replicas(replicas)
         self.kind = kind
@@ -229,8 +229,11 @@ class Trainer:
         self.none_gradients = set(none_gradients)
         self.optimizer = optimizer
         with self.strategy.scope():
-            self.embedding = sce.TPUEmbeddingV2(self.config, optimizer,
-                                                sparse_core_embedding_config=sc_config)
+            # Every table sharded unless the test asks for replicated ones (`replicated`).
+            self.embedding = sce.TPUEmbeddingV2(
+                self.config, optimizer, sparse_core_embedding_config=sc_config,
+                replication_threshold_bytes=0,
+                table_placement={t: "replicated" for t in replicated})
             if build:
                 # Explicit build: building lazily from the first lookup is broken (see
                 # test_lazy_build_from_first_lookup).
@@ -593,6 +596,22 @@ def test_parity_full_cross_product(case):
 ], ids=["adagrad_momentum-plain", "adam-eps_outside_sqrt", "ftrl-multiply_linear", "ftrl-no_l1"])
 def test_optimizer_variants(optimizer_name, kwargs, replicas):
     run_parity(optimizer_name, "mean", "ragged", True, replicas, optimizer_kwargs=kwargs)
+
+
+@pytest.mark.parametrize("optimizer_name,combiner,kind,replicas,replicated", [
+    ("adagrad", "sum", "ragged", 2, ("big", "small", "wide")),
+    ("adam", "mean", "sparse", 4, ("small",)),
+    ("ftrl", "sqrtn", "dense", 2, ("wide",)),
+    ("sgd", "mean", "ragged", 8, ("big", "wide")),
+], ids=["all_replicated-2", "small_replicated-4", "wide_replicated-2", "two_replicated-8"])
+def test_replicated_tables_train_like_the_references(optimizer_name, combiner, kind, replicas,
+                                                    replicated):
+    """Replicated tables (whole on every replica, sparse allreduce of the touched rows) give the
+    numbers of both references, alone or mixed with sharded tables in one embedding."""
+    trainer, _, _ = run_parity(optimizer_name, combiner, kind, True, replicas,
+                               replicated=replicated)
+    plan = trainer.embedding.placement_plan
+    assert {t for t, p in plan.items() if p == "replicated"} == set(replicated)
 
 
 @pytest.mark.parametrize("optimizer_name,replicas", [("sgd", 2), ("adam", "none"), ("ftrl", 1)])

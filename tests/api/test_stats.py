@@ -102,8 +102,9 @@ def test_running_maxima_single_replica_and_summaries(tmp_path):
 def test_running_maxima_two_replicas_match_static_method():
     require_replicas(2)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    with strategy.scope():
-        embedding = sce.TPUEmbeddingV2(features_config(), optimizer=E.SGD(0.1))
+    with strategy.scope():   # statistics cover the sharded tables (small ones are replicated)
+        embedding = sce.TPUEmbeddingV2(features_config(), optimizer=E.SGD(0.1),
+                                       table_placement={"video": "sharded"})
     per_replica = [batch(seed=20), batch(seed=21, skew=True)]
     values = strategy.experimental_distribute_values_from_function(
         lambda ctx: per_replica[ctx.replica_id_in_sync_group])

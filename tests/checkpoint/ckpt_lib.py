@@ -58,14 +58,17 @@ def make_strategy(replicas):
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
 
 
-def make_embedding(replicas, stacking=True, optimizer="adagrad", build=True, **table_kwargs):
+def make_embedding(replicas, stacking=True, optimizer="adagrad", build=True, replicated=(),
+                   **table_kwargs):
     tables = table_configs(**table_kwargs)
     features = {f: E.FeatureConfig(table=tables[t], name=f) for f, t in FEATURES.items()}
     strategy = make_strategy(replicas)
     config = E.SparseCoreEmbeddingConfig(disable_table_stacking=not stacking)
     with strategy.scope():
         embedding = sce.TPUEmbeddingV2(features, make_optimizer(optimizer),
-                                       sparse_core_embedding_config=config)
+                                       sparse_core_embedding_config=config,
+                                       replication_threshold_bytes=0,
+                                       table_placement={t: "replicated" for t in replicated})
     if build:
         embedding.build(per_replica_batch_size=GLOBAL_BATCH // replicas)
     return strategy, embedding

@@ -269,3 +269,25 @@ def test_resume_in_a_fresh_process_is_exact(tmp_path, n1, s1, n2, s2):
 @pytest.mark.parametrize("n1,s1,n2,s2", SLOW_RESUME_CASES)
 def test_resume_in_a_fresh_process_other_topologies(tmp_path, n1, s1, n2, s2):
     run_resume(tmp_path, (n1, s1), (n2, s2))
+
+
+# ------------------------------------------------------------------------------------- placement
+ALL_TABLES = ("video", "user", "item")
+
+
+@pytest.mark.parametrize("source,target", [
+    ((2, ALL_TABLES), (4, ())), ((4, ()), (2, ALL_TABLES)), ((2, ("user",)), (1, ())),
+    ((1, ()), (2, ("video", "item")))], ids=["replicated-sharded", "sharded-replicated",
+                                             "mixed-one", "one-mixed"])
+def test_replicated_tables_checkpoint_like_sharded_ones(tmp_path, source, target):
+    """The checkpoint of a replicated table is its logical table too: it restores into any
+    placement and replica count, before build."""
+    require_replicas(source[0], target[0])
+    strategy, embedding = ckpt_lib.make_embedding(source[0], replicated=source[1])
+    ckpt_lib.Trainer(strategy, embedding).run(range(2))
+    path = tf.train.Checkpoint(embedding=embedding).save(str(tmp_path / "ckpt"))
+    _, restored = ckpt_lib.make_embedding(target[0], build=False, replicated=target[1])
+    status = tf.train.Checkpoint(embedding=restored).restore(path)
+    restored.build(per_replica_batch_size=ckpt_lib.GLOBAL_BATCH // target[0])
+    status.assert_consumed()
+    assert_states_equal(ckpt_lib.state(embedding), ckpt_lib.state(restored))

@@ -32,6 +32,7 @@ def parse():
     p.add_argument("--out", required=True)
     p.add_argument("--sleep-per-step", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=20.0)
+    p.add_argument("--replicate", default="", help="comma-separated tables to replicate")
     return p.parse_args()
 
 
@@ -68,7 +69,10 @@ def main():
     with strategy.scope():
         embedding = sce.TPUEmbeddingV2(features, optimizer=E.Adagrad(learning_rate=0.1),
                                        exchange=args.exchange,
-                                       collective_timeout_seconds=args.timeout)
+                                       collective_timeout_seconds=args.timeout,
+                                       replication_threshold_bytes=0,
+                                       table_placement={t: "replicated"
+                                                        for t in args.replicate.split(",") if t})
     checkpoint = tf.train.Checkpoint(embedding=embedding)
     if args.restore and not args.restore_after_build:
         checkpoint.restore(args.restore)

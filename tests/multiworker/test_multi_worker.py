@@ -102,7 +102,7 @@ def check_ok(out, codes):
         assert code == 0, (out / f"log_{i}.txt").read_text()[-3000:]
 
 
-@pytest.mark.parametrize("workers", [2, 4])
+@pytest.mark.parametrize("workers", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_workers_train_like_one_process_and_hold_only_their_shards(tmp_path, workers):
     out, codes = run_cluster(tmp_path, "cluster", workers)
     check_ok(out, codes)
@@ -116,6 +116,20 @@ def test_workers_train_like_one_process_and_hold_only_their_shards(tmp_path, wor
         held = {k: int(v) for k, v in mine.items() if k.startswith("shard_rows/")}
         assert all(f"replica_{i}:" in k for k in held), held
         assert sum(v for k, v in held.items() if "/parameters/" in k) * workers == full_rows
+
+
+def test_replicated_table_over_workers_trains_like_sharded(tmp_path):
+    """'small' held whole by each of 2 workers (sparse allreduce) + 'big' sharded: the same
+    numbers as all tables sharded in one process."""
+    out, codes = run_cluster(tmp_path, "cluster", 2, ["--replicate", "small"])
+    check_ok(out, codes)
+    reference = tables(run_single(tmp_path, "single", 2))
+    for i in range(2):
+        mine = tables(out, i)
+        assert_tables_close(mine, reference)
+        held = {k: int(v) for k, v in mine.items() if k.startswith("shard_rows/")}
+        # The replicated table's variable holds all of its (padded) rows on each worker.
+        assert held[f"shard_rows/small/parameters/replica_{i}:0"] >= 37, held
 
 
 def test_checkpoint_from_two_workers_restores_anywhere(tmp_path):
