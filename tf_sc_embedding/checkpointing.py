@@ -1,32 +1,44 @@
 """Topology-independent checkpoints of `TPUEmbeddingV2` through plain `tf.train.Checkpoint`.
 
-What a checkpoint holds, per user table (not per stacked table or replica), under the object path
-of the table in the checkpoint (e.g. ``embedding/video`` when the embedding is checkpointed as
-``tf.train.Checkpoint(embedding=...)``):
+Key layout: the one of TensorFlow's CPU class `tf.tpu.experimental.embedding.TPUEmbeddingForServing`
+(and of TensorFlow's own embedding checkpoints), per user table, under the object path of the
+embedding (e.g. ``embedding`` for ``tf.train.Checkpoint(embedding=...)``):
 
-* ``<path>/.ATTRIBUTES/parameters``: the logical ``[vocabulary_size, dim]`` table (unstacked,
-  unpadded, unrotated);
-* ``<path>/.ATTRIBUTES/<slot>``: each optimizer slot (e.g. ``accumulators``), same shape;
-* ``<path>/.ATTRIBUTES/layout``: a JSON string with the layout that was in use (stacked table,
-  row offset, rotation, padding, replicas, SparseCores, optimizer), for inspection only.
+* ``<path>/<table>/.ATTRIBUTES/VARIABLE_VALUE``: the logical ``[vocabulary_size, dim]`` table
+  (unstacked, unpadded, unrotated); the object graph has a child ``<table>`` of the embedding;
+* ``<path>/<table>.S<slot>/.ATTRIBUTES/VARIABLE_VALUE``: each optimizer slot (child
+  ``<table>/<slot>``, ``/`` being escaped as ``.S`` in keys), same shape;
+* ``<path>/<table>/.ATTRIBUTES/layout``: a JSON string with the layout that was in use, for
+  inspection only (TensorFlow ignores it).
 
-Nothing depends on the replica count or on stacking, so a checkpoint restores into any topology.
+So a checkpoint of a `TPUEmbeddingV2` restores into `TPUEmbeddingForServing` built from the same
+feature config, and a checkpoint of `TPUEmbeddingForServing` restores here. Nothing depends on the
+replica count or on stacking, so a checkpoint restores into any topology.
 
-Mechanism. Each user table is a small trackable child of the embedding (`LogicalTable`) saved
-with a registered checkpoint saver (`tf.saved_model.experimental`-style `register_checkpoint_saver`)
-instead of `_serialize_to_tensors`: TensorFlow's default saver materializes every serialized tensor
-of a checkpoint before writing any, i.e. a second copy of *all* tables and slots. The registered
-save function instead gathers one logical table at a time (strided copies from zero-copy views of
-the shards), writes it with `SaveV2` to its own shard file, and drops it; the files are merged into
-the checkpoint by TensorFlow's `MergeV2Checkpoints` with the rest of the user's objects, so a
-checkpoint is still one atomic V2 checkpoint (readable with `tf.train.load_checkpoint`). Restore
-reads one tensor at a time with `RestoreV2` and writes it into the shards in place.
+Mechanism. TensorFlow's default saver materializes every serialized tensor of a checkpoint before
+writing any (a second copy of *all* tables and slots), and its default restore reads them all at
+once. Instead:
 
-Restoring reads every table in chunks of rows (`RestoreV2` with slices), and each process keeps
-only the rows its replicas hold: under MultiWorkerMirroredStrategy every worker reads only what
-it owns. Saving under MultiWorkerMirroredStrategy follows TensorFlow's convention (every worker
-calls `save`, the chief with the real path): each table is gathered from all workers during the
-save, one table at a time, so the chief's checkpoint is complete.
+* Saving: the table and slot nodes (`LogicalTable`, one per table and kind) serialize to ``None``,
+  which records their ``VARIABLE_VALUE`` attribute in the object graph without writing a value.
+  The embedding itself is saved by a registered checkpoint saver (package `tf_sc_embedding`, name
+  `LogicalEmbeddingTable`) whose save function writes exactly those keys: it gathers one logical
+  table at a time (strided copies from zero-copy views of the shards), writes it with `SaveV2` to
+  its own part file and drops it; TensorFlow merges the part files with the rest of the checkpoint
+  (`MergeV2Checkpoints`), so it is still one atomic V2 checkpoint.
+* Restoring: the embedding hands out its nodes through `_lookup_dependency` only while a restore
+  looks them up; the nodes then match the registered saver, and TensorFlow passes the checkpoint
+  key of each node to the registered restore function (its path for checkpoints with a recorded
+  attribute but no registered saver). It validates everything first, then reads chunks of rows
+  with `RestoreV2` slices and writes them into the shards in place; under
+  MultiWorkerMirroredStrategy every worker reads only the rows it owns. The registered saver is
+  not strict, so TensorFlow's own classes skip the embedding node and restore the table variables.
+* Checkpoints of earlier versions (keys ``<path>/<table>/.ATTRIBUTES/parameters`` and
+  ``.../<slot>``, written by the registered saver on each table node) still restore.
+
+Saving under MultiWorkerMirroredStrategy follows TensorFlow's convention (every worker calls
+`save`, the chief with the real path): each table is gathered from all workers during the save,
+one table at a time, so the chief's checkpoint is complete.
 
 Deferred restoration: restoring into an embedding that is not built yet validates the checkpoint
 (shapes, per table) and remembers where its tables are; `build()` then creates the variables from
@@ -52,6 +64,7 @@ from tf_sc_embedding.table_storage import PARAMETERS, as_tensor_zero_copy
 SAVER_PACKAGE = "tf_sc_embedding"
 SAVER_NAME = "LogicalEmbeddingTable"
 LAYOUT_KEY = "layout"
+VALUE_KEY = "VARIABLE_VALUE"     # the attribute name of a tf.Variable in checkpoints
 
 _options = threading.local()
 
@@ -72,14 +85,52 @@ def allow_optimizer_change():
         _options.allow_missing_slots = previous
 
 
-class LogicalTable(private_tf.Trackable):
-    """Checkpoint node of one user table of a `TPUEmbeddingV2` (values and slots, logical view)."""
+def child_name(table_name, kind):
+    """The embedding's checkpoint child of a table's parameters or slot (TensorFlow's names)."""
+    return table_name if kind == PARAMETERS else f"{table_name}/{kind}"
+
+
+class KindNode(private_tf.Trackable):
+    """Checkpoint node of one table's parameters or one slot: a `tf.Variable` to TensorFlow."""
+
+    def __init__(self, table, kind):
+        self.table = table
+        self.kind = kind
+        self.restoring = False   # True only while a restore looks this node up
+
+    def _serialize_to_tensors(self):
+        # Recorded in the object graph as a variable, written by the embedding's registered saver:
+        # a save spec whose value is None is recorded but not written by TensorFlow's saver. The
+        # parameters node also saves the (small) layout record the ordinary way, so TensorFlow's
+        # saver always has a real tensor on this process's CPU (it cannot write zero tensors).
+        with tf.init_scope(), tf.device("CPU:0"):
+            layout = tf.constant(_layout_record(self.table)) if self.kind == PARAMETERS else None
+        tensors = {VALUE_KEY: private_tf.SaveSpec(
+            lambda: None, "", None, dtype=tf.float32,
+            device=layout.device if layout is not None else _cpu_device())}
+        if layout is not None:
+            tensors[LAYOUT_KEY] = layout
+        return tensors
+
+    def _restore_from_tensors(self, restored_tensors):   # only reached without the registered saver
+        raise NotImplementedError("restore tf_sc_embedding tables through tf.train.Checkpoint of "
+                                  "the embedding (or of an object tracking it)")
+
+
+def _cpu_device():
+    with tf.init_scope(), tf.device("CPU:0"):
+        return tf.zeros([]).device
+
+
+class LogicalTable:
+    """One user table of a `TPUEmbeddingV2`: its checkpoint nodes (values and slots, logical)."""
 
     def __init__(self, embedding, table_name, table_config, slot_names):
         self._embedding_ref = weakref.ref(embedding)
         self.table_name = table_name
         self.table_config = table_config
         self.slot_names = tuple(slot_names)
+        self.nodes = {kind: KindNode(self, kind) for kind in self.kinds}
 
     @property
     def embedding(self):
@@ -94,8 +145,37 @@ class LogicalTable(private_tf.Trackable):
         return (int(self.table_config.vocabulary_size), int(self.table_config.dim))
 
 
+def trackable_children(logical_tables):
+    """The embedding's checkpoint children; also ends any restore look-up of them."""
+    children = {}
+    for table in logical_tables.values():
+        for kind, node in table.nodes.items():
+            node.restoring = False
+            children[child_name(table.table_name, kind)] = node
+    return children
+
+
+def lookup_dependency(logical_tables, name):
+    """A child looked up by a restore: it then restores through the registered saver."""
+    for table in logical_tables.values():
+        for kind, node in table.nodes.items():
+            if child_name(table.table_name, kind) == name:
+                node.restoring = True
+                return node
+    return None
+
+
 def _key(object_name, local_name):
     return private_tf.checkpoint_key(object_name, local_name)
+
+
+def _child_path(object_name, name):
+    return f"{object_name}/{private_tf.escape_local_name(name)}"
+
+
+def value_key(embedding_path, table_name, kind):
+    """The checkpoint key of a table's parameters or slot under the embedding's object path."""
+    return _key(_child_path(embedding_path, child_name(table_name, kind)), VALUE_KEY)
 
 
 def _as_str(prefix):
@@ -127,7 +207,7 @@ def _layout_record(node):
 
 
 def _saved_items(node):
-    """(kind, nbytes, producer) of the values one node saves now; producer() -> array or tensor."""
+    """(kind, nbytes, producer) of the values one table saves now; producer() -> array or tensor."""
     embedding = node.embedding
     height, width = node.logical_shape
     nbytes = 4 * height * width
@@ -143,13 +223,15 @@ def _saved_items(node):
 
 
 def _save_fn(trackables, file_prefix):
-    """Registered save function: one logical table in memory at a time."""
+    """Registered save function of embeddings: one logical table in memory at a time."""
     prefix = _as_str(file_prefix)
-    layouts, items = [], []
-    for object_name, node in sorted(trackables.items()):
-        layouts.append((_key(object_name, LAYOUT_KEY), _layout_record(node)))
-        for kind, nbytes, produce in _saved_items(node):
-            items.append((_key(object_name, kind), nbytes, produce))
+    items = []
+    for object_name, embedding in sorted(trackables.items(), key=lambda kv: kv[0]):
+        if not _is_embedding(embedding):
+            continue
+        for table in embedding.logical_tables_for_checkpoint().values():
+            for kind, nbytes, produce in _saved_items(table):
+                items.append((value_key(object_name, table.table_name, kind), nbytes, produce))
     # Group small tables into one SaveV2 call while a group stays within the largest single item,
     # so at most one extra copy of the largest table is ever held.
     budget = max([n for _, n, _ in items] + [1])
@@ -164,12 +246,6 @@ def _save_fn(trackables, file_prefix):
         groups.append(current)
     prefixes = []
     with tf.device("CPU:0"):
-        names = [k for k, _ in layouts]
-        values = [tf.constant(v) for _, v in layouts]
-        part = (file_prefix + "_layouts") if prefix is None else prefix + "_layouts"
-        tf.raw_ops.SaveV2(prefix=part, tensor_names=names, shape_and_slices=[""] * len(names),
-                          tensors=values)
-        prefixes.append(tf.convert_to_tensor(part))
         for i, group in enumerate(groups):
             part = (file_prefix + f"_part{i}") if prefix is None else f"{prefix}_part{i}"
             tensors = [as_tensor_zero_copy(produce()) if tf.executing_eagerly() else produce()
@@ -209,66 +285,99 @@ class CheckpointRows:
             self(self.shape[0] - 1, self.shape[0])
 
 
-def _check_and_collect(trackables, prefix):
-    """Validates every table first (no partial restore); returns per embedding readers."""
-    try:
-        shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
-    except (tf.errors.OpError, IndexError, ValueError) as e:
-        raise ValueError(f"checkpoint {prefix} cannot be read: {type(e).__name__}: {e}") from None
+_VALUE_SUFFIX = "/.ATTRIBUTES/" + VALUE_KEY
+
+
+def _candidate_keys(name, node):
+    """{kind: checkpoint key} a restored node may read.
+
+    `name` is a checkpoint key (the node was saved as a variable: this layout, or TensorFlow's)
+    or an object path (the node was saved by the registered saver of earlier versions, which
+    wrote every kind of the table under ``<path>/.ATTRIBUTES/<kind>``).
+    """
+    if "/.ATTRIBUTES/" in name:
+        return {node.kind: name[:name.rindex("/.ATTRIBUTES/")] + _VALUE_SUFFIX}
+    if node.kind != PARAMETERS:
+        return {}
+    return {kind: _key(name, kind) for kind in node.table.kinds}
+
+
+def _check_and_collect(found, prefix, shapes):
+    """Validates every table first (no partial restore); returns per embedding readers.
+
+    found: {LogicalTable: {kind: checkpoint key}} of the nodes this restore matched.
+    """
     allow_missing = getattr(_options, "allow_missing_slots", False)
     by_embedding = {}
-    for object_name, node in sorted(trackables.items()):
-        embedding = node.embedding
+    for table, keys in found.items():
+        embedding = table.embedding
         if embedding is None:
             continue
         readers = {}
-        for kind in node.kinds:
-            key = _key(object_name, kind)
-            if key not in shapes:
-                if kind != PARAMETERS and _key(object_name, PARAMETERS) in shapes:
+        has_parameters = keys.get(PARAMETERS) in shapes
+        for kind in table.kinds:
+            key = keys.get(kind)
+            if key is None or key not in shapes:
+                if kind != PARAMETERS and has_parameters:
                     if not allow_missing:
                         raise ValueError(
-                            f"table '{node.table_name}': checkpoint {prefix} has no '{kind}' slot, "
-                            f"which the table's optimizer needs (it was saved with another "
+                            f"table '{table.table_name}': checkpoint {prefix} has no '{kind}' "
+                            f"slot, which the table's optimizer needs (it was saved with another "
                             "optimizer?). Nothing was restored. To change the optimizer on "
                             "purpose, restore inside tf_sc_embedding.checkpointing."
                             "allow_optimizer_change(): missing slots then keep their initial "
                             "values")
                     logging.warning("checkpoint %s has no slot '%s' for table '%s': the slot "
-                                    "keeps its initial value", prefix, kind, node.table_name)
+                                    "keeps its initial value", prefix, kind, table.table_name)
                 continue
-            if tuple(shapes[key]) != node.logical_shape:
+            if tuple(shapes[key]) != table.logical_shape:
                 raise ValueError(
-                    f"table '{node.table_name}': the checkpoint's {kind} has shape "
+                    f"table '{table.table_name}': the checkpoint's {kind} has shape "
                     f"[vocabulary_size, dim] = {list(shapes[key])} but the TableConfig has "
-                    f"{list(node.logical_shape)} (checkpoint {prefix}, key '{key}'); a table "
+                    f"{list(table.logical_shape)} (checkpoint {prefix}, key '{key}'); a table "
                     "with a different vocabulary or dimension cannot be restored")
-            reader = CheckpointRows(prefix, key, shapes[key], node.table_name, kind)
+            reader = CheckpointRows(prefix, key, shapes[key], table.table_name, kind)
             reader.check_readable()
             readers[kind] = reader
-        by_embedding.setdefault(id(embedding), (embedding, {}))[1][node.table_name] = readers
+        if readers:
+            by_embedding.setdefault(id(embedding), (embedding, {}))[1][table.table_name] = readers
     return by_embedding.values()
 
 
 def _restore_fn(trackables, merged_prefix):
     """Registered restore function: validates everything, then restores chunk by chunk."""
+    found = {}
+    for name, node in trackables.items():
+        if isinstance(node, KindNode):
+            node.restoring = False
+            found.setdefault(node.table, {}).update(_candidate_keys(name, node))
+    if not found:       # only embedding nodes: their tables come as their own nodes
+        return
     prefix = _as_str(merged_prefix)
     if prefix is None:
         raise NotImplementedError("restoring a TPUEmbeddingV2 checkpoint inside a tf.function is "
                                   "not supported: restore eagerly")
-    for embedding, readers in _check_and_collect(trackables, prefix):
+    try:
+        shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+    except (tf.errors.OpError, IndexError, ValueError) as e:
+        raise ValueError(f"checkpoint {prefix} cannot be read: {type(e).__name__}: {e}") from None
+    for embedding, readers in _check_and_collect(found, prefix, shapes):
         embedding.restore_logical(readers)
 
 
-def _is_logical_table(obj):
-    return isinstance(obj, LogicalTable)
+def _is_embedding(obj):
+    return getattr(obj, "_sce_checkpoint_writer", False)
+
+
+def _is_saved_by_us(obj):
+    return _is_embedding(obj) or (isinstance(obj, KindNode) and obj.restoring)
 
 
 def _register():
     try:
         private_tf.register_checkpoint_saver(
-            package=SAVER_PACKAGE, name=SAVER_NAME, predicate=_is_logical_table,
-            save_fn=_save_fn, restore_fn=_restore_fn)
+            package=SAVER_PACKAGE, name=SAVER_NAME, predicate=_is_saved_by_us,
+            save_fn=_save_fn, restore_fn=_restore_fn, strict_predicate_restore=False)
     except ValueError:  # already registered (module reloaded)
         pass
 
@@ -278,7 +387,7 @@ _register()
 
 # ------------------------------------------------------------------------------------- helpers
 def read_saved_layouts(checkpoint_path):
-    """The layouts recorded in a checkpoint: {checkpoint key of the table: dict}."""
+    """The layouts recorded in a checkpoint: {checkpoint path of the table: dict}."""
     reader = tf.train.load_checkpoint(checkpoint_path)
     suffix = "/.ATTRIBUTES/" + LAYOUT_KEY
     return {key[:-len(suffix)]: json.loads(reader.get_tensor(key))

@@ -16,6 +16,7 @@ from tf_sc_embedding import checkpointing
 from tf_sc_embedding import collectives
 from tf_sc_embedding import enqueue as enqueue_lib
 from tf_sc_embedding import private_tf
+from tf_sc_embedding import stats as stats_lib
 from tf_sc_embedding import exchange as all_to_all_exchange
 from tf_sc_embedding import sharded_lookup as all_gather_exchange
 from tf_sc_embedding.layout import (DEFAULT_SPARSE_CORES_PER_REPLICA, REPLICATED, SHARDED,
@@ -42,6 +43,13 @@ def _choose_exchange(exchange, num_replicas, sparse_core_config):
     return "all_gather" if limits else "all_to_all"
 
 
+def _has_distributed_values(*structures):
+    return any(isinstance(v, tf.distribute.DistributedValues)
+               for structure in structures if structure is not None
+               for v in ([structure] if isinstance(structure, tf.distribute.DistributedValues)
+                         else tf.nest.flatten(structure)))
+
+
 class TPUEmbeddingV2(tf.Module):
     """Sharded embedding tables with fused optimizers; see the module docstring.
 
@@ -60,6 +68,9 @@ class TPUEmbeddingV2(tf.Module):
         table, looks it up locally and applies the same update after a sparse allreduce of the
         touched rows. 0 shards every table.
       table_placement: {table name: "sharded" | "replicated"}, overriding the threshold.
+      track_sparse_core_stats: measure every enqueued batch's SparseCore partition statistics
+        of the sharded tables (`sparse_core_stats`, TensorBoard summaries; see
+        tf_sc_embedding/stats.py).
     """
 
     def __init__(self, feature_config, optimizer=None, pipeline_execution_with_tensor_core=False,
@@ -67,8 +78,10 @@ class TPUEmbeddingV2(tf.Module):
                  sparse_cores_per_replica=DEFAULT_SPARSE_CORES_PER_REPLICA, exchange="auto",
                  collective_timeout_seconds=collectives.DEFAULT_TIMEOUT_SECONDS,
                  replication_threshold_bytes=DEFAULT_REPLICATION_THRESHOLD_BYTES,
-                 table_placement=None):
+                 table_placement=None, track_sparse_core_stats=True):
         super().__init__(name="tpu_embedding_v2")
+        self._track_stats = bool(track_sparse_core_stats)
+        self._stats = None
         if exchange not in EXCHANGES:
             raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
         self._feature_config = feature_config
@@ -141,6 +154,8 @@ class TPUEmbeddingV2(tf.Module):
             self._group.create_variables()
             self._storage = storage
             self._plan = plan
+            if self._track_stats and plan.sharded is not None:
+                self._stats = stats_lib.RunningStats(plan.sharded)
             self._pending_restore = {}
 
     def _output_shapes_of(self, flat_features):
@@ -305,9 +320,21 @@ class TPUEmbeddingV2(tf.Module):
         return serving.export_serving(self, export_dir, **kwargs)
 
     # ----------------------------------------------------------------------------- checkpoints
+    # Saved by checkpointing's registered saver (one logical table at a time).
+    _sce_checkpoint_writer = True
+
     def _trackable_children(self, save_type=None, **kwargs):
-        # Only the per-table logical nodes: the per-replica variables depend on the topology and
-        # are never checkpointed directly.
+        # Only the per-table logical nodes (named as TensorFlow names its table and slot
+        # variables): the per-replica variables depend on the topology and are never
+        # checkpointed directly.
+        return checkpointing.trackable_children(self._logical_nodes)
+
+    def _lookup_dependency(self, name, cached_dependencies=None):
+        node = checkpointing.lookup_dependency(self.__dict__.get("_logical_nodes", {}), name)
+        return node if node is not None else super()._lookup_dependency(name, cached_dependencies)
+
+    def logical_tables_for_checkpoint(self):
+        """Table name -> checkpointing.LogicalTable."""
         return dict(self._logical_nodes)
 
     def _require_built(self, what):
@@ -333,7 +360,19 @@ class TPUEmbeddingV2(tf.Module):
         """Host preprocessing of one replica's batch; returns per stacked table sorted ids.
 
         Works eagerly, in `tf.function`, in replica context and inside `tf.data.Dataset.map`.
+        `device`: where the preprocessing runs (TensorFlow: the host of that TPU device; here the
+        device itself); by default the current device.
+
+        In cross-replica context with per-replica inputs (e.g. `next(iter(distributed_dataset))`
+        outside `strategy.run`), as TensorFlow's pattern: every local replica's batch is
+        preprocessed, on `device` if given, else on that replica's device, and the result is a
+        per-replica value; pass it to `strategy.run`, where `dequeue` takes each replica's part.
         """
+        if _has_distributed_values(features, weights):
+            return self._enqueue_per_replica(features, weights, device)
+        return self._enqueue_one(features, weights, device)
+
+    def _enqueue_one(self, features, weights, device, summarize=None):
         flat = self.flatten_features(features, "features")
         flat_weights = ([None] * len(flat) if weights is None else
                         self.flatten_features(weights, "weights", allow_none=True))
@@ -346,8 +385,85 @@ class TPUEmbeddingV2(tf.Module):
                 ids = [by_path[f.path][0] for f in layout.features]
                 weights_ = [by_path[f.path][1] for f in layout.features]
                 splits = layout is self._plan.sharded and self._exchange != "all_to_all"
-                result.update(enqueue_lib.preprocess(layout, ids, weights_, with_splits=splits))
+                observe = (self._stats_observer(summarize) if layout is self._plan.sharded
+                           else None)
+                result.update(enqueue_lib.preprocess(layout, ids, weights_, with_splits=splits,
+                                                     observe_coo=observe))
         return result
+
+    def _enqueue_per_replica(self, features, weights, device):
+        """Cross-replica enqueue of per-replica inputs -> per-replica preprocessed outputs."""
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync > 1:
+            raise ValueError("per-replica (distributed) inputs are only accepted by enqueue in "
+                             "cross-replica context (outside strategy.run); inside strategy.run "
+                             "pass each replica's own tensors")
+        if device is not None:
+            tf.DeviceSpec.from_string(device)   # a malformed device string fails here
+        strategy = self._strategy
+        local_ids = list(self._group.local_replica_ids)
+        count = len(local_ids)
+
+        def per_replica(structure):
+            if isinstance(structure, tf.distribute.DistributedValues):
+                return list(strategy.experimental_local_results(structure))
+            flat = tf.nest.flatten(structure)
+            columns = []
+            for value in flat:
+                if isinstance(value, tf.distribute.DistributedValues):
+                    value = list(strategy.experimental_local_results(value))
+                    if len(value) != count:
+                        raise ValueError(f"a per-replica input has {len(value)} values, this "
+                                         f"process runs {count} replicas")
+                    columns.append(value)
+                else:
+                    columns.append([value] * count)
+            return [tf.nest.pack_sequence_as(structure, [c[i] for c in columns])
+                    for i in range(count)]
+
+        local_features = per_replica(features)
+        local_weights = [None] * count if weights is None else per_replica(weights)
+        outputs = []
+        for i, replica_device in enumerate(self._group.local_devices):
+            outputs.append(self._enqueue_one(local_features[i], local_weights[i],
+                                             device or replica_device, summarize=i == 0))
+        return strategy.experimental_distribute_values_from_function(
+            lambda ctx: outputs[local_ids.index(int(tf.get_static_value(
+                ctx.replica_id_in_sync_group)))])
+
+    # ----------------------------------------------------------------------------- statistics
+    @classmethod
+    def compute_sparse_core_stats(cls, features, feature_config, num_tpu_chips, num_sc_per_chip=4,
+                                  optimizer=None, sparse_core_embedding_config=None):
+        """TensorFlow's: (max ids, max unique ids) per partition, dicts by stacked table name."""
+        return stats_lib.compute_sparse_core_stats(
+            features, feature_config, num_tpu_chips, num_sc_per_chip=num_sc_per_chip,
+            optimizer=optimizer, sparse_core_embedding_config=sparse_core_embedding_config)
+
+    @property
+    def sparse_core_stats(self):
+        """Running maxima over the batches enqueued in this process, per stacked table:
+        {"max_ids_per_partition", "max_unique_ids_per_partition", "batches"} (None when not
+        tracked or not built)."""
+        return None if self._stats is None else self._stats.read()
+
+    def suggested_sparse_core_limits(self):
+        """(max_ids_per_table, max_unique_ids_per_table) from the running maxima, for
+        `SparseCoreEmbeddingConfig` of a job with this topology."""
+        measured = self.sparse_core_stats or {}
+        return ({n: v[stats_lib.MAX_IDS] for n, v in measured.items()},
+                {n: v[stats_lib.MAX_UNIQUE_IDS] for n, v in measured.items()})
+
+    def _stats_observer(self, summarize):
+        if self._stats is None:
+            return None
+        if summarize is None:   # one replica of the process writes the summaries
+            context = tf.distribute.get_replica_context()
+            summarize = True
+            if context is not None and context.num_replicas_in_sync > 1:
+                replica = tf.get_static_value(context.replica_id_in_sync_group)
+                summarize = replica is None or int(replica) == self._group.local_replica_ids[0]
+        return lambda lists: self._stats.observe(lists, summarize)
 
     def _local_parameters(self, view):
         variables = self._storage.stacked_variables()

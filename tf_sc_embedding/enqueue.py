@@ -72,13 +72,16 @@ def feature_as_id_input(ids, weights, path):
                      f"tf.RaggedTensor, got {type(ids).__name__}")
 
 
-def preprocess(layout, flat_features, flat_weights, with_splits=True):
+def preprocess(layout, flat_features, flat_weights, with_splits=True, observe_coo=None):
     """Per stacked table name, the PreprocessedTable of one replica's batch.
 
     Without splits (the all-to-all exchange), the stacked table's COO (PreprocessedCoo) instead.
+    observe_coo: called with {stacked table name: [(FeaturePlacement, per-SparseCore COO
+    lists)]} (the partition statistics, tf_sc_embedding.stats).
     """
     S = layout.sparse_cores_per_replica
     lists = {name: [] for name in layout.stacked_tables}
+    observed = {}
     for placement, ids, weights in zip(layout.features, flat_features, flat_weights):
         indices, values, gains, _ = feature_as_id_input(ids, weights, placement.path)
         table = placement.table
@@ -92,6 +95,14 @@ def preprocess(layout, flat_features, flat_weights, with_splits=True):
             vocabulary_size=table.vocabulary_size, table_name=table.name,
             feature_name=placement.path)
         lists[stacked.name].append(per_sc)
+        observed.setdefault(stacked.name, []).append((placement, per_sc))
+    if observe_coo is not None:
+        observe_coo(observed)   # stateful: runs in tf.function without a dependency
+    return _pack(layout, lists, with_splits)
+
+
+def _pack(layout, lists, with_splits):
+    S = layout.sparse_cores_per_replica
     result = {}
     for name, stacked in layout.stacked_tables.items():
         per_feature = lists[name]

@@ -26,10 +26,18 @@ from `batch_size` (global) if given, else from the static batch size of the firs
 batches (e.g. the last one of `predict`) are padded with empty samples and the padding is sliced
 off; use `drop_remainder=True` for training data so every training batch is full.
 
+Dense ids: a dense [batch, n] feature is n one-id samples per row, with activations
+[batch, n, dim], as in TensorFlow. With `batch_size` the tables are built at construction for one
+id per sample (unless every FeatureConfig has an output_shape) and laid out again, values kept,
+when the layer first sees dense [batch, n] inputs (a functional model's `keras.Input`s or the
+first call), before any step.
+
 Checkpoints: `tf.train.Checkpoint(model=model)` saves the tables per user table in their logical
 (unstacked, unsharded) form via `TPUEmbeddingV2`'s checkpoint nodes (topology independent); the
-Keras weight files (`model.save_weights`, `ModelCheckpoint(save_weights_only=True)`,
-`BackupAndRestore`) store the logical tables and optimizer slots as well (`save_own_variables`).
+Keras files (`model.save("m.keras")`, `model.save_weights`, `ModelCheckpoint`,
+`BackupAndRestore`) store the logical tables and optimizer slots as well (`save_own_variables`),
+and `get_config` / `from_config` serialize the configs (keras_config.py), so
+`keras.models.load_model` rebuilds the layer.
 Custom training loops keep working: `layer.embedding` is the `TPUEmbeddingV2` (enqueue, dequeue,
 apply_gradients), and a loop differentiating a loss with respect to `model.trainable_variables`
 updates the tables through the trigger exactly as `fit` does.
@@ -41,6 +49,8 @@ from tensorflow.python.util import nest
 import keras
 
 from tf_sc_embedding import checkpointing
+from tf_sc_embedding import keras_compat
+from tf_sc_embedding import keras_config
 from tf_sc_embedding.embedding import TPUEmbeddingV2
 from tf_sc_embedding.layout import DEFAULT_SPARSE_CORES_PER_REPLICA
 
@@ -92,6 +102,7 @@ def _pad_to(feature, rows):
     return tf.ensure_shape(padded, [rows] + feature.shape.as_list()[1:])
 
 
+@keras.saving.register_keras_serializable(package="tf_sc_embedding")
 class EmbeddingLayer(keras.layers.Layer):
     """A Keras layer owning a `TPUEmbeddingV2`; see the module docstring.
 
@@ -108,6 +119,8 @@ class EmbeddingLayer(keras.layers.Layer):
       2-D dense feature.
     """
 
+    _sce_embedding_layer = True   # recognized by keras_compat
+
     def __init__(self, feature_config, optimizer=None, batch_size=None,
                  sparse_core_embedding_config=None,
                  sparse_cores_per_replica=DEFAULT_SPARSE_CORES_PER_REPLICA, **kwargs):
@@ -121,22 +134,87 @@ class EmbeddingLayer(keras.layers.Layer):
         # The scalar trainable variable that puts the tables' update on Keras's gradient path.
         self.trigger = self.add_weight(name="table_update_trigger", shape=(),
                                        initializer="zeros", trainable=True)
+        self._embedding_kwargs = dict(
+            optimizer=optimizer, sparse_core_embedding_config=sparse_core_embedding_config,
+            sparse_cores_per_replica=sparse_cores_per_replica)
+        self._batch_size = batch_size
+        self._per_replica_batch = None
+        self._layout_revisable = False
         if batch_size is not None:
             if batch_size % self._num_replicas:
                 raise ValueError(f"batch_size {batch_size} is not divisible by the "
                                  f"{self._num_replicas} replicas")
-            self.embedding.build(per_replica_batch_size=batch_size // self._num_replicas)
+            self._per_replica_batch = batch_size // self._num_replicas
+            self.embedding.build(per_replica_batch_size=self._per_replica_batch)
+            # Built for one id per sample unless every FeatureConfig has an output_shape: a dense
+            # [batch, n] input (n one-id samples per row, activations [batch, n, dim], as in
+            # TensorFlow) lays the tables out again when the layer first sees its inputs, before
+            # any step, keeping their values.
+            self._layout_revisable = not all(f.output_shape.rank
+                                             for f in nest.flatten(feature_config))
         self.built = True
+
+    def _relayout(self, shapes):
+        """Lays the tables out for per-feature shapes (dense [batch, n] inputs), values kept."""
+        self._layout_revisable = False
+        if [tuple(s) for s in shapes] == self.embedding.per_replica_feature_shapes():
+            return
+        old = self.embedding
+        with tf.init_scope():
+            values = {name: {kind: (lambda first, stop, v=value: v[first:stop])
+                             for kind, value in kinds.items()}
+                      for name, kinds in old.logical_tables(include_slots=True).items()}
+            embedding = TPUEmbeddingV2(self._feature_config, **self._embedding_kwargs)
+            embedding.restore_logical(values)
+            embedding.build(output_shapes=nest.pack_sequence_as(self._feature_config, shapes))
+        self.embedding = embedding
 
     @property
     def feature_config(self):
         return self._feature_config
+
+    # -------------------------------------------------------------------------- .keras saving
+    def get_config(self):
+        """Keras config: the feature, table, optimizer and SparseCore configs (keras_config)."""
+        config = super().get_config()
+        kwargs = self._embedding_kwargs
+        config.update(
+            feature_config=keras_config.serialize_feature_config(self._feature_config),
+            optimizer=keras_config.serialize_optimizer(kwargs["optimizer"]),
+            batch_size=self._batch_size,
+            sparse_core_embedding_config=keras_config.serialize_sparse_core_config(
+                kwargs["sparse_core_embedding_config"]),
+            sparse_cores_per_replica=kwargs["sparse_cores_per_replica"])
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["feature_config"] = keras_config.deserialize_feature_config(
+            config["feature_config"])
+        config["optimizer"] = keras_config.deserialize_optimizer(config.get("optimizer"))
+        config["sparse_core_embedding_config"] = keras_config.deserialize_sparse_core_config(
+            config.get("sparse_core_embedding_config"))
+        return cls(**config)
 
     # -------------------------------------------------------------------------- Keras plumbing
     def build(self, *args, **kwargs):  # the tables are built from the batch size, not shapes
         self.built = True
 
     def compute_output_spec(self, features, weights=None, training=None):
+        if self._layout_revisable:
+            # batch_size given: the (symbolic) inputs tell which features are dense [batch, n].
+            shapes = []
+            for feature in self.embedding.flatten_features(features, "features"):
+                composite = getattr(feature, "ragged", False) or getattr(feature, "sparse", False) \
+                    or isinstance(feature, (tf.RaggedTensor, tf.SparseTensor))
+                inner = [] if composite else list(feature.shape[1:])
+                if None in inner:
+                    raise ValueError(f"dense ids need static dimensions after the batch, got "
+                                     f"shape {tuple(feature.shape)}")
+                shapes.append([self._per_replica_batch] + inner)
+            self._relayout(shapes)
+
         def spec(feature, config):
             if getattr(feature, "ragged", False) or getattr(feature, "sparse", False) or \
                     isinstance(feature, (tf.RaggedTensor, tf.SparseTensor)) or \
@@ -153,11 +231,11 @@ class EmbeddingLayer(keras.layers.Layer):
         return [shape[0] for shape in self.embedding.per_replica_feature_shapes()]
 
     def _ensure_built(self, flat):
-        if self.embedding.built:
+        if self.embedding.built and not self._layout_revisable:
             return
         shapes = []
         for path, feature in zip(self.embedding.feature_paths, flat):
-            rows = _static_batch_size(feature)
+            rows = self._per_replica_batch or _static_batch_size(feature)
             if rows is None:
                 raise ValueError(
                     f"feature '{path}': the batch size is not static, so the embedding tables "
@@ -166,8 +244,16 @@ class EmbeddingLayer(keras.layers.Layer):
             if isinstance(feature, (tf.RaggedTensor, tf.SparseTensor)):
                 shapes.append([rows])
             else:
-                shapes.append([rows] + tf.convert_to_tensor(feature).shape.as_list()[1:])
-        self.embedding.build(output_shapes=nest.pack_sequence_as(self._feature_config, shapes))
+                inner = tf.convert_to_tensor(feature).shape.as_list()[1:]
+                if None in inner:
+                    raise ValueError(f"feature '{path}': dense ids need static dimensions after "
+                                     f"the batch, got shape {feature.shape}")
+                shapes.append([rows] + inner)
+        if self._layout_revisable:
+            self._relayout(shapes)
+            return
+        with tf.init_scope():
+            self.embedding.build(output_shapes=nest.pack_sequence_as(self._feature_config, shapes))
 
     def call(self, features, weights=None, training=None):
         flat = self.embedding.flatten_features(features, "features")
@@ -199,7 +285,7 @@ class EmbeddingLayer(keras.layers.Layer):
     def _symbolic_outputs(self, flat):
         """Zeros of the activations' shapes, for Keras's symbolic model building (placeholders
         in a scratch graph, outside replica context, ragged inputs seen as dense)."""
-        built = self.embedding.built
+        built = self.embedding.built and not self._layout_revisable
         shapes = self.embedding.per_replica_feature_shapes() if built else [None] * len(flat)
         outputs = []
         for feature, config, shape in zip(flat, nest.flatten(self._feature_config), shapes):
@@ -207,9 +293,9 @@ class EmbeddingLayer(keras.layers.Layer):
             if shape is not None:
                 inner = list(shape[1:])
             elif isinstance(feature, (tf.RaggedTensor, tf.SparseTensor)) or \
-                    feature.shape.rank is None or feature.shape.rank <= 2:
-                inner = []
-            else:
+                    feature.shape.rank is None or None in feature.shape.as_list()[1:]:
+                inner = []      # ragged and sparse inputs arrive here as [batch, None]
+            else:   # dense [batch, n...]: one sample per id, as the tables will be built
                 inner = feature.shape.as_list()[1:]
             outputs.append(tf.zeros(tf.concat([[batch], tf.constant(inner + [config.table.dim],
                                                                      tf.int32)], 0)))
@@ -261,8 +347,9 @@ class EmbeddingLayer(keras.layers.Layer):
         for name in self.embedding.table_shapes:
             for kind in self.embedding.table_kinds(name):
                 value = tables.get(_TABLE_KEY.format(table=name, kind=kind))
-                if value is not None:
-                    values.setdefault(name, {})[kind] = value
+                if value is not None:   # a reader: what build() takes for deferred values
+                    values.setdefault(name, {})[kind] = (
+                        lambda first, stop, v=value: v[first:stop])
         self.embedding.restore_logical(values)   # now, or when the tables are built
 
     def _check_tables(self, tables):
@@ -277,69 +364,8 @@ class EmbeddingLayer(keras.layers.Layer):
                                      f"{list(value.shape)}, the TableConfig {list(shape)}")
 
 
-# ---------------------------------------------------------------------------------------------
-# Keras 3 (TensorFlow backend) builds a model under a tf.distribute strategy from the first batch
-# of `fit`/`evaluate`/`predict` by reducing it across replicas (`strategy.reduce("MEAN", batch)`),
-# which fails for ragged and sparse id tensors ("'RaggedTensor' object has no attribute
-# 'device'"). The replacement below behaves identically except that a batch holding ragged or
-# sparse per-replica values is built from the first replica's values (only shapes and dtypes are
-# used). Installed once, on import of this module.
-def _has_composite_per_replica_values(strategy, batch):
-    for value in tf.nest.flatten(batch):
-        if isinstance(value, tf.distribute.DistributedValues) and any(
-                isinstance(v, (tf.RaggedTensor, tf.SparseTensor))
-                for v in strategy.experimental_local_results(value)):
-            return True
-    return False
-
-
-MULTI_WORKER_FIT_MESSAGE = (
-    "model.fit / evaluate / predict of a model with an EmbeddingLayer is not supported under "
-    "MultiWorkerMirroredStrategy (Keras 3 itself fails there). Use a custom training loop: "
-    "strategy.run around the model call under a tf.GradientTape, then "
-    "optimizer.apply_gradients; the layer updates its tables through the same gradient (see the "
-    "README, 'Multi-worker training', and docs/multi_worker.md#launching)")
-
-
-def _reject_multi_worker_fit(model):
-    strategy = getattr(model, "_distribute_strategy", None)
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return
-    if any(isinstance(layer, EmbeddingLayer) for layer in model._flatten_layers()):  # pylint: disable=protected-access
-        raise NotImplementedError(MULTI_WORKER_FIT_MESSAGE)
-
-
-def _install_keras_symbolic_build_fix():
-    try:
-        from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=import-outside-toplevel
-    except ImportError:   # another backend or layout: nothing to fix
-        return
-    cls = tf_trainer.TensorFlowTrainer
-    original = getattr(cls, "_maybe_symbolic_build", None)
-    if original is None or getattr(original, "_tf_sc_embedding_fix", False):
-        return
-
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        _reject_multi_worker_fit(self)
-        if self._distribute_strategy is None or iterator is None:  # pylint: disable=protected-access
-            return original(self, iterator=iterator, data_batch=data_batch)
-        strategy = self.distribute_strategy
-        batch = None
-        for _, _, it in iterator:       # as Keras does: the first batch of the iterator
-            batch = next(it)
-            break
-        if batch is not None and _has_composite_per_replica_values(strategy, batch):
-            batch = tf.nest.map_structure(
-                lambda v: (strategy.experimental_local_results(v)[0]
-                           if isinstance(v, tf.distribute.DistributedValues) else v), batch)
-        elif batch is not None and all(isinstance(v, tf.distribute.DistributedValues)
-                                       for v in tf.nest.flatten(batch)):
-            batch = strategy.reduce("MEAN", batch, axis=None)
-        with strategy.scope():
-            self._symbolic_build(data_batch=batch)  # pylint: disable=protected-access
-
-    _maybe_symbolic_build._tf_sc_embedding_fix = True  # pylint: disable=protected-access
-    cls._maybe_symbolic_build = _maybe_symbolic_build
-
-
-_install_keras_symbolic_build_fix()
+# The adaptation of Keras's model building under a strategy (ragged / sparse first batches, and the
+# multi-worker rejection) lives in keras_compat; installed on import of this module.
+MULTI_WORKER_FIT_MESSAGE = keras_compat.MULTI_WORKER_FIT_MESSAGE
+_reject_multi_worker_fit = keras_compat.reject_multi_worker_fit
+keras_compat.install()

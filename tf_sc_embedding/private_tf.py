@@ -20,6 +20,9 @@ from tensorflow.python.trackable.base import ShardInfo  # noqa: F401  (initializ
 Trackable = _trackable_base.Trackable
 register_checkpoint_saver = _registration.register_checkpoint_saver
 checkpoint_key = _trackable_utils.checkpoint_key
+escape_local_name = _trackable_utils.escape_local_name
+# A value recorded in the object graph that TensorFlow's saver does not write (callable -> None).
+from tensorflow.python.training.saving.saveable_object import SaveSpec  # noqa: E402,F401
 
 
 def uninitialized_variable(shape, dtype, name):

@@ -59,8 +59,9 @@ def test_keys_are_logical_tables_and_slots_with_stable_names(saved):
         keys[(replicas, stacking)] = set(shapes) - {"_CHECKPOINTABLE_OBJECT_GRAPH",
                                                     "save_counter/.ATTRIBUTES/VARIABLE_VALUE"}
         for table in ckpt_lib.VOCAB:
-            for kind in ("parameters", "accumulators"):
-                key = f"embedding/{table}/.ATTRIBUTES/{kind}"
+            for kind, key in [("parameters", f"embedding/{table}/.ATTRIBUTES/VARIABLE_VALUE"),
+                              ("accumulators",
+                               f"embedding/{table}.Saccumulators/.ATTRIBUTES/VARIABLE_VALUE")]:
                 assert shapes[key] == [ckpt_lib.VOCAB[table], ckpt_lib.DIM[table]]
                 # The saved value IS the logical table (plain TensorFlow reader).
                 np.testing.assert_array_equal(tf.train.load_checkpoint(path).get_tensor(key),
