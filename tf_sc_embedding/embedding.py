@@ -525,22 +525,13 @@ class TPUEmbeddingV2(tf.Module):
         by_path = dict(zip(self._flat_paths, flat))
         grads = {name: enqueue_lib.stack_gradients(self._plan, stacked, by_path)
                  for name, stacked in self._plan.stacked_tables.items()}
-        # A NaN or Inf gradient fails the step, naming the feature, before any collective and any
-        # write (the fused update kernels check again, naming the table and row).
-        finite = [tf.debugging.assert_all_finite(
-            tf.convert_to_tensor(grad, tf.float32),
-            f"feature '{path}' (table '{feature.table.name}'): the gradient of its activations "
-            "has NaN or Inf values; no table was updated")
-            for path, grad, feature in zip(self._flat_paths, flat,
-                                           tf.nest.flatten(self._feature_config))
-            if grad is not None]
+
         view = collectives.ReplicaView(self._group)
         self._check_preserved(preserved_outputs)
         sharded, replicated = self._plan.sharded, self._plan.replicated
         # No table is updated before every table's inputs passed validation: a bad id in one
         # feature must leave all tables unchanged, not only the table it belongs to.
         validated = [t for t in tf.nest.flatten(preserved_outputs) if isinstance(t, tf.Tensor)]
-        validated += finite
         updates = []
         with tf.control_dependencies(validated):
             if sharded is not None and self._exchange == "all_to_all":
@@ -560,6 +551,7 @@ class TPUEmbeddingV2(tf.Module):
                     replicated, 0, merged, self._local_variables(view, replicated))
         return updates
 
+    @tf.autograph.experimental.do_not_convert
     def _check_preserved(self, preserved):
         """preserved_outputs must be what dequeue returned (checked before any collective)."""
         def a2a_ok(part, layout):
