@@ -291,3 +291,42 @@ def test_replicated_tables_checkpoint_like_sharded_ones(tmp_path, source, target
     restored.build(per_replica_batch_size=ckpt_lib.GLOBAL_BATCH // target[0])
     status.assert_consumed()
     assert_states_equal(ckpt_lib.state(embedding), ckpt_lib.state(restored))
+
+
+# ------------------------------------------------------------------------------------- bad files
+def _saved_after_training(tmp_path, optimizer):
+    strategy, embedding = ckpt_lib.make_embedding(1, optimizer=optimizer)
+    ckpt_lib.Trainer(strategy, embedding).run(range(1))
+    return tf.train.Checkpoint(embedding=embedding).save(str(tmp_path / "ckpt")), embedding
+
+
+def test_missing_optimizer_slots_fail_and_write_nothing_unless_allowed(tmp_path):
+    path, saved = _saved_after_training(tmp_path, "sgd")      # no slots
+    _, embedding = ckpt_lib.make_embedding(1, optimizer="adagrad")
+    before = ckpt_lib.state(embedding)
+    with pytest.raises(ValueError, match=r"table '\w+'.*no 'accumulators' slot.*"
+                                         r"allow_optimizer_change"):
+        tf.train.Checkpoint(embedding=embedding).restore(path)
+    assert_states_equal(before, ckpt_lib.state(embedding))
+    with sce.checkpointing.allow_optimizer_change():
+        tf.train.Checkpoint(embedding=embedding).restore(path).expect_partial()
+    after = ckpt_lib.state(embedding)
+    for key, value in ckpt_lib.state(saved).items():
+        np.testing.assert_array_equal(after[key], value, err_msg=key)
+    for key in after:   # slots the checkpoint lacks keep their initial values
+        if key.endswith("accumulators"):
+            np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+
+
+def test_truncated_data_file_fails_naming_the_table_and_writes_nothing(tmp_path):
+    path, _ = _saved_after_training(tmp_path, "adagrad")
+    data = sorted(tmp_path.glob("ckpt-1.data-*"))
+    assert data
+    largest = max(data, key=lambda p: p.stat().st_size)
+    content = largest.read_bytes()
+    largest.write_bytes(content[:len(content) // 3])
+    _, embedding = ckpt_lib.make_embedding(1)
+    before = ckpt_lib.state(embedding)
+    with pytest.raises((ValueError, tf.errors.OpError), match=r"table '\w+'|truncated|corrupt"):
+        tf.train.Checkpoint(embedding=embedding).restore(path)
+    assert_states_equal(before, ckpt_lib.state(embedding))
