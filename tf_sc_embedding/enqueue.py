@@ -72,16 +72,14 @@ def feature_as_id_input(ids, weights, path):
                      f"tf.RaggedTensor, got {type(ids).__name__}")
 
 
-def preprocess(layout, flat_features, flat_weights, with_splits=True, observe_coo=None):
-    """Per stacked table name, the PreprocessedTable of one replica's batch.
+def feature_coo_lists(layout, flat_features, flat_weights):
+    """Per stacked table name, per feature: (FeaturePlacement, its per-SparseCore COO lists).
 
-    Without splits (the all-to-all exchange), the stacked table's COO (PreprocessedCoo) instead.
-    observe_coo: called with {stacked table name: [(FeaturePlacement, per-SparseCore COO
-    lists)]} (the partition statistics, tf_sc_embedding.stats).
+    Each feature's ids go through the combiner and the stacking transform (sample offset, row
+    offset, rotation) with convert_to_list_of_sparse_core_coo_tensors.
     """
     S = layout.sparse_cores_per_replica
-    lists = {name: [] for name in layout.stacked_tables}
-    observed = {}
+    lists = {}
     for placement, ids, weights in zip(layout.features, flat_features, flat_weights):
         indices, values, gains, _ = feature_as_id_input(ids, weights, placement.path)
         table = placement.table
@@ -94,8 +92,20 @@ def preprocess(layout, flat_features, flat_weights, with_splits=True, observe_co
             stacked_table_sample_count=stacked.sample_count, combiner=table.combiner,
             vocabulary_size=table.vocabulary_size, table_name=table.name,
             feature_name=placement.path)
-        lists[stacked.name].append(per_sc)
-        observed.setdefault(stacked.name, []).append((placement, per_sc))
+        lists.setdefault(stacked.name, []).append((placement, per_sc))
+    return lists
+
+
+def preprocess(layout, flat_features, flat_weights, with_splits=True, observe_coo=None):
+    """Per stacked table name, the PreprocessedTable of one replica's batch.
+
+    Without splits (the all-to-all exchange), the stacked table's COO (PreprocessedCoo) instead.
+    observe_coo: called with {stacked table name: [(FeaturePlacement, per-SparseCore COO
+    lists)]} (the partition statistics, tf_sc_embedding.stats).
+    """
+    observed = feature_coo_lists(layout, flat_features, flat_weights)
+    lists = {name: [per_sc for _, per_sc in observed.get(name, [])]
+             for name in layout.stacked_tables}
     if observe_coo is not None:
         observe_coo(observed)   # stateful: runs in tf.function without a dependency
     return _pack(layout, lists, with_splits)

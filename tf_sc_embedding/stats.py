@@ -34,26 +34,6 @@ MAX_IDS = "max_ids_per_partition"
 MAX_UNIQUE_IDS = "max_unique_ids_per_partition"
 
 
-def _coo_lists(layout, flat_features, flat_weights):
-    """Per stacked table name, per feature: the per-SparseCore COO lists (as enqueue makes them)."""
-    S = layout.sparse_cores_per_replica
-    lists = {name: [] for name in layout.stacked_tables}
-    for placement, ids, weights in zip(layout.features, flat_features, flat_weights):
-        indices, values, gains, _ = enqueue_lib.feature_as_id_input(ids, weights, placement.path)
-        table = placement.table
-        stacked = layout.stacked_tables[table.layout.stacked_table_name]
-        per_sc = ops.convert_to_list_of_sparse_core_coo_tensors(
-            indices, values, gains, sample_count=placement.sample_count, num_sc_per_chip=S,
-            row_offset=placement.sample_offset, col_offset=table.col_offset,
-            col_shift=table.layout.sparse_core_shard_rotation,
-            num_sc_shards=layout.num_sparse_cores,
-            stacked_table_sample_count=stacked.sample_count, combiner=table.combiner,
-            vocabulary_size=table.vocabulary_size, table_name=table.name,
-            feature_name=placement.path)
-        lists[stacked.name].append((placement, per_sc))
-    return lists
-
-
 def table_stats(layout, stacked_name, per_feature):
     """(max ids, max unique ids) per partition of one stacked table: int32 scalars.
 
@@ -126,7 +106,7 @@ def compute_sparse_core_stats(features, feature_config, num_tpu_chips, num_sc_pe
         optimizer = tf.tpu.experimental.embedding.SGD(learning_rate=0.1)
     layout = EmbeddingLayout(feature_config, optimizer, int(num_tpu_chips), int(num_sc_per_chip),
                              shapes, sparse_core_embedding_config)
-    lists = _coo_lists(layout, flat, [None] * len(flat))
+    lists = enqueue_lib.feature_coo_lists(layout, flat, [None] * len(flat))
     max_ids, max_unique = {}, {}
     for name, per_feature in lists.items():
         max_ids[name], max_unique[name] = table_stats(layout, name, per_feature)
