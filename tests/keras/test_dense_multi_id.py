@@ -8,26 +8,15 @@ import tensorflow as tf
 
 import keras
 
+from keras_test_utils import DIM, VOCAB, feature_config, initial  # noqa: E402
+
 from keras_test_utils import mirrored_strategy
 from tf_sc_embedding.keras_layer import EmbeddingLayer
 import tf_sc_embedding as sce
 
 E = tf.tpu.experimental.embedding
 B, N = 8, 2
-VOCAB, DIM = {"a": 16, "b": 8}, {"a": 4, "b": 2}
 LR = 0.5
-
-
-def initial(name):
-    v, d = VOCAB[name], DIM[name]
-    return (np.arange(v * d, dtype=np.float32).reshape(v, d) / (v * d) - 0.3).astype(np.float32)
-
-
-def feature_config(combiner="sum"):
-    tables = {n: E.TableConfig(vocabulary_size=VOCAB[n], dim=DIM[n], combiner=combiner,
-                               name=f"t_{n}", initializer=tf.constant_initializer(initial(n)))
-              for n in VOCAB}
-    return {n: E.FeatureConfig(table=tables[n], name=n) for n in VOCAB}
 
 
 def ids_and_labels(num, seed):
