@@ -38,6 +38,12 @@ _group_keys_lock = threading.Lock()
 # is never used twice in a group, whichever embedding issues the collective.
 _instance_keys = {}
 
+# Per-replica int64 counters (ReplicaGroup.counter): bytes sent through the embedding's
+# collectives, and gradient rows left unchanged because their gradient was not finite
+# (TPUEmbeddingV2(non_finite_gradients="skip")).
+BYTES_SENT = "collective_bytes_sent"
+SKIPPED_GRADIENT_ROWS = "skipped_gradient_rows"
+COUNTERS = (BYTES_SENT, SKIPPED_GRADIENT_ROWS)
 DEFAULT_TIMEOUT_SECONDS = 0.0   # 0: wait forever (TensorFlow's default); MWMS health checks abort
 
 
@@ -159,34 +165,41 @@ class ReplicaGroup:
             return key
 
     def create_variables(self):
-        """Per local replica: the bytes-sent counter and the collectives' ordering token.
+        """Per local replica: the counters (COUNTERS) and the collectives' ordering token.
 
         The ordering token is a resource on the replica's device that every collective of the
         replica takes as input, so TensorFlow runs them in program order on every replica (without
         it, collectives between devices of one process can wait for each other forever).
         """
-        if self._counters:
+        if self._ordering_tokens:
             return
         with tf.init_scope():
             for replica_id, device in zip(self.local_replica_ids, self.local_devices):
                 with tf.device(device):
-                    self._counters[replica_id] = private_tf.plain_variable(
-                        tf.constant(0, tf.int64), f"collective_bytes_sent_replica_{replica_id}")
+                    for name in COUNTERS:
+                        self._counters.setdefault(name, {})[replica_id] = \
+                            private_tf.plain_variable(tf.constant(0, tf.int64),
+                                                      f"{name}_replica_{replica_id}")
                     self._ordering_tokens[replica_id] = private_tf.plain_variable(
                         tf.constant(0.0), f"collective_ordering_token_replica_{replica_id}")
 
     def ordering_token(self, replica_id):
         return self._ordering_tokens[replica_id]
 
-    def counter(self, replica_id):
-        return self._counters.get(replica_id)
+    def counter(self, replica_id, name=BYTES_SENT):
+        """The int64 counter variable `name` of a local replica (None before create_variables)."""
+        return self._counters.get(name, {}).get(replica_id)
+
+    def counter_values(self, name):
+        """{local replica id: value of counter `name`}."""
+        return {r: int(c.numpy()) for r, c in self._counters.get(name, {}).items()}
 
     def bytes_sent(self):
         """{local replica id: bytes this replica sent through the embedding's collectives}."""
-        return {r: int(c.numpy()) for r, c in self._counters.items()}
+        return self.counter_values(BYTES_SENT)
 
     def reset_bytes_sent(self):
-        for c in self._counters.values():
+        for c in self._counters.get(BYTES_SENT, {}).values():
             c.assign(0)
 
 

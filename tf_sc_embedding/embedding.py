@@ -19,11 +19,13 @@ from tf_sc_embedding import private_tf
 from tf_sc_embedding import stats as stats_lib
 from tf_sc_embedding import exchange as all_to_all_exchange
 from tf_sc_embedding import sharded_lookup as all_gather_exchange
+from tf_sc_embedding.ops import gradient_check
 from tf_sc_embedding.layout import (DEFAULT_SPARSE_CORES_PER_REPLICA, REPLICATED, SHARDED,
                                     EmbeddingPlan, flat_feature_paths, table_names)
 from tf_sc_embedding.table_storage import PARAMETERS, TableStorage, as_tensor_zero_copy
 
 EXCHANGES = ("auto", "all_to_all", "all_gather")
+NON_FINITE_GRADIENTS = ("error", "skip")
 # With several replicas, tables with at most this many bytes of parameters are held whole by every
 # replica (data parallel, updated with a sparse allreduce) instead of being sharded.
 DEFAULT_REPLICATION_THRESHOLD_BYTES = 256 * 1024
@@ -71,6 +73,12 @@ class TPUEmbeddingV2(tf.Module):
       track_sparse_core_stats: measure every enqueued batch's SparseCore partition statistics
         of the sharded tables (`sparse_core_stats`, TensorBoard summaries; see
         tf_sc_embedding/stats.py).
+      non_finite_gradients: what `apply_gradients` does when the gradient of a feature's
+        activations has a NaN or Inf on any replica (docs/optimizers.md#non-finite-gradients).
+        "error" (default): the step fails with InvalidArgumentError naming every such feature
+        and its table, on every replica, before any table or slot is written. "skip": rows whose
+        gradient is not finite are left unchanged (with their slots), the others are updated,
+        and the skipped rows are counted (`num_skipped_gradient_rows`).
     """
 
     def __init__(self, feature_config, optimizer=None, pipeline_execution_with_tensor_core=False,
@@ -78,8 +86,13 @@ class TPUEmbeddingV2(tf.Module):
                  sparse_cores_per_replica=DEFAULT_SPARSE_CORES_PER_REPLICA, exchange="auto",
                  collective_timeout_seconds=collectives.DEFAULT_TIMEOUT_SECONDS,
                  replication_threshold_bytes=DEFAULT_REPLICATION_THRESHOLD_BYTES,
-                 table_placement=None, track_sparse_core_stats=True):
+                 table_placement=None, track_sparse_core_stats=True,
+                 non_finite_gradients="error"):
         super().__init__(name="tpu_embedding_v2")
+        if non_finite_gradients not in NON_FINITE_GRADIENTS:
+            raise ValueError(f"non_finite_gradients must be one of {NON_FINITE_GRADIENTS}, got "
+                             f"{non_finite_gradients!r}")
+        self._non_finite_gradients = non_finite_gradients
         self._track_stats = bool(track_sparse_core_stats)
         self._stats = None
         if exchange not in EXCHANGES:
@@ -307,6 +320,15 @@ class TPUEmbeddingV2(tf.Module):
         """The reader or value a deferred restore holds for a table (None if there is none)."""
         return self._pending_restore.get(table_name, {}).get(kind)
 
+    def num_skipped_gradient_rows(self):
+        """Rows left unchanged since build because their gradient was not finite.
+
+        Only counted with non_finite_gradients="skip". The total over this process's replicas:
+        a sharded table's row counts on the replica that owns it, a replicated table's row once
+        (on replica 0's process). Under MultiWorkerMirroredStrategy, sum the workers' values.
+        """
+        return sum(self._group.counter_values(collectives.SKIPPED_GRADIENT_ROWS).values())
+
     def collective_bytes_sent(self):
         """{local replica id: bytes sent through the embedding's collectives so far}."""
         return self._group.bytes_sent()
@@ -532,24 +554,56 @@ class TPUEmbeddingV2(tf.Module):
         # No table is updated before every table's inputs passed validation: a bad id in one
         # feature must leave all tables unchanged, not only the table it belongs to.
         validated = [t for t in tf.nest.flatten(preserved_outputs) if isinstance(t, tf.Tensor)]
-        updates = []
+        mode = self._non_finite_gradients
+        if mode == "error":
+            grads = self._require_finite(view, flat, grads)
+        updates, skipped = [], []
         with tf.control_dependencies(validated):
             if sharded is not None and self._exchange == "all_to_all":
-                updates += all_to_all_exchange.apply_gradients(
+                results = all_to_all_exchange.apply_gradients(
                     view, sharded, preserved_outputs.sharded, grads,
-                    self._local_variables(view, sharded))
+                    self._local_variables(view, sharded), mode)
+                updates += results
+                skipped += results
             elif sharded is not None:
                 local = self._local_variables(view, sharded)
-                updates += [all_gather_exchange.apply_update(
+                results = [all_gather_exchange.apply_update(
                     view, sharded, stacked, preserved_outputs.sharded[name], grads[name],
-                    *local[name]) for name, stacked in sharded.stacked_tables.items()]
+                    *local[name], non_finite_gradients=mode)
+                    for name, stacked in sharded.stacked_tables.items()]
+                updates += results
+                skipped += results
             if replicated is not None:
                 local_rows = all_to_all_exchange.exchange_gradients(
                     collectives.LocalView(), replicated, preserved_outputs.replicated, grads)
                 merged = all_to_all_exchange.sparse_allreduce(view, replicated, local_rows)
-                updates += all_to_all_exchange.update_owned_rows(
-                    replicated, 0, merged, self._local_variables(view, replicated))
+                results = all_to_all_exchange.update_owned_rows(
+                    replicated, 0, merged, self._local_variables(view, replicated), mode)
+                updates += results
+                if view.replica_id == 0:   # every replica skips the same rows: count them once
+                    skipped += results
+        if mode == "skip":
+            counter = self._group.counter(view.replica_id, collectives.SKIPPED_GRADIENT_ROWS)
+            total = tf.add_n([tf.cast(n, tf.int64) for n in skipped]) if skipped else 0
+            updates.append(counter.assign_add(total))
         return updates
+
+    def _require_finite(self, view, flat_gradients, stacked_gradients):
+        """The all-or-nothing check of docs/optimizers.md#non-finite-gradients.
+
+        Every replica marks the features whose gradient has a NaN or Inf; the marks are agreed
+        (one small all-gather) so that every replica takes the same decision, and the stateless
+        check fails the step on every replica before the gradient exchange and any write: both
+        consume the stacked gradients only as forwarded by the check.
+        """
+        flags = gradient_check.non_finite_flags(
+            [None if g is None else tf.convert_to_tensor(g) for g in flat_gradients])
+        agreed = view.all_max(flags)
+        tables = [feature.table.name for feature in tf.nest.flatten(self._feature_config)]
+        names = list(stacked_gradients)
+        checked = gradient_check.require_finite_gradients(
+            agreed, [stacked_gradients[n] for n in names], self._flat_paths, tables)
+        return dict(zip(names, checked))
 
     @tf.autograph.experimental.do_not_convert
     def _check_preserved(self, preserved):

@@ -209,11 +209,14 @@ def exchange_gradients(view, layout, preserved, gradients):
     return {table.name: (tables[table.name].received_rows, received[i])
             for i, table in enumerate(stacked)}
 
-def update_owned_rows(layout, replica_id, rows_and_gradients, variables):
+def update_owned_rows(layout, replica_id, rows_and_gradients, variables,
+                      non_finite_gradients="error"):
     """The fused optimizer update of rows of this replica's variables (duplicates are summed).
 
     rows_and_gradients: {stacked name: (rows, [n, padded_width] gradients)}; variables:
     {stacked name: (parameter variable, [slot variables in the optimizer's order])}.
+    Returns one value per stacked table: with non_finite_gradients="skip", the number of rows
+    left unchanged because their gradient was not finite; else the update op.
     """
     W = layout.num_replicas
     S = layout.sparse_cores_per_replica
@@ -232,18 +235,21 @@ def update_owned_rows(layout, replica_id, rows_and_gradients, variables):
             num_minibatches_per_physical_sparse_core=tf.constant(1), table_name=table.name,
             num_sparsecores_per_device=S, num_replica=W, num_source_replicas=1,
             first_local_shard=replica_id * S, num_local_shards=S,
+            non_finite_gradients=non_finite_gradients,
+            return_num_skipped_rows=non_finite_gradients == "skip",
             **dict(zip(definition.slots, slots))))
     return updates
 
 
-def apply_gradients(view, layout, preserved, gradients, variables):
+def apply_gradients(view, layout, preserved, gradients, variables, non_finite_gradients="error"):
     """Fused optimizer update of the rows this replica owns, from every replica's gradients.
 
     gradients: {stacked name: [B_stk, padded_width]}; variables: {stacked name: (parameter
-    variable, [slot variables in the optimizer's order])} of this replica.
+    variable, [slot variables in the optimizer's order])} of this replica. Returns what
+    update_owned_rows returns.
     """
     received = exchange_gradients(view, layout, preserved, gradients)
-    return update_owned_rows(layout, view.replica_id, received, variables)
+    return update_owned_rows(layout, view.replica_id, received, variables, non_finite_gradients)
 
 
 def sparse_allreduce(view, layout, rows_and_gradients):

@@ -84,8 +84,13 @@ def lookup(view, layout, stacked, csr, table_shard):
     return full[start:start + stacked.sample_count]
 
 
-def apply_update(view, layout, stacked, csr, gradients, table_shard, slot_shards):
-    """Fused optimizer update of the rows this replica holds, from all replicas' gradients."""
+def apply_update(view, layout, stacked, csr, gradients, table_shard, slot_shards,
+                 non_finite_gradients="error"):
+    """Fused optimizer update of the rows this replica holds, from all replicas' gradients.
+
+    Returns the update op, or with non_finite_gradients="skip" the number of rows left unchanged
+    because their gradient was not finite.
+    """
     definition = ops.OPTIMIZERS[stacked.optimizer.definition_name]
     slots = dict(zip(definition.slots, slot_shards))
     return stacked.optimizer.apply(
@@ -93,4 +98,6 @@ def apply_update(view, layout, stacked, csr, gradients, table_shard, slot_shards
         sorted_token_ids=csr.sorted_token_ids, sorted_gains=csr.sorted_gains,
         activation_gradients=view.all_gather(gradients), embedding_table=table_shard,
         num_minibatches_per_physical_sparse_core=csr.num_minibatches, table_name=stacked.name,
+        non_finite_gradients=non_finite_gradients,
+        return_num_skipped_rows=non_finite_gradients == "skip",
         **slots, **_shard_arguments(view, layout))

@@ -18,6 +18,7 @@
 #include "cc/core/csr.h"
 #include "cc/core/csr_view.h"
 #include "cc/core/fused_update.h"
+#include "cc/core/gradient_check.h"
 #include "cc/core/lookup.h"
 #include "cc/core/layout.h"
 #include "cc/core/minibatch_splits.h"
@@ -1092,6 +1093,23 @@ void TestPreprocessingBounds() {
   CHECK_OK(stacker.AddTable("e", 10, 8, "g", 16, 1));
 }
 
+void TestRequireFiniteFeatureGradients() {
+  g_test = "feature gradient check: passes, names every marked feature, rejects bad sizes";
+  const std::vector<std::string> features = {"a", "b", "c"};
+  const std::vector<std::string> tables = {"t", "t", "u"};
+  const int32_t none[] = {0, 0, 0};
+  CHECK_OK(sce::RequireFiniteFeatureGradients(none, 3, features, tables));
+  const int32_t two[] = {1, 0, 5};
+  CHECK_ERROR(sce::RequireFiniteFeatureGradients(two, 3, features, tables),
+              "feature 'a' (table 't'), feature 'c' (table 'u'): the gradient");
+  CHECK_ERROR(sce::RequireFiniteFeatureGradients(two, 2, features, tables),
+              "one entry per feature");
+  CHECK_ERROR(sce::RequireFiniteFeatureGradients(two, -1, features, tables),
+              "one entry per feature");
+  CHECK_ERROR(sce::RequireFiniteFeatureGradients(nullptr, 3, features, tables), "missing");
+  CHECK_OK(sce::RequireFiniteFeatureGradients(nullptr, 0, {}, {}));
+}
+
 }  // namespace
 
 int main() {
@@ -1100,6 +1118,7 @@ int main() {
       TestPackCsrFromSortedLists, TestSplitEncoding, TestGetMinibatchSplits,
       TestPackCsrFromMinibatchSplits, TestLayoutStacker,
       TestCheckedMath, TestCsrViewBounds, TestNonFiniteGradients, TestPreprocessingBounds,
+      TestRequireFiniteFeatureGradients,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

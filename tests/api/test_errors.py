@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tf_sc_embedding as sce
-from test_parity import (TABLES, Trainer, loss_of, make_optimizer, random_steps,
+from test_parity import (FEATURES, TABLES, Trainer, loss_of, make_optimizer, random_steps,
                          skip_without_devices)
 
 E = tf.tpu.experimental.embedding
@@ -433,6 +433,96 @@ def test_placement_plan_follows_the_threshold_and_overrides():
 # --------------------------------------------------------------------------------------------
 # A failing step never breaks the next one
 # --------------------------------------------------------------------------------------------
+
+def _with_nan_target(targets, key, sample):
+    targets = {k: np.array(v) for k, v in targets.items()}
+    targets[key][sample, 0] = np.nan   # dA of that sample = LOSS_SCALE * a + target: NaN
+    return targets
+
+
+@pytest.mark.parametrize("replicas,key,sample,replicated", [
+    ("none", "b", 5, ()),
+    (2, "c", 8 + 3, ()),          # replica 1 only: replica 0 must not update anything either
+    (2, "a1", 2, ()),             # replica 0 only, a table stacked with another feature's
+    (2, "b", 8 + 1, ("small",)),  # a replicated table (sparse allreduce path)
+    (4, "c", 3 * 8 + 7, ()),
+], ids=["single", "2_replicas-replica_1", "2_replicas-stacked", "2_replicas-replicated",
+        "4_replicas"])
+def test_non_finite_gradient_fails_naming_the_feature_and_changes_nothing(replicas, key, sample,
+                                                                          replicated):
+    trainer = Trainer(replicas, make_optimizer("adagrad"), "sum", "ragged", replicated=replicated)
+    _train_one_good_step(trainer)
+    feats, targets = random_steps(1, "sum", "ragged", True, trainer.n, steps=1)[0]
+    before = _state(trainer)
+    table = dict(FEATURES)[key]
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=f"feature '{key}' \\(table '{table}'\\): the gradient of the "
+                             "activations has NaN or Inf values"):
+        trainer.step(feats, _with_nan_target(targets, key, sample))
+    _assert_state_unchanged(before, _state(trainer))
+    trainer.step(feats, targets)   # the next step works and trains
+    assert not np.array_equal(_state(trainer)[0][table], before[0][table])
+
+
+def test_non_finite_gradients_of_several_features_are_all_named():
+    trainer = Trainer(2, make_optimizer("sgd"), "sum", "ragged")
+    feats, targets = random_steps(1, "sum", "ragged", True, trainer.n, steps=1)[0]
+    bad = _with_nan_target(_with_nan_target(targets, "a2", 0), "c", 12)
+    bad["c"][12, 1] = np.inf
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        trainer.step(feats, bad)
+    message = str(error.value)
+    assert "feature 'a2' (table 'big'), feature 'c' (table 'wide')" in message, message
+    assert "stopped before any table or optimizer slot was written" in message
+
+
+@pytest.mark.parametrize("replicas,exchange", [("none", "auto"), (2, "all_to_all"),
+                                               (2, "all_gather")])
+def test_skip_non_finite_gradients_leaves_their_rows_and_counts_them(replicas, exchange):
+    """Rows touched by the bad sample keep table and slots; every other row trains as usual."""
+    key, sample = "a2", 3
+    kwargs = dict(replicated=("wide",)) if replicas != "none" else {}
+    if exchange == "all_gather":
+        kwargs["exchange"] = "all_gather"
+    skipping = Trainer(replicas, make_optimizer("adagrad"), "sum", "ragged",
+                       non_finite_gradients="skip", **kwargs)
+    reference = Trainer(replicas, make_optimizer("adagrad"), "sum", "ragged", **kwargs)
+    feats, targets = random_steps(2, "sum", "ragged", True, skipping.n, steps=1)[0]
+    # Also a bad sample in the replicated table: its rows are skipped on every replica.
+    bad_samples = {key: sample, "c": skipping.n * 8 - 1}
+    bad = targets
+    for k, s in bad_samples.items():
+        bad = _with_nan_target(bad, k, s)
+    before = _state(skipping)
+    skipping.step(feats, bad)
+    reference.step(feats, targets)
+    after, expected = _state(skipping), _state(reference)
+    skipped = 0
+    for k, s in bad_samples.items():
+        table = dict(FEATURES)[k]
+        rows = sorted(set(int(i) for i in feats[k].ids[s]))
+        skipped += len(rows)
+        for name, state in (("table", (after[0], before[0])),):
+            np.testing.assert_array_equal(state[0][table][rows], state[1][table][rows])
+        for slot, value in after[1][table].items():
+            np.testing.assert_array_equal(value[rows], before[1][table][slot][rows])
+            other = np.setdiff1d(np.arange(value.shape[0]), rows)
+            np.testing.assert_allclose(value[other], expected[1][table][slot][other],
+                                       rtol=1e-5, atol=1e-6)
+        other = np.setdiff1d(np.arange(after[0][table].shape[0]), rows)
+        np.testing.assert_allclose(after[0][table][other], expected[0][table][other],
+                                   rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(after[0]["small"], expected[0]["small"], rtol=1e-5, atol=1e-6)
+    assert skipping.embedding.num_skipped_gradient_rows() == skipped
+    skipping.step(feats, bad)
+    assert skipping.embedding.num_skipped_gradient_rows() == 2 * skipped
+
+
+def test_non_finite_gradients_option_is_validated():
+    with pytest.raises(ValueError, match="non_finite_gradients must be one of"):
+        sce.TPUEmbeddingV2({"f": E.FeatureConfig(table=E.TableConfig(8, 4, name="t"))},
+                           E.SGD(0.1), non_finite_gradients="ignore")
+
 
 def test_malformed_preserved_outputs_fail_before_any_collective_and_next_step_works():
     strategy, embedding = _two_replica_embedding()

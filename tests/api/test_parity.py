@@ -213,7 +213,8 @@ class Trainer:
 
     def __init__(self, replicas, optimizer, combiner, kind, sc_config=None, dtype=tf.int64,
                  use_function=True, features=FEATURES, template=None, table_optimizers=None,
-                 none_gradients=(), build=True, tables=None, replicated=()):
+                 none_gradients=(), build=True, tables=None, replicated=(),
+                 **embedding_kwargs):
         self.replicas = replicas
         self.n = num_replicas(replicas)
         self.kind = kind
@@ -233,7 +234,7 @@ class Trainer:
             self.embedding = sce.TPUEmbeddingV2(
                 self.config, optimizer, sparse_core_embedding_config=sc_config,
                 replication_threshold_bytes=0,
-                table_placement={t: "replicated" for t in replicated})
+                table_placement={t: "replicated" for t in replicated}, **embedding_kwargs)
             if build:
                 # Explicit build: building lazily from the first lookup is broken (see
                 # test_lazy_build_from_first_lookup).

@@ -33,6 +33,10 @@ def parse():
     p.add_argument("--sleep-per-step", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=20.0)
     p.add_argument("--replicate", default="", help="comma-separated tables to replicate")
+    p.add_argument("--nan-step", type=int, default=-1,
+                   help="at this step, one replica's gradient of feature 'c' is NaN")
+    p.add_argument("--nan-replica", type=int, default=0)
+    p.add_argument("--skip-step", type=int, default=-1, help="a step not run at all")
     return p.parse_args()
 
 
@@ -98,12 +102,23 @@ def main():
             activations, preserved = embedding(batch(step, replica))
             gradients = tf.nest.map_structure(
                 lambda a: 0.5 * a + 0.25 * tf.cast(replica + 1, tf.float32), activations)
+            poisoned = tf.logical_and(tf.equal(step, args.nan_step),
+                                      tf.equal(replica, args.nan_replica))
+            gradients["c"] = tf.where(poisoned, float("nan"), gradients["c"])
             embedding.apply_gradients(gradients, preserved)
             return tf.add_n([tf.reduce_sum(a) for a in activations.values()])
         return strategy.run(replica_step)
 
+    errors = []
     for step in range(args.first_step, args.first_step + args.steps):
-        train_step(tf.constant(step))
+        if step == args.skip_step:
+            continue
+        try:
+            train_step(tf.constant(step))
+        except tf.errors.InvalidArgumentError as e:
+            if step != args.nan_step:
+                raise
+            errors.append(e.message)
         print("step", step, flush=True)
         if args.sleep_per_step:
             time.sleep(args.sleep_per_step)
@@ -121,6 +136,8 @@ def main():
     np.savez(os.path.join(args.out, f"tables_{args.index}.npz"), **flat, **shards)
     with open(os.path.join(args.out, f"bytes_{args.index}.json"), "w") as f:
         json.dump(embedding.collective_bytes_sent(), f)
+    with open(os.path.join(args.out, f"errors_{args.index}.json"), "w") as f:
+        json.dump(errors, f)
     print("done", args.index, flush=True)
     return 0
 

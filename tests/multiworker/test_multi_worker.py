@@ -5,6 +5,7 @@ Each test starts its processes with free loopback ports, waits for all of them u
 each worker reads (a collective read) with a single-process MirroredStrategy run over the same
 number of replicas, which the parity suite (tests/api) checks against the numpy reference.
 """
+import json
 import os
 import signal
 import socket
@@ -130,6 +131,23 @@ def test_replicated_table_over_workers_trains_like_sharded(tmp_path):
         held = {k: int(v) for k, v in mine.items() if k.startswith("shard_rows/")}
         # The replicated table's variable holds all of its (padded) rows on each worker.
         assert held[f"shard_rows/small/parameters/replica_{i}:0"] >= 37, held
+
+
+@pytest.mark.parametrize("replicate", ["", "small"], ids=["sharded", "replicated"])
+def test_non_finite_gradient_on_one_worker_fails_the_step_everywhere_and_writes_nothing(
+        tmp_path, replicate):
+    """Worker 1's gradient of feature 'c' is NaN at step 1: both workers fail that step naming
+    the feature, no table changes anywhere, and steps 0 and 2 give the tables of a run without
+    step 1."""
+    common = ["--steps", "3", "--replicate", replicate]
+    out, codes = run_cluster(tmp_path, "cluster", 2,
+                             common + ["--nan-step", "1", "--nan-replica", "1"])
+    check_ok(out, codes)
+    reference = tables(run_single(tmp_path, "single", 2, ["--steps", "3", "--skip-step", "1"]))
+    for i in range(2):
+        errors = json.loads((out / f"errors_{i}.json").read_text())
+        assert len(errors) == 1 and "feature 'c' (table 'small')" in errors[0], errors
+        assert_tables_close(tables(out, i), reference)
 
 
 def test_checkpoint_from_two_workers_restores_anywhere(tmp_path):

@@ -1,0 +1,32 @@
+"""The all-or-nothing check of activation gradients (docs/optimizers.md#non-finite-gradients).
+
+`TPUEmbeddingV2.apply_gradients` marks every feature whose activation gradient has a NaN or Inf,
+agrees the marks across replicas, and passes them here before the exchange of gradients and any
+update: one marked feature anywhere fails the step on every replica, naming each marked feature
+and its table, before any table or slot is written.
+"""
+import tensorflow as tf
+
+from tf_sc_embedding._library import library as _lib
+
+
+def non_finite_flags(gradients):
+    """int32 [len(gradients)]: 1 where a gradient has a NaN or Inf (None counts as finite)."""
+    if not gradients:
+        return tf.zeros([0], tf.int32)
+    return tf.stack([
+        tf.zeros([], tf.int32) if g is None else
+        tf.cast(tf.logical_not(tf.reduce_all(tf.math.is_finite(g))), tf.int32)
+        for g in gradients])
+
+
+def require_finite_gradients(non_finite, values, feature_names, table_names, name=None):
+    """`values` unchanged, or InvalidArgumentError naming each feature marked in `non_finite`.
+
+    Pass what the rest of the step consumes (the gradients) as `values`: the check then runs
+    before any of it. The op is stateless, so TensorFlow's automatic control dependencies do not
+    chain it with the collectives of other replicas (see cc/ops/gradient_check_ops.cc).
+    """
+    return _lib.sce_require_finite_gradients(
+        non_finite=non_finite, values=list(values), feature_names=list(feature_names),
+        table_names=list(table_names), name=name)
