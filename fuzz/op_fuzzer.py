@@ -29,7 +29,7 @@ I32 = 2**31 - 1
 I64 = 2**63 - 1
 PAD = 2**31 - 1
 OPS = ("coo", "list_of_coo", "sort", "stats", "splits", "csr_wrapped", "minibatches_in_csr",
-       "lookup", "update", "update_in_place", "stacker")
+       "lookup", "update", "update_in_place", "stacker", "finite_check")
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
 
 
@@ -214,6 +214,11 @@ def make_case(seed, index):
                     quantization=a.choice(rng.choice([(0.0, 0.0, 0), (-1.0, 1.0, 4)]),
                                           [(0.0, 0.0, 0), (-1.0, 1.0, 4),
                                            (-float("inf"), float("inf"), 3), (1.0, 1.0, 2)]))
+    elif op == "finite_check":
+        n = rng.randint(0, 4)
+        case.update(flags=int_list(rng, n + a.choice(0, [0, 1, -1]), 2),
+                    flag_rank=a.choice(1, [0, 1, 2]), names=n,
+                    values=[float_list(rng, rng.randint(0, 3)) for _ in range(rng.randint(0, 2))])
     elif op == "stacker":
         case.update(num_partitions=a(2, 4), sparse_cores=a(4, 4),
                     tables=[(a(100, 1000), a(8, 64), a(16, 32)) for _ in
@@ -326,6 +331,15 @@ def run_case(case):
                 *buffers, grads, np.float32(0.1), table, *slots, minibatches, table_name=T,
                 non_finite_gradients=case["non_finite"], return_num_skipped_rows=True,
                 **hypers, **attrs)
+        if op == "finite_check":
+            from tf_sc_embedding.ops import gradient_check  # noqa: PLC0415
+            flags = i32(case["flags"])
+            if case["flag_rank"] != 1:
+                flags = flags.reshape([1] * case["flag_rank"]) if flags.size == 1 else \
+                    flags.reshape([flags.size, 1])
+            names = [f"f{i}" for i in range(case["names"])]
+            return gradient_check.require_finite_gradients(
+                flags, [f32(v) for v in case["values"]], names, [T] * len(names))
         if op == "stacker":
             stacker = _core.LayoutStacker(case["num_partitions"], case["sparse_cores"])
             for k, (height, width, samples) in enumerate(case["tables"]):
