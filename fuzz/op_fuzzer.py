@@ -29,7 +29,7 @@ I32 = 2**31 - 1
 I64 = 2**63 - 1
 PAD = 2**31 - 1
 OPS = ("coo", "list_of_coo", "sort", "stats", "splits", "csr_wrapped", "minibatches_in_csr",
-       "lookup", "update", "update_in_place", "stacker", "finite_check")
+       "lookup", "update", "update_in_place", "stacker", "finite_check", "raise_limits")
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
 
 
@@ -219,6 +219,12 @@ def make_case(seed, index):
         case.update(flags=int_list(rng, n + a.choice(0, [0, 1, -1]), 2),
                     flag_rank=a.choice(1, [0, 1, 2]), names=n,
                     values=[float_list(rng, rng.randint(0, 3)) for _ in range(rng.randint(0, 2))])
+    elif op == "raise_limits":
+        tables = rng.randint(0, 3)
+        rows = tables + a.choice(0, [0, 1, -1]) if tables else a.choice(0, [0, 1])
+        case.update(tables=tables, limits=[[attr(rng, 300) for _ in range(2)]
+                                           for _ in range(max(rows, 0))],
+                    observed=[[attr(rng, 300) for _ in range(2)] for _ in range(max(rows, 0))])
     elif op == "stacker":
         case.update(num_partitions=a(2, 4), sparse_cores=a(4, 4),
                     tables=[(a(100, 1000), a(8, 64), a(16, 32)) for _ in
@@ -340,6 +346,12 @@ def run_case(case):
             names = [f"f{i}" for i in range(case["names"])]
             return gradient_check.require_finite_gradients(
                 flags, [f32(v) for v in case["values"]], names, [T] * len(names))
+        if op == "raise_limits":
+            from tf_sc_embedding.ops.online_limits import raise_sparse_core_limits  # noqa
+            shape = [len(case["limits"]), 2]
+            limits = tf.Variable(i32(case["limits"]).reshape(shape))
+            return raise_sparse_core_limits(limits, i32(case["observed"]).reshape(shape),
+                                            [f"t{k}" for k in range(case["tables"])])
         if op == "stacker":
             stacker = _core.LayoutStacker(case["num_partitions"], case["sparse_cores"])
             for k, (height, width, samples) in enumerate(case["tables"]):

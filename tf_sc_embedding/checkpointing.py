@@ -195,12 +195,16 @@ def _layout_record(node):
         storage = embedding.storage
         placement = storage.placement(node.table_name)
         layout = placement.layout
+        replicated = storage.is_replicated(node.table_name)
         record.update(
+            placement="replicated" if replicated else "sharded", job_replicas=storage.num_replicas,
             stacked_table=layout.stacked_table_name, row_offset=layout.sparse_core_shard_row_offset,
             rotation=layout.sparse_core_shard_rotation, padded_height=layout.padded_height,
             padded_width=layout.padded_width,
             rows_per_sparse_core_shard=layout.total_rows_per_sparse_core_shard,
-            num_replicas=storage.num_replicas, sparse_cores_per_replica=storage.sparse_cores,
+            # A replicated table is laid out for one replica and held whole by every replica.
+            num_replicas=1 if replicated else storage.num_replicas,
+            sparse_cores_per_replica=storage.sparse_cores,
             num_sparse_cores=layout.num_sparse_cores, optimizer=placement.optimizer.definition_name,
             combiner=placement.combiner)
     return json.dumps(record, sort_keys=True)

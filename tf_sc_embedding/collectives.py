@@ -39,11 +39,12 @@ _group_keys_lock = threading.Lock()
 _instance_keys = {}
 
 # Per-replica int64 counters (ReplicaGroup.counter): bytes sent through the embedding's
-# collectives, and gradient rows left unchanged because their gradient was not finite
-# (TPUEmbeddingV2(non_finite_gradients="skip")).
+# collectives, gradient rows left unchanged because their gradient was not finite
+# (TPUEmbeddingV2(non_finite_gradients="skip")), and ids dropped by allow_id_dropping.
 BYTES_SENT = "collective_bytes_sent"
 SKIPPED_GRADIENT_ROWS = "skipped_gradient_rows"
-COUNTERS = (BYTES_SENT, SKIPPED_GRADIENT_ROWS)
+DROPPED_IDS = "dropped_ids"
+COUNTERS = (BYTES_SENT, SKIPPED_GRADIENT_ROWS, DROPPED_IDS)
 DEFAULT_TIMEOUT_SECONDS = 0.0   # 0: wait forever (TensorFlow's default); MWMS health checks abort
 
 

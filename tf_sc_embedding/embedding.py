@@ -8,6 +8,7 @@ depends on the per-replica batch size.
 """
 import collections
 import contextlib
+import dataclasses
 import threading
 
 import tensorflow as tf
@@ -15,6 +16,7 @@ import tensorflow as tf
 from tf_sc_embedding import checkpointing
 from tf_sc_embedding import collectives
 from tf_sc_embedding import enqueue as enqueue_lib
+from tf_sc_embedding import online_limits as online_limits_lib
 from tf_sc_embedding import private_tf
 from tf_sc_embedding import stats as stats_lib
 from tf_sc_embedding import exchange as all_to_all_exchange
@@ -79,6 +81,10 @@ class TPUEmbeddingV2(tf.Module):
         and its table, on every replica, before any table or slot is written. "skip": rows whose
         gradient is not finite are left unchanged (with their slots), the others are updated,
         and the skipped rows are counted (`num_skipped_gradient_rows`).
+      adapt_sparse_core_limits: raise each sharded stacked table's partition limits (max ids and
+        max unique ids per partition) online to the running statistics agreed over all replicas
+        and workers, logging every raise (`sparse_core_limits`; tf_sc_embedding/online_limits.py).
+        Needs track_sparse_core_stats.
     """
 
     def __init__(self, feature_config, optimizer=None, pipeline_execution_with_tensor_core=False,
@@ -87,8 +93,13 @@ class TPUEmbeddingV2(tf.Module):
                  collective_timeout_seconds=collectives.DEFAULT_TIMEOUT_SECONDS,
                  replication_threshold_bytes=DEFAULT_REPLICATION_THRESHOLD_BYTES,
                  table_placement=None, track_sparse_core_stats=True,
-                 non_finite_gradients="error"):
+                 non_finite_gradients="error", adapt_sparse_core_limits=False):
         super().__init__(name="tpu_embedding_v2")
+        if adapt_sparse_core_limits and not track_sparse_core_stats:
+            raise ValueError("adapt_sparse_core_limits needs track_sparse_core_stats=True (the "
+                             "limits are raised to the measured statistics)")
+        self._adapt_limits = bool(adapt_sparse_core_limits)
+        self._online_limits = None
         if non_finite_gradients not in NON_FINITE_GRADIENTS:
             raise ValueError(f"non_finite_gradients must be one of {NON_FINITE_GRADIENTS}, got "
                              f"{non_finite_gradients!r}")
@@ -128,9 +139,14 @@ class TPUEmbeddingV2(tf.Module):
         return self._make_plan(shapes)
 
     def _make_plan(self, shapes):
+        config = self._sparse_core_config
+        if self._adapt_limits and config is not None:
+            # Limits raised to cover every batch never split one into minibatches: preprocess
+            # without limits (the same result); the configured values start the online limits.
+            config = dataclasses.replace(config, max_ids_per_table=None,
+                                         max_unique_ids_per_table=None)
         return EmbeddingPlan(self._feature_config, self._optimizer, self._num_replicas,
-                             self._sparse_cores, shapes, self._sparse_core_config,
-                             replicated=self._replicated)
+                             self._sparse_cores, shapes, config, replicated=self._replicated)
 
     def build(self, per_replica_batch_size=None, output_shapes=None):
         """Lays out and creates the tables for a per-replica batch size (or per-feature shapes)."""
@@ -169,6 +185,9 @@ class TPUEmbeddingV2(tf.Module):
             self._plan = plan
             if self._track_stats and plan.sharded is not None:
                 self._stats = stats_lib.RunningStats(plan.sharded)
+                if self._adapt_limits:
+                    self._online_limits = online_limits_lib.OnlineLimits(
+                        self._stats, self._sparse_core_config)
             self._pending_restore = {}
 
     def _output_shapes_of(self, flat_features):
@@ -469,6 +488,19 @@ class TPUEmbeddingV2(tf.Module):
         tracked or not built)."""
         return None if self._stats is None else self._stats.read()
 
+    @property
+    def sparse_core_limits(self):
+        """The online partition limits (adapt_sparse_core_limits=True), per sharded stacked table:
+        {"max_ids_per_partition", "max_unique_ids_per_partition"}, the same on every replica and
+        worker; None without adaptation or before build."""
+        return None if self._online_limits is None else self._online_limits.read()
+
+    def num_dropped_ids(self):
+        """Ids dropped since build by `allow_id_dropping` (the all-gather exchange's CSR buffers
+        were full), summed over this process's replicas; under MultiWorkerMirroredStrategy, sum
+        the workers' values."""
+        return sum(self._group.counter_values(collectives.DROPPED_IDS).values())
+
     def suggested_sparse_core_limits(self):
         """(max_ids_per_table, max_unique_ids_per_table) from the running maxima, for
         `SparseCoreEmbeddingConfig` of a job with this topology."""
@@ -511,14 +543,18 @@ class TPUEmbeddingV2(tf.Module):
                 view, sharded, preprocessed, shards)
             stacked_activations.update(activations)
         elif sharded is not None:
-            preserved_sharded = {}
+            preserved_sharded, dropped = {}, []
             for name, stacked in sharded.stacked_tables.items():
-                csr = all_gather_exchange.pack_and_gather(view, sharded, stacked,
-                                                          preprocessed[name],
-                                                          self._sparse_core_config)
+                csr, num_dropped = all_gather_exchange.pack_and_gather(
+                    view, sharded, stacked, preprocessed[name], self._sparse_core_config)
                 stacked_activations[name] = all_gather_exchange.lookup(
                     view, sharded, stacked, csr, shards[name])
                 preserved_sharded[name] = csr
+                dropped.append(tf.cast(num_dropped, tf.int64))
+            self._group.counter(view.replica_id, collectives.DROPPED_IDS).assign_add(
+                tf.add_n(dropped))
+        if self._online_limits is not None:
+            self._online_limits.update(view)
         if replicated is not None:   # whole tables on every replica: looked up locally
             activations, preserved_replicated = all_to_all_exchange.lookup(
                 collectives.LocalView(), replicated, preprocessed, shards)

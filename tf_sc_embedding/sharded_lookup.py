@@ -39,7 +39,10 @@ def _gathered_ids(view, values, size, pad_value):
 
 
 def pack_and_gather(view, layout, stacked, preprocessed, sparse_core_config):
-    """Agreed splits -> CSR buffers of this replica -> gathered buffers of all replicas."""
+    """Agreed splits -> CSR buffers of this replica -> gathered buffers of all replicas.
+
+    Returns (PreservedCsr, number of ids this replica dropped with allow_id_dropping).
+    """
     splits = _agreed_splits(view, preprocessed.splits)
     per_sample = sparse_core_config.max_ids_per_chip_per_sample if sparse_core_config else 64
     allow_dropping = bool(sparse_core_config and sparse_core_config.allow_id_dropping)
@@ -59,7 +62,7 @@ def pack_and_gather(view, layout, stacked, preprocessed, sparse_core_config):
         _gathered_ids(view, csr.sorted_sample_ids, size, pad),
         _gathered_ids(view, csr.sorted_token_ids, size, pad),
         _gathered_ids(view, csr.sorted_gains, size, float(pad)),
-        csr.num_minibatches_per_physical_sparse_core)
+        csr.num_minibatches_per_physical_sparse_core), csr.num_dropped_ids
 
 
 def _shard_arguments(view, layout):

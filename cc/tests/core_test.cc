@@ -22,6 +22,7 @@
 #include "cc/core/lookup.h"
 #include "cc/core/layout.h"
 #include "cc/core/minibatch_splits.h"
+#include "cc/core/online_limits.h"
 #include "cc/core/sort_list.h"
 #include "cc/core/split_encoding.h"
 #include "cc/core/status.h"
@@ -1110,6 +1111,25 @@ void TestRequireFiniteFeatureGradients() {
   CHECK_OK(sce::RequireFiniteFeatureGradients(nullptr, 0, {}, {}));
 }
 
+void TestRaisePartitionLimits() {
+  g_test = "online limits: raised to larger statistics only, one message per raise";
+  std::vector<int32_t> limits = {4, 4, 8, 8};
+  std::vector<std::string> changes;
+  CHECK_OK(sce::RaisePartitionLimits(limits.data(), std::vector<int32_t>{6, 3, 8, 9}.data(), 4,
+                                     {"a", "b"}, &changes));
+  CHECK(limits == (std::vector<int32_t>{6, 4, 8, 9}));
+  CHECK_EQ(changes.size(), size_t{2});
+  CHECK(changes[0] == "table 'a': max_ids_per_partition raised online from 4 to 6 (the largest "
+                      "value measured on any replica)");
+  CHECK(changes[1].find("table 'b': max_unique_ids_per_partition raised online from 8 to 9") == 0);
+  CHECK_ERROR(sce::RaisePartitionLimits(limits.data(), std::vector<int32_t>{7, 7, -1, 0}.data(),
+                                        4, {"a", "b"}, &changes),
+              "table 'b': max_ids_per_partition statistic must be >= 0");
+  CHECK(limits == (std::vector<int32_t>{6, 4, 8, 9}));  // nothing written
+  CHECK_ERROR(sce::RaisePartitionLimits(limits.data(), limits.data(), 3, {"a", "b"}, &changes),
+              "2 entries per stacked table");
+}
+
 }  // namespace
 
 int main() {
@@ -1118,7 +1138,7 @@ int main() {
       TestPackCsrFromSortedLists, TestSplitEncoding, TestGetMinibatchSplits,
       TestPackCsrFromMinibatchSplits, TestLayoutStacker,
       TestCheckedMath, TestCsrViewBounds, TestNonFiniteGradients, TestPreprocessingBounds,
-      TestRequireFiniteFeatureGradients,
+      TestRequireFiniteFeatureGradients, TestRaisePartitionLimits,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

@@ -139,3 +139,139 @@ def test_measured_limits_run_without_dropping_and_tracking_can_be_off():
     np.testing.assert_allclose(limited(ids)[0]["watched"].numpy(),
                                plain(ids)[0]["watched"].numpy(), rtol=1e-6)
     assert limited.sparse_core_stats is None
+
+
+# --------------------------------------------------------------------------------------------
+# Online limits (adapt_sparse_core_limits) and the dropped-ids counter
+# --------------------------------------------------------------------------------------------
+
+def _two_replica_steps(embedding, strategy, per_replica_batches, train=True):
+    @tf.function
+    def step(ids):
+        def fn(ids):
+            activations, preserved = embedding(ids)
+            if train:
+                embedding.apply_gradients(activations, preserved)
+            return activations["watched"]
+        return strategy.run(fn, args=(ids,))
+    outputs = []
+    for pair in per_replica_batches:
+        values = strategy.experimental_distribute_values_from_function(
+            lambda ctx, pair=pair: pair[ctx.replica_id_in_sync_group])
+        outputs.append([v.numpy() for v in
+                        strategy.experimental_local_results(step(values))])
+    return outputs
+
+
+@pytest.mark.parametrize("exchange", ["all_to_all", "all_gather"])
+def test_online_limits_are_raised_to_the_agreed_maxima_and_do_not_change_training(exchange):
+    """Limits start at the configured values, are raised to the running maxima over both
+    replicas (every replica and process agree), never go down, and the numbers are those of a
+    run without limits."""
+    require_replicas(2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    config = E.SparseCoreEmbeddingConfig(max_ids_per_table={"video": 2},
+                                         max_unique_ids_per_table={"video": 1000})
+    with strategy.scope():
+        adaptive = sce.TPUEmbeddingV2(features_config(), optimizer=E.Adagrad(0.1),
+                                      sparse_core_embedding_config=config, exchange=exchange,
+                                      table_placement={"video": "sharded"},
+                                      adapt_sparse_core_limits=True)
+        plain = sce.TPUEmbeddingV2(features_config(), optimizer=E.Adagrad(0.1),
+                                   exchange=exchange, table_placement={"video": "sharded"})
+    assert plain.sparse_core_limits is None
+    batches = [(batch(seed=30), batch(seed=31, skew=True)), (batch(seed=32), batch(seed=33))]
+    got = _two_replica_steps(adaptive, strategy, batches)
+    want = _two_replica_steps(plain, strategy, batches)
+    for g, w in zip(got, want):
+        for a, b in zip(g, w):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(adaptive.embedding_tables[adaptive.feature_config["watched"].table],
+                               plain.embedding_tables[plain.feature_config["watched"].table],
+                               rtol=1e-6, atol=1e-7)
+    measured = [sce.TPUEmbeddingV2.compute_sparse_core_stats(ids, features_config(), 2,
+                                                             optimizer=E.Adagrad(0.1))
+                for pair in batches for ids in pair]
+    max_ids = max(int(m[0]["video"]) for m in measured)
+    assert max_ids > 2
+    assert adaptive.sparse_core_limits == {
+        "video": {"max_ids_per_partition": max_ids, "max_unique_ids_per_partition": 1000}}
+
+
+def test_online_limits_start_at_tensorflows_default_and_need_statistics():
+    embedding = sce.TPUEmbeddingV2(features_config(), optimizer=E.SGD(0.1),
+                                   adapt_sparse_core_limits=True)
+    ids = batch(seed=40, rows=8)
+    embedding(ids)
+    assert embedding.sparse_core_limits == {
+        "video": {"max_ids_per_partition": 256, "max_unique_ids_per_partition": 256}}
+    # 64 samples, 16 per SparseCore, each with the 25 ids of partition 0 (id mod 4 == 0): 400
+    # (sample, id) pairs and 25 unique ids in one partition.
+    skewed = {"watched": tf.RaggedTensor.from_row_lengths(
+        np.tile(np.arange(0, VOCAB, 4, dtype=np.int64), 64), np.full(64, 25))}
+    trained = sce.TPUEmbeddingV2(features_config(), optimizer=E.SGD(0.1),
+                                 adapt_sparse_core_limits=True)
+    trained(skewed)
+    assert trained.sparse_core_limits["video"] == {
+        "max_ids_per_partition": 400, "max_unique_ids_per_partition": 256}
+    with pytest.raises(ValueError, match="adapt_sparse_core_limits needs track_sparse_core_stats"):
+        sce.TPUEmbeddingV2(features_config(), optimizer=E.SGD(0.1),
+                           adapt_sparse_core_limits=True, track_sparse_core_stats=False)
+
+
+def test_raise_op_logs_each_change_and_rejects_bad_statistics():
+    from tf_sc_embedding.ops.online_limits import raise_sparse_core_limits  # noqa: PLC0415
+    limits = tf.Variable([[4, 4], [8, 8]], dtype=tf.int32)
+    after = raise_sparse_core_limits(limits, tf.constant([[6, 3], [8, 9]]), ["a", "b"])
+    np.testing.assert_array_equal(after.numpy(), [[6, 4], [8, 9]])
+    np.testing.assert_array_equal(limits.numpy(), [[6, 4], [8, 9]])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="table 'b'.*must be >= 0"):
+        raise_sparse_core_limits(limits, tf.constant([[7, 7], [-1, 0]]), ["a", "b"])
+    np.testing.assert_array_equal(limits.numpy(), [[6, 4], [8, 9]])   # nothing written
+    with pytest.raises(tf.errors.InvalidArgumentError, match="observed must be int32 of shape"):
+        raise_sparse_core_limits(limits, tf.constant([[7, 7]]), ["a", "b"])
+
+
+def test_raise_op_logs_to_stderr(tmp_path):
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    script = (
+        "import tensorflow as tf\n"
+        "from tf_sc_embedding.ops.online_limits import raise_sparse_core_limits\n"
+        "v = tf.Variable([[4, 4]], dtype=tf.int32)\n"
+        "raise_sparse_core_limits(v, tf.constant([[9, 4]]), ['video'])\n"
+        "raise_sparse_core_limits(v, tf.constant([[9, 4]]), ['video'])\n")
+    env = dict(__import__("os").environ, TF_CPP_MIN_LOG_LEVEL="0")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=env, timeout=120, check=True)
+    lines = [l for l in result.stderr.splitlines() if "raised online" in l]
+    assert len(lines) == 1, result.stderr[-2000:]
+    assert "table 'video': max_ids_per_partition raised online from 4 to 9" in lines[0]
+
+
+def test_dropped_ids_are_counted_like_the_op_counts_them():
+    config = E.SparseCoreEmbeddingConfig(allow_id_dropping=True, max_ids_per_chip_per_sample=1)
+    embedding = sce.TPUEmbeddingV2(features_config(), optimizer=E.SGD(0.1),
+                                   sparse_core_embedding_config=config)
+    embedding.build(per_replica_batch_size=B)
+    layout = embedding.embedding_layouts["video"]
+    vocab_rows = layout.num_sparse_cores * layout.total_rows_per_sparse_core_shard
+    total = 0
+    for seed in (50, 51):
+        ids = batch(seed=seed)
+        preprocessed = embedding.enqueue(ids)["video"]
+        csr = sce.ops.get_minibatches_in_csr_with_physical_replica(
+            tf.constant([""]), preprocessed.sorted_row_ids, preprocessed.sorted_col_ids,
+            preprocessed.sorted_gains, preprocessed.splits, preprocessed.id_counts,
+            sample_count=B, num_replica=1, max_minibatches_per_sc=64,
+            max_ids_per_chip_per_sample=1, table_vocab_size=vocab_rows, feature_width=DIM,
+            num_sc_per_chip=4, table_name="video",
+            mini_batch_in_csr="", allow_id_dropping=True)
+        total += int(csr.num_dropped_ids)
+    assert total > 0
+    for seed in (50, 51):
+        embedding(batch(seed=seed))
+    assert embedding.num_dropped_ids() == total
+    plain = sce.TPUEmbeddingV2(features_config(), optimizer=E.SGD(0.1))
+    plain(batch(seed=50))
+    assert plain.num_dropped_ids() == 0

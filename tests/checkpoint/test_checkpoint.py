@@ -78,8 +78,20 @@ def test_layout_is_saved_for_inspection(saved):
     assert video["num_replicas"] == 4 and video["num_sparse_cores"] == 16
     assert video["stacked_table"] == "video" and video["vocabulary_size"] == 100
     assert video["kinds"] == ["parameters", "accumulators"] and video["built"]
+    assert video["placement"] == "sharded" and video["job_replicas"] == 4
     path, _ = saved(1, True)
     assert sce.checkpointing.read_saved_layouts(path)["embedding/user"]["stacked_table"] != "user"
+
+
+def test_layout_record_marks_replicated_tables(tmp_path):
+    require_replicas(2)
+    _, embedding = ckpt_lib.make_embedding(2, False, replicated=("user",))
+    path = tf.train.Checkpoint(embedding=embedding).save(str(tmp_path / "ckpt"))
+    layouts = sce.checkpointing.read_saved_layouts(path)
+    user, video = layouts["embedding/user"], layouts["embedding/video"]
+    assert (user["placement"], user["num_replicas"], user["job_replicas"]) == ("replicated", 1, 2)
+    assert user["num_sparse_cores"] == user["sparse_cores_per_replica"]
+    assert (video["placement"], video["num_replicas"], video["job_replicas"]) == ("sharded", 2, 2)
 
 
 # ------------------------------------------------------------------------------------- restore

@@ -37,6 +37,8 @@ def parse():
                    help="at this step, one replica's gradient of feature 'c' is NaN")
     p.add_argument("--nan-replica", type=int, default=0)
     p.add_argument("--skip-step", type=int, default=-1, help="a step not run at all")
+    p.add_argument("--adapt-limits", action="store_true",
+                   help="adapt_sparse_core_limits=True, with C++ warnings shown (the raises)")
     return p.parse_args()
 
 
@@ -47,6 +49,8 @@ def main():
         os.environ["TF_CONFIG"] = json.dumps({
             "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
             "task": {"type": "worker", "index": args.index}})
+    if args.adapt_limits:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     if not args.workers and args.replicas > 1:
@@ -75,6 +79,13 @@ def main():
                                        exchange=args.exchange,
                                        collective_timeout_seconds=args.timeout,
                                        replication_threshold_bytes=0,
+                                       adapt_sparse_core_limits=args.adapt_limits,
+                                       sparse_core_embedding_config=(
+                                           E.SparseCoreEmbeddingConfig(
+                                               disable_table_stacking=True,
+                                               max_ids_per_table={"big": 1, "small": 1},
+                                               max_unique_ids_per_table={"big": 1, "small": 1})
+                                           if args.adapt_limits else None),
                                        table_placement={t: "replicated"
                                                         for t in args.replicate.split(",") if t})
     checkpoint = tf.train.Checkpoint(embedding=embedding)
@@ -138,6 +149,9 @@ def main():
         json.dump(embedding.collective_bytes_sent(), f)
     with open(os.path.join(args.out, f"errors_{args.index}.json"), "w") as f:
         json.dump(errors, f)
+    with open(os.path.join(args.out, f"stats_{args.index}.json"), "w") as f:
+        json.dump({"stats": embedding.sparse_core_stats, "limits": embedding.sparse_core_limits},
+                  f)
     print("done", args.index, flush=True)
     return 0
 

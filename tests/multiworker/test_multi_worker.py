@@ -7,6 +7,7 @@ number of replicas, which the parity suite (tests/api) checks against the numpy 
 """
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -148,6 +149,28 @@ def test_non_finite_gradient_on_one_worker_fails_the_step_everywhere_and_writes_
         errors = json.loads((out / f"errors_{i}.json").read_text())
         assert len(errors) == 1 and "feature 'c' (table 'small')" in errors[0], errors
         assert_tables_close(tables(out, i), reference)
+
+
+def test_online_limits_are_agreed_over_workers_and_logged(tmp_path):
+    """Limits start at 1 and each worker measures only its own batches: the adapted limits are
+    the maxima over both workers, identical on both, and each worker logs its raises, the last
+    one of each limit naming its final value."""
+    out, codes = run_cluster(tmp_path, "cluster", 2, ["--steps", "3", "--adapt-limits"])
+    check_ok(out, codes)
+    reports = [json.loads((out / f"stats_{i}.json").read_text()) for i in range(2)]
+    limits = reports[0]["limits"]
+    assert limits == reports[1]["limits"] and set(limits) == {"big", "small"}
+    for table, values in limits.items():
+        for key, value in values.items():
+            assert value == max(1, *(r["stats"][table][key] for r in reports)), (table, key)
+    for i in range(2):
+        log = (out / f"log_{i}.txt").read_text()
+        last = {}
+        for m in re.finditer(r"table '(\w+)': (\w+) raised online from (\d+) to (\d+)", log):
+            last[(m.group(1), m.group(2))] = int(m.group(4))
+        assert last == {(t, k): v for t, values in limits.items() for k, v in values.items()
+                        if v > 1}, log[-3000:]
+        assert last, log[-3000:]
 
 
 def test_checkpoint_from_two_workers_restores_anywhere(tmp_path):
