@@ -1,7 +1,9 @@
 // Kernel of SceRequireFiniteGradients: a thin adapter over sce::RequireFiniteFeatureGradients.
+#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "cc/core/fused_update.h"  // AllFinite
 #include "cc/core/gradient_check.h"
 #include "cc/kernels/kernel_utils.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -36,6 +38,29 @@ class RequireFiniteGradientsOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("SceRequireFiniteGradients").Device(DEVICE_CPU),
                         RequireFiniteGradientsOp);
+
+class NonFiniteFlagsOp : public OpKernel {
+ public:
+  explicit NonFiniteFlagsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList values;
+    OP_REQUIRES_OK(ctx, ctx->input_list("values", &values));
+    Tensor* flags = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({values.size()}), &flags));
+    auto out = flags->flat<int32_t>();
+    int64_t largest = 1;
+    for (int i = 0; i < values.size(); ++i) largest = std::max(largest, values[i].NumElements());
+    ThreadPoolFor(ctx)(values.size(), largest, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const Tensor& v = values[static_cast<int>(i)];
+        out(i) = sce::AllFinite(v.flat<float>().data(), v.NumElements()) ? 0 : 1;
+      }
+    });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("SceNonFiniteFlags").Device(DEVICE_CPU), NonFiniteFlagsOp);
 
 }  // namespace
 }  // namespace sce_kernels

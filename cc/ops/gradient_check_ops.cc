@@ -30,5 +30,18 @@ REGISTER_OP("SceRequireFiniteGradients")
       return absl::OkStatus();
     });
 
+// 1 for each of the N float tensors that has a NaN or Inf, else 0 (one vectorized pass over each,
+// tensors in parallel).
+REGISTER_OP("SceNonFiniteFlags")
+    .Input("values: N * float")
+    .Output("non_finite: int32")
+    .Attr("N: int >= 0")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      c->set_output(0, c->Vector(n));
+      return absl::OkStatus();
+    });
+
 }  // namespace
 }  // namespace tensorflow

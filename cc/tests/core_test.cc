@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -1109,6 +1110,23 @@ void TestRequireFiniteFeatureGradients() {
               "one entry per feature");
   CHECK_ERROR(sce::RequireFiniteFeatureGradients(nullptr, 3, features, tables), "missing");
   CHECK_OK(sce::RequireFiniteFeatureGradients(nullptr, 0, {}, {}));
+
+  g_test = "AllFinite: NaN, +-Inf anywhere; denormals, zeros and extremes are finite";
+  std::vector<float> values(37, 1.5f);
+  values[3] = -0.0f;
+  values[5] = std::numeric_limits<float>::denorm_min();
+  values[7] = std::numeric_limits<float>::max();
+  values[9] = -std::numeric_limits<float>::max();
+  CHECK(sce::AllFinite(values.data(), 37));
+  CHECK(sce::AllFinite(nullptr, 0));
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    for (int at : {0, 17, 36}) {
+      std::vector<float> copy = values;
+      copy[at] = bad;
+      CHECK(!sce::AllFinite(copy.data(), 37));
+    }
+  }
 }
 
 void TestRaisePartitionLimits() {
