@@ -90,7 +90,12 @@ def _slot_mismatch(binding, tf_slot_names):
 def check_slot_bindings(bindings=None):
     """Raises ImportError unless every binding matches TensorFlow's slot names (from a default
     config of each class) and the op library's slot inputs exactly, by name."""
-    for cls, binding in (_BINDINGS if bindings is None else bindings).items():
+    bindings = _BINDINGS if bindings is None else bindings
+    unbound = set(OPTIMIZERS) - {b.definition for b in bindings.values()}
+    if bindings is _BINDINGS and unbound:
+        raise ImportError(f"tf_sc_embedding: the op library's optimizers {sorted(unbound)} have "
+                          "no TensorFlow config class bound to them")
+    for cls, binding in bindings.items():
         problem = _slot_mismatch(binding, cls()._slot_names())  # pylint: disable=protected-access
         if problem:
             raise ImportError(f"tf_sc_embedding cannot bind tf.tpu.experimental.embedding."
@@ -99,6 +104,10 @@ def check_slot_bindings(bindings=None):
 
 
 check_slot_bindings()
+
+# The one registry of the optimizers a user can pass: TensorFlow's config classes, by class name
+# (.keras serialization, error messages); each is bound to one fused optimizer of the op library.
+SUPPORTED_CONFIGS: Dict[str, type] = {cls.__name__: cls for cls in _BINDINGS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +149,7 @@ def fused_optimizer(config, where):
     """Validates a TensorFlow optimizer config and binds it to a fused optimizer."""
     binding = _BINDINGS.get(type(config))
     if binding is None:
-        supported = ", ".join(c.__name__ for c in _BINDINGS)
+        supported = ", ".join(SUPPORTED_CONFIGS)
         raise ValueError(f"{where}: unsupported optimizer {type(config).__name__}; "
                          f"use one of tf.tpu.experimental.embedding.{{{supported}}}")
     if getattr(config, "weight_decay_factor", None) is not None:
