@@ -9,6 +9,20 @@
 #include "cc/core/split_encoding.h"
 
 namespace sce {
+
+Status MinibatchIdCountsSize(const std::string& where, int64_t num_replica,
+                             int64_t num_sc_per_chip, int64_t max_division_level, int64_t* size) {
+  int64_t num_shards, product;
+  SCE_RETURN_IF_ERROR(CheckedSize(where, "num_replica * num_sc_per_chip",
+                                  {num_replica, num_sc_per_chip}, kMaxShards, &num_shards));
+  SCE_RETURN_IF_ERROR(CheckDivisionLevel(where, max_division_level));
+  SCE_RETURN_IF_ERROR(CheckedSize(
+      where, "id_counts size num_sc_per_chip * num_replica * num_sc_per_chip * 2^max_division_level",
+      {num_sc_per_chip, num_shards, int64_t{1} << max_division_level}, kMaxIdCounts, &product));
+  *size = product + 1;
+  return Status::Ok();
+}
+
 namespace {
 
 Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num_cols,
@@ -32,15 +46,10 @@ Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num
     return InvalidArgument("table '", t, "': num_replica * num_sc_per_chip (", num_shards,
                            ") must be a power of two");
   }
-  if (p.max_division_level < 0 || p.max_division_level > 6) {
-    return InvalidArgument("table '", t, "': max_division_level must be in [0, 6], got ",
-                           p.max_division_level);
-  }
+  SCE_RETURN_IF_ERROR(CheckDivisionLevel(where, p.max_division_level));
   int64_t id_counts_size;
-  SCE_RETURN_IF_ERROR(CheckedSize(
-      where, "id_counts size num_sc_per_chip * num_replica * num_sc_per_chip * 2^max_division_level",
-      {p.num_sc_per_chip, num_shards, int64_t{1} << p.max_division_level},
-      kMaxIdCounts, &id_counts_size));
+  SCE_RETURN_IF_ERROR(MinibatchIdCountsSize(where, p.num_replica, p.num_sc_per_chip,
+                                            p.max_division_level, &id_counts_size));
   if (n > kMaxInt32) {
     return InvalidArgument(where, ": ", n, " ids do not fit the int32 buffer formats");
   }
