@@ -66,6 +66,8 @@ setup(
     version="0.1.0",
     description="TPUEmbeddingV2-style sharded embeddings with SparseCore ops that run on CPU",
     packages=find_packages(include=["tf_sc_embedding", "tf_sc_embedding.*"]),
+    # The type stub of the pybind11 module `_core` (its signatures for IDEs and type checkers).
+    package_data={"tf_sc_embedding": ["_core.pyi"]},
     python_requires=">=3.10",
     install_requires=["tensorflow-cpu==2.21.0", "numpy", "absl-py"],
     ext_modules=[

@@ -381,7 +381,7 @@ def child_main(seed, start, stop):
     import tensorflow as tf  # noqa: PLC0415, F401
     print("READY", flush=True)
     # Self-test of the crash recording: SCE_OP_FUZZ_SELFTEST="abort:I" or "hang:I" makes case I
-    # abort the child or hang (tests/test_hardening_fuzz.py).
+    # abort the child or hang (tests/ops/test_hardening_fuzz.py).
     kind, _, at = os.environ.get("SCE_OP_FUZZ_SELFTEST", "").partition(":")
     for index in range(start, stop):
         print(f"START {index}", flush=True)

@@ -124,3 +124,16 @@ def _lines_matching(pattern):
 def test_no_bare_section_references():
     found = _lines_matching(SECTION_REFERENCE)
     assert not found, f"{len(found)} section references left:\n" + "\n".join(found)
+
+
+TEST_PATH = re.compile(r"\btests/[A-Za-z0-9_/]+\.py\b")
+
+
+def test_paths_of_test_files_named_in_markdown_exist():
+    """Moving a test file must update the pages that name it (README, docs/, RELIABILITY.md)."""
+    problems = []
+    for page in sorted(ROOT.glob("*.md")) + sorted(DOCS.glob("*.md")):
+        for match in TEST_PATH.finditer(page.read_text(encoding="utf-8")):
+            if not (ROOT / match.group(0)).is_file():
+                problems.append(f"{page.relative_to(ROOT)}: {match.group(0)} does not exist")
+    assert not problems, "\n".join(problems)

@@ -21,8 +21,9 @@ import tensorflow as tf
 import keras
 from tensorflow.python.tpu.tpu_embedding_v2_utils import QuantizationConfig  # TableConfig's type
 
+from tf_sc_embedding.optimizers import SUPPORTED_CONFIGS as _OPTIMIZERS
+
 E = tf.tpu.experimental.embedding
-_OPTIMIZERS = {cls.__name__: cls for cls in (E.SGD, E.Adagrad, E.AdagradMomentum, E.Adam, E.FTRL)}
 
 
 def _plain(value):

@@ -12,14 +12,16 @@ from typing import Dict, List, Optional, Tuple
 import tensorflow as tf
 from tensorflow.python.util import nest
 
+from tf_sc_embedding import _core
 from tf_sc_embedding._core import LayoutStacker, TableLayout
 from tf_sc_embedding.optimizers import FusedOptimizer, fused_optimizer
 
 __all__ = ["EmbeddingLayout", "FeaturePlacement", "LayoutStacker", "StackedTable", "TableLayout",
            "TablePlacement"]
 
-# SparseCores per replica when the constructor is not told otherwise (as on a TPU v5p chip).
-DEFAULT_SPARSE_CORES_PER_REPLICA = 4
+# SparseCores per replica when the constructor is not told otherwise (as on a TPU v5p chip); the
+# C++ core (cc/core/constants.h) is its one home.
+DEFAULT_SPARSE_CORES_PER_REPLICA = _core.DEFAULT_SPARSE_CORES_PER_REPLICA
 
 # TensorFlow defaults these per-partition limits to 256 because SparseCore buffers are static. On
 # CPU nothing is sized by them, so without a configured value there is no limit (and no

@@ -5,6 +5,13 @@ The math, slot order and hyperparameter names of each optimizer are defined once
 (`tf.tpu.experimental.embedding.SGD`, `Adagrad`, `AdagradMomentum`, `Adam`, `FTRL`) already define
 the slot initial values (`_slot_initializers()`) and user-facing hyperparameters; this module only
 maps one onto the other and rejects settings the fused kernels cannot honour.
+
+Slots are matched by NAME: each binding says which of TensorFlow's slot names
+(`config._slot_names()`) feeds which slot input of the fused op. The table is checked against
+TensorFlow's slot names and the op library's slot inputs when this module is imported, so a
+rename in either fails loudly instead of swapping slot values. `FusedOptimizer.slot_names` lists
+TensorFlow's names in the order of the op's slot inputs (`FusedOptimizer.slot_inputs`), whatever
+order TensorFlow lists them in.
 """
 import dataclasses
 import math
@@ -22,6 +29,7 @@ _embedding = tf.tpu.experimental.embedding
 @dataclasses.dataclass(frozen=True)
 class _Binding:
     definition: str                                   # key into ops.OPTIMIZERS
+    slots: Dict[str, str]                             # TF slot name -> slot input of the op
     hyperparameters: Callable[[object], Dict[str, object]]
     validate: Callable[[object], None] = lambda optimizer: None
 
@@ -41,23 +49,23 @@ def _validate_adam(o):
 
 
 _BINDINGS = {
-    _embedding.SGD: _Binding("sgd", lambda o: {}),
+    _embedding.SGD: _Binding("sgd", {}, lambda o: {}),
     _embedding.Adagrad: _Binding(
-        "adagrad", lambda o: {},
+        "adagrad", {"accumulators": "accumulator"}, lambda o: {},
         lambda o: _positive("initial_accumulator_value", o.initial_accumulator_value, "Adagrad")),
     _embedding.AdagradMomentum: _Binding(
-        "adagrad_momentum",
+        "adagrad_momentum", {"accumulators": "accumulator", "momenta": "momenta"},
         lambda o: dict(use_nesterov=bool(o.use_nesterov), exponent=float(o.exponent),
                        beta1=float(o.momentum), beta2=float(o.beta2), epsilon=float(o.epsilon)),
         lambda o: (_positive("epsilon", o.epsilon, "AdagradMomentum"),
                    _positive("exponent", o.exponent, "AdagradMomentum"))),
     _embedding.Adam: _Binding(
-        "adam",
+        "adam", {"momenta": "momenta", "velocities": "velocity"},
         lambda o: dict(use_sum_inside_sqrt=bool(o.sum_inside_sqrt), beta1=float(o.beta_1),
                        beta2=float(o.beta_2), epsilon=float(o.epsilon)),
         _validate_adam),
     _embedding.FTRL: _Binding(
-        "ftrl",
+        "ftrl", {"accumulators": "accumulator", "linears": "linear"},
         lambda o: dict(multiply_linear_by_learning_rate=bool(o.multiply_linear_by_learning_rate),
                        beta=float(o.beta), learning_rate_power=float(o.learning_rate_power),
                        l1_regularization_strength=float(o.l1_regularization_strength),
@@ -66,13 +74,51 @@ _BINDINGS = {
 }
 
 
+def _slot_mismatch(binding, tf_slot_names):
+    """Why TensorFlow's slot names and the op's slot inputs do not match `binding.slots` by name
+    (None if they do)."""
+    op_slots = OPTIMIZERS[binding.definition].slots
+    if sorted(tf_slot_names) != sorted(binding.slots):
+        return (f"TensorFlow's slots are {tuple(tf_slot_names)}, the binding maps "
+                f"{tuple(binding.slots)}")
+    if sorted(binding.slots.values()) != sorted(op_slots):
+        return (f"the fused op's slot inputs are {op_slots}, the binding maps to "
+                f"{tuple(binding.slots.values())}")
+    return None
+
+
+def check_slot_bindings(bindings=None):
+    """Raises ImportError unless every binding matches TensorFlow's slot names (from a default
+    config of each class) and the op library's slot inputs exactly, by name."""
+    bindings = _BINDINGS if bindings is None else bindings
+    unbound = set(OPTIMIZERS) - {b.definition for b in bindings.values()}
+    if bindings is _BINDINGS and unbound:
+        raise ImportError(f"tf_sc_embedding: the op library's optimizers {sorted(unbound)} have "
+                          "no TensorFlow config class bound to them")
+    for cls, binding in bindings.items():
+        problem = _slot_mismatch(binding, cls()._slot_names())  # pylint: disable=protected-access
+        if problem:
+            raise ImportError(f"tf_sc_embedding cannot bind tf.tpu.experimental.embedding."
+                              f"{cls.__name__} to the fused '{binding.definition}' optimizer: "
+                              f"{problem} (TensorFlow renamed or changed its slots?)")
+
+
+check_slot_bindings()
+
+# The one registry of the optimizers a user can pass: TensorFlow's config classes, by class name
+# (.keras serialization, error messages); each is bound to one fused optimizer of the op library.
+SUPPORTED_CONFIGS: Dict[str, type] = {cls.__name__: cls for cls in _BINDINGS}
+
+
 @dataclasses.dataclass(frozen=True)
 class FusedOptimizer:
     """Everything the embedding needs to create slots for a table and update it."""
     config: object                 # the user's TensorFlow optimizer config
     definition_name: str
-    slot_names: Tuple[str, ...]    # TensorFlow's slot names, e.g. ("accumulators",)
-    slot_initializers: tuple
+    slot_names: Tuple[str, ...]    # TensorFlow's slot names, e.g. ("accumulators",), in the
+                                   # order of the op's slot inputs
+    slot_initializers: tuple       # parallel to slot_names
+    slot_inputs: Tuple[str, ...]   # the op's slot input of each of slot_names, e.g. ("accumulator",)
     hyperparameters: Dict[str, object]
     clip_weight_min: float
     clip_weight_max: float
@@ -103,7 +149,7 @@ def fused_optimizer(config, where):
     """Validates a TensorFlow optimizer config and binds it to a fused optimizer."""
     binding = _BINDINGS.get(type(config))
     if binding is None:
-        supported = ", ".join(c.__name__ for c in _BINDINGS)
+        supported = ", ".join(SUPPORTED_CONFIGS)
         raise ValueError(f"{where}: unsupported optimizer {type(config).__name__}; "
                          f"use one of tf.tpu.experimental.embedding.{{{supported}}}")
     if getattr(config, "weight_decay_factor", None) is not None:
@@ -114,13 +160,17 @@ def fused_optimizer(config, where):
         raise NotImplementedError(f"{where}: clipvalue (gradient clipping) is not supported by "
                                   "the fused SparseCore optimizers")
     binding.validate(config)
-    definition = OPTIMIZERS[binding.definition]
-    slot_names = tuple(config._slot_names())  # TensorFlow's own slot definitions
-    if len(slot_names) != len(definition.slots):
-        raise ValueError(f"{where}: {type(config).__name__} has slots {slot_names} but the fused "
-                         f"kernel expects {definition.slots}")
+    # TensorFlow's own slot definitions, matched to the op's slot inputs by name.
+    tf_slot_names = list(config._slot_names())  # pylint: disable=protected-access
+    problem = _slot_mismatch(binding, tf_slot_names)
+    if problem:
+        raise ValueError(f"{where}: {type(config).__name__}: {problem}")
+    initializer_of = dict(zip(tf_slot_names, config._slot_initializers()))  # pylint: disable=protected-access
+    tf_name_of = {op_slot: tf_name for tf_name, op_slot in binding.slots.items()}
+    slot_inputs = OPTIMIZERS[binding.definition].slots
+    slot_names = tuple(tf_name_of[s] for s in slot_inputs)
     clip_min = -math.inf if config.clip_weight_min is None else float(config.clip_weight_min)
     clip_max = math.inf if config.clip_weight_max is None else float(config.clip_weight_max)
     return FusedOptimizer(config, binding.definition, slot_names,
-                          tuple(config._slot_initializers()), binding.hyperparameters(config),
-                          clip_min, clip_max)
+                          tuple(initializer_of[n] for n in slot_names), slot_inputs,
+                          binding.hyperparameters(config), clip_min, clip_max)

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "cc/core/constants.h"
+#include "cc/core/coo_entries.h"
 #include "cc/core/status.h"
 
 namespace sce {
@@ -39,34 +41,17 @@ struct IdInput {
   int64_t num_weights = 0;
 };
 
-struct CooEntries {
-  std::vector<int32_t> rows;
-  std::vector<int32_t> cols;
-  std::vector<float> gains;
-  size_t size() const { return rows.size(); }
-  void Reserve(size_t n) {
-    rows.reserve(n);
-    cols.reserve(n);
-    gains.reserve(n);
-  }
-  void Push(int32_t row, int32_t col, float gain) {
-    rows.push_back(row);
-    cols.push_back(col);
-    gains.push_back(gain);
-  }
-};
-
 // See docs/preprocessing.md#coo-conversion. `vocabulary_size` < 0 disables the id range check (ids must still be >= 0).
 Status ConvertToCoo(const IdInput& input, int64_t sample_count, Combiner combiner,
                     int64_t vocabulary_size, const Context& context, CooEntries* out);
 
 // Where a feature sits inside its stacked table (docs/layout.md#feature-stacking-and-activation-rows, docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform).
 struct StackingTransform {
-  int64_t num_sc_per_chip = 4;
+  int64_t num_sc_per_chip = kDefaultSparseCoresPerReplica;
   int64_t row_offset = 0;                 // the feature's sample offset in the stacked table
   int64_t col_offset = 0;                 // row offset in shard times num_sc_shards
   int64_t col_shift = 0;                  // shard rotation
-  int64_t num_sc_shards = 4;              // total SparseCores = table shards; a power of two
+  int64_t num_sc_shards = kDefaultSparseCoresPerReplica;  // total SparseCores = table shards; a power of two
   int64_t stacked_table_sample_count = 0; // B_stk
 };
 

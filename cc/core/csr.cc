@@ -4,6 +4,7 @@
 
 #include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
+#include "cc/core/minibatch_splits.h"
 #include "cc/core/split_encoding.h"
 
 namespace sce {
@@ -146,32 +147,51 @@ Status ValidateParams(const CsrParams& params) {
                            "per-chip batch = ", params.max_ids_buffer_size,
                            ") exceeds the int32 position limit of ", kMaxInt32);
   }
-  if (params.max_division_level < 0 || params.max_division_level > 6) {
-    return InvalidArgument("table '", t, "': max_division_level must be in [0, 6]");
-  }
-  int64_t num_shards, block, row_pointers;
-  SCE_RETURN_IF_ERROR(CheckedSize(where, "num_replica * num_sc_per_chip",
-                                  {params.num_replica, params.num_sc_per_chip}, kMaxShards,
-                                  &num_shards));
-  if (!CheckedRoundUp(num_shards, kXlaPadSize, &block)) {
-    return InvalidArgument(where, ": the shard count overflows");  // unreachable after the bound
-  }
-  SCE_RETURN_IF_ERROR(CheckedSize(
-      where, "the row-pointer buffer size max_minibatches_per_sc * num_sc_per_chip * "
-             "RoundUp(num_replica * num_sc_per_chip, 8)",
-      {params.max_minibatches_per_sc, params.num_sc_per_chip, block}, kMaxInt32, &row_pointers));
-  return Status::Ok();
+  SCE_RETURN_IF_ERROR(CheckDivisionLevel(where, params.max_division_level));
+  int64_t row_pointers;
+  return CsrRowPointerBufferSize(where, params.num_replica, params.num_sc_per_chip,
+                                 params.max_minibatches_per_sc, kMaxInt32, &row_pointers);
 }
 
 }  // namespace
 
+Status CsrRowPointerBufferSize(const std::string& where, int64_t num_replica,
+                               int64_t num_sc_per_chip, int64_t max_minibatches_per_sc,
+                               int64_t max_value, int64_t* size) {
+  int64_t num_shards, block;
+  SCE_RETURN_IF_ERROR(CheckedSize(where, "num_replica * num_sc_per_chip",
+                                  {num_replica, num_sc_per_chip}, kMaxShards, &num_shards));
+  if (!CheckedRoundUp(num_shards, kXlaPadSize, &block)) {
+    return InvalidArgument(where, ": the shard count overflows");  // unreachable after the bound
+  }
+  return CheckedSize(where,
+                     "the row-pointer buffer size max_minibatches_per_sc * num_sc_per_chip * "
+                     "RoundUp(num_replica * num_sc_per_chip, 8)",
+                     {max_minibatches_per_sc, num_sc_per_chip, block}, max_value, size);
+}
+
+Status WrappedCooIdBufferSize(const std::string& where, int64_t max_ids_per_chip_per_sample,
+                              int64_t sample_count_per_sc, int64_t num_sc_per_chip,
+                              int64_t max_value, int64_t* size) {
+  return CheckedSize(where,
+                     "the id buffer size max_ids_per_chip_per_sample * sample_count_per_sc * "
+                     "num_sc_per_chip",
+                     {max_ids_per_chip_per_sample, sample_count_per_sc, num_sc_per_chip},
+                     max_value, size);
+}
+
+Status MinibatchCsrIdBufferSize(const std::string& where, int64_t max_ids_per_chip_per_sample,
+                                int64_t sample_count, int64_t max_value, int64_t* size) {
+  return CheckedSize(where, "the id buffer size max_ids_per_chip_per_sample * sample_count",
+                     {max_ids_per_chip_per_sample, sample_count}, max_value, size);
+}
+
 Status GetCsrBufferSizes(const CsrParams& params, CsrBufferSizes* sizes) {
   SCE_RETURN_IF_ERROR(ValidateParams(params));
-  const int64_t P = params.num_sc_per_chip * params.num_replica;  // bounded by ValidateParams
-  sizes->row_pointers =
-      params.max_minibatches_per_sc * params.num_sc_per_chip * RoundUp(P, kXlaPadSize);
   sizes->ids = params.max_ids_buffer_size;
-  return Status::Ok();
+  return CsrRowPointerBufferSize("table '" + params.table_name + "'", params.num_replica,
+                                 params.num_sc_per_chip, params.max_minibatches_per_sc, kMaxInt32,
+                                 &sizes->row_pointers);
 }
 
 Status PackCsrFromSortedLists(const std::vector<SortedIdsView>& per_sc, int64_t splits,
@@ -220,12 +240,12 @@ Status PackCsrFromMinibatchSplits(const SortedIdsView& ids, int64_t splits,
   const int64_t S = params.num_sc_per_chip;
   const int64_t P = S * params.num_replica;
   const int64_t D = int64_t{1} << params.max_division_level;
-  int64_t split_counts;
-  SCE_RETURN_IF_ERROR(CheckedSize("table '" + params.table_name + "'",
-                                  "id_counts size num_sc_per_chip * num_replica * "
-                                  "num_sc_per_chip * 2^max_division_level",
-                                  {S, P, D}, kMaxIdCounts, &split_counts));
-  SCE_RETURN_IF_ERROR(ValidateSortedIds(ids, S * P * D + 1, S * P * D + 1, params.table_name, 0));
+  int64_t num_id_counts;  // S * P * D + 1, the id_counts GetMinibatchSplits produces
+  SCE_RETURN_IF_ERROR(MinibatchIdCountsSize("table '" + params.table_name + "'",
+                                            params.num_replica, S, params.max_division_level,
+                                            &num_id_counts));
+  SCE_RETURN_IF_ERROR(
+      ValidateSortedIds(ids, num_id_counts, num_id_counts, params.table_name, 0));
   return Pack(
       splits, params, [&](int64_t) -> const SortedIdsView& { return ids; },
       [&](int64_t s, int64_t p, int64_t lo, int64_t hi, int64_t* begin, int64_t* end) {

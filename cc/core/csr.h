@@ -9,28 +9,24 @@
 #include <string>
 #include <vector>
 
+#include "cc/core/constants.h"
+#include "cc/core/coo_entries.h"
 #include "cc/core/status.h"
 
 namespace sce {
 
 // Sorted ids of one source SparseCore with their per-shard (and optionally per-division) counts.
-struct SortedIdsView {
-  const int32_t* rows = nullptr;
-  const int32_t* cols = nullptr;
-  const float* gains = nullptr;
-  int64_t num_rows = 0;
-  int64_t num_cols = 0;
-  int64_t num_gains = 0;
+struct SortedIdsView : CooEntriesView {
   const int32_t* id_counts = nullptr;
   int64_t num_id_counts = 0;
 };
 
 struct CsrParams {
   int64_t num_replica = 1;
-  int64_t num_sc_per_chip = 4;
+  int64_t num_sc_per_chip = kDefaultSparseCoresPerReplica;
   int64_t max_minibatches_per_sc = 1;
   int64_t max_ids_buffer_size = 0;  // MAXC: capacity of the id buffers
-  int max_division_level = 6;
+  int max_division_level = kDefaultMaxDivisionLevel;
   bool allow_id_dropping = false;
   std::string table_name;
 };
@@ -58,6 +54,25 @@ struct CsrBufferSizes {
 };
 // Validates the parameters (checked arithmetic, explicit bounds) and computes the static sizes.
 Status GetCsrBufferSizes(const CsrParams& params, CsrBufferSizes* sizes);
+
+// The one home of the static buffer-size formulas; GetCsrBufferSizes, the op shape functions
+// (cc/ops) and the kernels (cc/kernels) call these. Every product is overflow-checked and must not
+// exceed `max_value`; errors start with `where` (e.g. "table 'video'").
+//
+// Row pointers: one 8-aligned block of per-shard pointers per source SparseCore and minibatch,
+// max_minibatches_per_sc * S * RoundUp(num_replica * S, 8).
+Status CsrRowPointerBufferSize(const std::string& where, int64_t num_replica,
+                               int64_t num_sc_per_chip, int64_t max_minibatches_per_sc,
+                               int64_t max_value, int64_t* size);
+// Id buffer capacity (MAXC) of ConvertToSparseCoreCsrWrappedCooTensor:
+// max_ids_per_chip_per_sample * sample_count_per_sc * num_sc_per_chip.
+Status WrappedCooIdBufferSize(const std::string& where, int64_t max_ids_per_chip_per_sample,
+                              int64_t sample_count_per_sc, int64_t num_sc_per_chip,
+                              int64_t max_value, int64_t* size);
+// Id buffer capacity of GetMinibatchesInCsrWithPhysicalReplica:
+// max_ids_per_chip_per_sample * sample_count (the per-chip batch).
+Status MinibatchCsrIdBufferSize(const std::string& where, int64_t max_ids_per_chip_per_sample,
+                                int64_t sample_count, int64_t max_value, int64_t* size);
 
 // See docs/preprocessing.md#csr-wrapped-coo-buffers: one SortedIdsView per source SparseCore; `splits` is the OR of all split masks.
 Status PackCsrFromSortedLists(const std::vector<SortedIdsView>& per_sc, int64_t splits,

@@ -3,20 +3,23 @@
 #include "cc/core/checked_math.h"
 
 namespace sce {
+namespace {
 
-Status ValidateCsrView(const CsrView& v) {
-  const std::string t = "table '" + v.table_name + "'";
-  // Attribute ranges first: every product below is then small enough to be formed safely, and is
-  // still formed with checked arithmetic.
+// Attribute ranges first: every product formed later is then small enough to be formed safely,
+// and is still formed with checked arithmetic. Sets *num_shards (S * num_replica).
+Status ValidateTopology(const CsrView& v, const std::string& t, int64_t* num_shards) {
   if (!IsPowerOfTwo(v.num_sc_per_device) || v.num_sc_per_device > kMaxSparseCoresPerChip) {
     return InvalidArgument(t, ": num_sparsecores_per_device must be a power of two in [1, ",
                            kMaxSparseCoresPerChip, "], got ", v.num_sc_per_device);
   }
   if (v.num_replica < 1) return InvalidArgument(t, ": num_replica must be >= 1");
   SCE_RETURN_IF_ERROR(CheckInRange(t, "num_replica", v.num_replica, 1, kMaxReplicas));
-  int64_t num_shards;
-  SCE_RETURN_IF_ERROR(CheckedSize(t, "the number of shards, num_sparsecores_per_device * num_replica",
-                                  {v.num_sc_per_device, v.num_replica}, kMaxShards, &num_shards));
+  return CheckedSize(t, "the number of shards, num_sparsecores_per_device * num_replica",
+                     {v.num_sc_per_device, v.num_replica}, kMaxShards, num_shards);
+}
+
+// The buffer lengths, the source replicas, the activation rows and the local shards.
+Status ValidateSizes(const CsrView& v, const std::string& t, int64_t num_shards) {
   if (v.num_sample_ids != v.num_token_ids || v.num_sample_ids != v.num_gains) {
     return InvalidArgument(t, ": sorted_sample_ids (", v.num_sample_ids, "), sorted_token_ids (",
                            v.num_token_ids, ") and sorted_gains (", v.num_gains,
@@ -56,6 +59,11 @@ Status ValidateCsrView(const CsrView& v) {
                            v.num_token_ids, ") must split into ", v.num_source_replicas,
                            " equal chunks, one per source replica");
   }
+  return Status::Ok();
+}
+
+// Every row pointer a segment uses: non-decreasing, 8-aligned starts, within the id buffers.
+Status ValidateRowPointers(const CsrView& v, const std::string& t, int64_t num_shards) {
   if (v.num_minibatches < 1) {
     return InvalidArgument(t, ": num_minibatches_per_physical_sparse_core must be >= 1, got ",
                            v.num_minibatches);
@@ -88,6 +96,11 @@ Status ValidateCsrView(const CsrView& v) {
       previous_end = end;
     }
   }
+  return Status::Ok();
+}
+
+// Every non-padding (sample, token) of the local shards' segments is in range.
+Status ValidateIds(const CsrView& v, const std::string& t) {
   const int64_t rows_per_shard = v.rows_per_shard();
   const int64_t samples_per_sc = v.samples_per_sc();
   for (int64_t s = 0; s < v.num_source_sparse_cores(); ++s) {
@@ -112,6 +125,17 @@ Status ValidateCsrView(const CsrView& v) {
     }
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateCsrView(const CsrView& v) {
+  const std::string t = "table '" + v.table_name + "'";
+  int64_t num_shards;
+  SCE_RETURN_IF_ERROR(ValidateTopology(v, t, &num_shards));
+  SCE_RETURN_IF_ERROR(ValidateSizes(v, t, num_shards));
+  SCE_RETURN_IF_ERROR(ValidateRowPointers(v, t, num_shards));
+  return ValidateIds(v, t);
 }
 
 }  // namespace sce

@@ -9,7 +9,40 @@
 #include "cc/core/split_encoding.h"
 
 namespace sce {
+
+Status MinibatchIdCountsSize(const std::string& where, int64_t num_replica,
+                             int64_t num_sc_per_chip, int64_t max_division_level, int64_t* size) {
+  int64_t num_shards, product;
+  SCE_RETURN_IF_ERROR(CheckedSize(where, "num_replica * num_sc_per_chip",
+                                  {num_replica, num_sc_per_chip}, kMaxShards, &num_shards));
+  SCE_RETURN_IF_ERROR(CheckDivisionLevel(where, max_division_level));
+  SCE_RETURN_IF_ERROR(CheckedSize(
+      where, "id_counts size num_sc_per_chip * num_replica * num_sc_per_chip * 2^max_division_level",
+      {num_sc_per_chip, num_shards, int64_t{1} << max_division_level}, kMaxIdCounts, &product));
+  *size = product + 1;
+  return Status::Ok();
+}
+
 namespace {
+
+// Every row sorted and within the batch, every id within the vocabulary.
+Status ValidateIds(const int32_t* rows, const int32_t* cols, int64_t n,
+                   const MinibatchSplitsParams& p) {
+  int32_t previous = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] < previous || rows[i] >= p.sample_count) {
+      return InvalidArgument("table '", p.table_name, "': row_ids must be sorted and in [0, ",
+                             p.sample_count, "); got ", rows[i], " at position ", i, " after ",
+                             previous);
+    }
+    previous = rows[i];
+    if (cols[i] < 0 || cols[i] >= p.table_vocab_size) {
+      return InvalidArgument("table '", p.table_name, "': id ", cols[i], " at position ", i,
+                             " is out of range [0, ", p.table_vocab_size, ")");
+    }
+  }
+  return Status::Ok();
+}
 
 Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num_cols,
                 int64_t num_gains, const MinibatchSplitsParams& p) {
@@ -32,15 +65,9 @@ Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num
     return InvalidArgument("table '", t, "': num_replica * num_sc_per_chip (", num_shards,
                            ") must be a power of two");
   }
-  if (p.max_division_level < 0 || p.max_division_level > 6) {
-    return InvalidArgument("table '", t, "': max_division_level must be in [0, 6], got ",
-                           p.max_division_level);
-  }
-  int64_t id_counts_size;
-  SCE_RETURN_IF_ERROR(CheckedSize(
-      where, "id_counts size num_sc_per_chip * num_replica * num_sc_per_chip * 2^max_division_level",
-      {p.num_sc_per_chip, num_shards, int64_t{1} << p.max_division_level},
-      kMaxIdCounts, &id_counts_size));
+  int64_t id_counts_size;  // also checks max_division_level
+  SCE_RETURN_IF_ERROR(MinibatchIdCountsSize(where, p.num_replica, p.num_sc_per_chip,
+                                            p.max_division_level, &id_counts_size));
   if (n > kMaxInt32) {
     return InvalidArgument(where, ": ", n, " ids do not fit the int32 buffer formats");
   }
@@ -57,19 +84,7 @@ Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num
     return InvalidArgument("table '", t,
                            "': max_ids_per_partition and max_unique_ids_per_partition must be >= 1");
   }
-  int32_t previous = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (rows[i] < previous || rows[i] >= p.sample_count) {
-      return InvalidArgument("table '", t, "': row_ids must be sorted and in [0, ", p.sample_count,
-                             "); got ", rows[i], " at position ", i, " after ", previous);
-    }
-    previous = rows[i];
-    if (cols[i] < 0 || cols[i] >= p.table_vocab_size) {
-      return InvalidArgument("table '", t, "': id ", cols[i], " at position ", i,
-                             " is out of range [0, ", p.table_vocab_size, ")");
-    }
-  }
-  return Status::Ok();
+  return ValidateIds(rows, cols, n, p);
 }
 
 // Ids and unique ids of one (source SC, target shard) pair over a range of divisions.
@@ -80,147 +95,198 @@ struct Cumulative {
   int64_t Uniques(int64_t lo, int64_t hi) const { return uniques[hi] - uniques[lo]; }
 };
 
+// The sizes every step shares: S SparseCores, P shards, 2^L = D vocabulary divisions.
+struct Geometry {
+  int64_t S, P, D, division_size, per_sc;
+  int L, pbits;
+  int32_t mask;
+  double inverse_division;
+
+  explicit Geometry(const MinibatchSplitsParams& params)
+      : S(params.num_sc_per_chip),
+        P(params.num_sc_per_chip * params.num_replica),
+        D(int64_t{1} << params.max_division_level),
+        // Ceiling division without forming table_vocab_size + D - 1 (overflows near INT64_MAX).
+        division_size(params.table_vocab_size / D + (params.table_vocab_size % D != 0)),
+        per_sc(params.sample_count / S),
+        L(params.max_division_level),
+        pbits(Log2(P)),
+        mask(static_cast<int32_t>(P - 1)),
+        inverse_division(1.0 / static_cast<double>(division_size)) {}
+
+  // The vocabulary division of an id. Integer division is the hot spot here; divide in double
+  // and correct the rounding.
+  int32_t BucketOf(int32_t col) const {
+    int64_t q = static_cast<int64_t>(static_cast<double>(col) * inverse_division);
+    if (q * division_size > col) --q;
+    if ((q + 1) * division_size <= col) ++q;
+    return static_cast<int32_t>(std::min<int64_t>(q, D - 1));
+  }
+};
+
+// One deduplicated id of a source SparseCore, before it is scattered into the output.
+struct Kept {
+  int32_t local_row, col, bucket;
+  float gain;
+};
+
+// Per (shard, division) counts of one SparseCore; at most n <= 2^31 - 1 ids, so int32 (these
+// arrays have up to 2^24 entries). Slot p * (D + 1) + d + 1 counts shard p, division d.
+struct ScCounts {
+  std::vector<int32_t> ids, uniques;
+};
+
+// Sorts the ids [begin, end) of source SparseCore s by col, sums the gains of duplicate
+// (row, col) pairs into `kept` and counts ids and unique ids per (shard, division).
+void DedupAndCountSc(const int32_t* rows, const int32_t* cols, const float* gains, int64_t begin,
+                     int64_t end, int64_t s, const Geometry& g, std::vector<uint32_t>* order,
+                     std::vector<uint32_t>* scratch, ScCounts* counts, std::vector<Kept>* kept) {
+  // Rows are validated to be sorted, so a stable sort by col orders by (col, row, position).
+  StableSortByKey(cols + begin, end - begin, order, scratch);
+  std::fill(counts->ids.begin(), counts->ids.end(), 0);
+  std::fill(counts->uniques.begin(), counts->uniques.end(), 0);
+  kept->reserve(end - begin);
+  int32_t prev_row = -1, prev_col = -1;
+  for (uint32_t offset : *order) {
+    const int64_t i = begin + offset;
+    if (rows[i] == prev_row && cols[i] == prev_col) {
+      kept->back().gain += gains[i];
+      continue;
+    }
+    const int32_t bucket = g.BucketOf(cols[i]);
+    const int64_t slot = (cols[i] & g.mask) * (g.D + 1) + bucket + 1;
+    ++counts->ids[slot];
+    if (cols[i] != prev_col) ++counts->uniques[slot];
+    kept->push_back({static_cast<int32_t>(rows[i] - s * g.per_sc), cols[i], bucket, gains[i]});
+    prev_row = rows[i];
+    prev_col = cols[i];
+  }
+}
+
+// Checks every division of pair (s, p) against the limits and writes its id_counts prefix sums;
+// returns the pair's id count in *pair_ids.
+Status CountPair(const ScCounts& counts, int64_t s, int64_t p, const Geometry& g,
+                 const MinibatchSplitsParams& params, MinibatchSplits* out, int64_t* pair_ids) {
+  const int64_t pair = s * g.P + p;
+  const int32_t* pid = &counts.ids[p * (g.D + 1)];
+  const int32_t* puq = &counts.uniques[p * (g.D + 1)];
+  *pair_ids = 0;
+  for (int64_t i = 1; i <= g.D; ++i) {
+    *pair_ids += pid[i];
+    if (pid[i] > params.max_ids_per_partition || puq[i] > params.max_unique_ids_per_partition) {
+      return InvalidArgument("table '", params.table_name, "' has too many ids for replica ", p,
+                             " on sparse core ", s, ": one vocabulary division holds ", pid[i],
+                             " ids (", puq[i], " unique) but the limits are ",
+                             params.max_ids_per_partition, " ids and ",
+                             params.max_unique_ids_per_partition,
+                             " unique ids per partition. Consider making the "
+                             "max_division_level higher or raising the limits");
+    }
+    out->id_counts[pair * g.D + i] =
+        out->id_counts[pair * g.D + i - 1] + static_cast<int32_t>(pid[i]);
+  }
+  return Status::Ok();
+}
+
+// Adds the split points pair (s, p) needs: `pre` (the top-down split mask, shared by all pairs)
+// and `after` (the greedily merged mask that is the op's output).
+void SplitPair(const ScCounts& counts, int64_t p, const Geometry& g,
+               const MinibatchSplitsParams& params, Cumulative* cum, MinibatchSplits* out,
+               int64_t* pre, int64_t* after) {
+  const int32_t* pid = &counts.ids[p * (g.D + 1)];
+  const int32_t* puq = &counts.uniques[p * (g.D + 1)];
+  for (int64_t d = 0; d <= g.D; ++d) {
+    cum->ids[d] = (d == 0 ? 0 : cum->ids[d - 1]) + pid[d];
+    cum->uniques[d] = (d == 0 ? 0 : cum->uniques[d - 1]) + puq[d];
+  }
+  out->max_ids = std::max(out->max_ids, cum->ids[g.D]);
+  out->max_uniques = std::max(out->max_uniques, cum->uniques[g.D]);
+  auto too_big = [&](int64_t lo, int64_t hi) {
+    return cum->Ids(lo, hi) > params.max_ids_per_partition ||
+           cum->Uniques(lo, hi) > params.max_unique_ids_per_partition;
+  };
+  // Top-down search: split a section when it does not fit and its parent was split.
+  for (int level = 0; level < g.L; ++level) {
+    const int64_t width = g.D >> level;
+    for (int64_t q = 0; q < (int64_t{1} << level); ++q) {
+      if (level > 0) {
+        const int64_t parent = ((int64_t{1} << (level - 1)) - 1) + q / 2;
+        if (((*pre >> parent) & 1) == 0) continue;
+      }
+      if (too_big(q * width, (q + 1) * width)) *pre |= int64_t{1} << (((int64_t{1} << level) - 1) + q);
+    }
+  }
+  // Greedy merge of adjacent sections that fit together.
+  std::vector<int32_t> points = BinaryToBucketSplits(*pre, g.L);
+  points.insert(points.begin(), 0);
+  points.push_back(static_cast<int32_t>(g.D));
+  std::vector<int32_t> emitted;
+  size_t start = 0;
+  for (size_t i = 1; i < points.size(); ++i) {
+    if (!too_big(points[start], points[i])) continue;
+    emitted.push_back(points[i - 1]);
+    start = i - 1;
+  }
+  *after |= BucketSplitsToBinary(emitted, g.L);
+}
+
+// Writes the kept ids of every SparseCore into the output, grouped by (SC, shard, division).
+void Scatter(const std::vector<std::vector<Kept>>& kept_per_sc, const Geometry& g,
+             MinibatchSplits* out) {
+  const int64_t total = out->id_counts.back();
+  out->rows.resize(total);
+  out->cols.resize(total);
+  out->gains.resize(total);
+  std::vector<int64_t> running(g.P * g.D);
+  for (int64_t s = 0; s < g.S; ++s) {
+    std::fill(running.begin(), running.end(), 0);
+    for (const Kept& k : kept_per_sc[s]) {
+      const int64_t p = k.col & g.mask;
+      const int64_t slot =
+          out->id_counts[(s * g.P + p) * g.D + k.bucket] + running[p * g.D + k.bucket]++;
+      out->rows[slot] = k.local_row;
+      out->cols[slot] = k.col >> g.pbits;
+      out->gains[slot] = k.gain;
+    }
+  }
+}
+
 }  // namespace
 
 Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float* gains,
                           int64_t n, int64_t num_cols, int64_t num_gains,
                           const MinibatchSplitsParams& params, MinibatchSplits* out) {
   SCE_RETURN_IF_ERROR(Validate(rows, cols, n, num_cols, num_gains, params));
-  const int64_t S = params.num_sc_per_chip;
-  const int64_t P = S * params.num_replica;
-  const int L = params.max_division_level;
-  const int64_t D = int64_t{1} << L;
-  // Ceiling division without forming table_vocab_size + D - 1 (which overflows near INT64_MAX).
-  const int64_t division_size = params.table_vocab_size / D + (params.table_vocab_size % D != 0);
-  const int64_t per_sc = params.sample_count / S;
-  const int pbits = Log2(P);
-  const int32_t mask = static_cast<int32_t>(P - 1);
-  // Integer division is the hot spot here; divide in double and correct the rounding.
-  const double inverse_division = 1.0 / static_cast<double>(division_size);
-  auto bucket_of = [&](int32_t col) -> int32_t {
-    int64_t q = static_cast<int64_t>(static_cast<double>(col) * inverse_division);
-    if (q * division_size > col) --q;
-    if ((q + 1) * division_size <= col) ++q;
-    return static_cast<int32_t>(std::min<int64_t>(q, D - 1));
-  };
-
-  struct Kept {
-    int32_t local_row, col, bucket;
-    float gain;
-  };
-  std::vector<std::vector<Kept>> kept_per_sc(S);
-  out->id_counts.assign(S * P * D + 1, 0);
+  const Geometry g(params);
+  std::vector<std::vector<Kept>> kept_per_sc(g.S);
+  out->id_counts.assign(g.S * g.P * g.D + 1, 0);
   out->max_ids = 0;
   out->max_uniques = 0;
   int64_t pre = 0, after = 0;
   std::vector<uint32_t> order, scratch;
-  // Per (shard, division) counts of one SparseCore; at most n <= 2^31 - 1 ids, so int32 (these
-  // arrays have up to 2^24 entries).
-  std::vector<int32_t> ids(P * (D + 1)), uniques(P * (D + 1));
+  ScCounts counts;
+  counts.ids.resize(g.P * (g.D + 1));
+  counts.uniques.resize(g.P * (g.D + 1));
   Cumulative cum;
-  cum.ids.resize(D + 1);
-  cum.uniques.resize(D + 1);
-
+  cum.ids.resize(g.D + 1);
+  cum.uniques.resize(g.D + 1);
   int64_t cursor = 0;
-  for (int64_t s = 0; s < S; ++s) {
+  for (int64_t s = 0; s < g.S; ++s) {
     const int64_t begin = cursor;
-    while (cursor < n && rows[cursor] < (s + 1) * per_sc) ++cursor;
-    // Rows are validated to be sorted, so a stable sort by col orders by (col, row, position).
-    StableSortByKey(cols + begin, cursor - begin, &order, &scratch);
-    std::fill(ids.begin(), ids.end(), 0);
-    std::fill(uniques.begin(), uniques.end(), 0);
-    std::vector<Kept>& kept = kept_per_sc[s];
-    kept.reserve(cursor - begin);
-    int32_t prev_row = -1, prev_col = -1;
-    for (uint32_t offset : order) {
-      const int64_t i = begin + offset;
-      if (rows[i] == prev_row && cols[i] == prev_col) {
-        kept.back().gain += gains[i];
-        continue;
-      }
-      const int32_t bucket = bucket_of(cols[i]);
-      const int64_t slot = (cols[i] & mask) * (D + 1) + bucket + 1;
-      ++ids[slot];
-      if (cols[i] != prev_col) ++uniques[slot];
-      kept.push_back({static_cast<int32_t>(rows[i] - s * per_sc), cols[i], bucket, gains[i]});
-      prev_row = rows[i];
-      prev_col = cols[i];
-    }
-
-    for (int64_t p = 0; p < P; ++p) {
-      const int64_t g = s * P + p;
-      const int32_t* pid = &ids[p * (D + 1)];
-      const int32_t* puq = &uniques[p * (D + 1)];
-      int64_t pair_ids = 0;
-      for (int64_t i = 1; i <= D; ++i) {
-        pair_ids += pid[i];
-        if (pid[i] > params.max_ids_per_partition ||
-            puq[i] > params.max_unique_ids_per_partition) {
-          return InvalidArgument("table '", params.table_name, "' has too many ids for replica ", p,
-                                 " on sparse core ", s, ": one vocabulary division holds ", pid[i],
-                                 " ids (", puq[i], " unique) but the limits are ",
-                                 params.max_ids_per_partition, " ids and ",
-                                 params.max_unique_ids_per_partition,
-                                 " unique ids per partition. Consider making the "
-                                 "max_division_level higher or raising the limits");
-        }
-        out->id_counts[g * D + i] = out->id_counts[g * D + i - 1] + static_cast<int32_t>(pid[i]);
-      }
+    while (cursor < n && rows[cursor] < (s + 1) * g.per_sc) ++cursor;
+    DedupAndCountSc(rows, cols, gains, begin, cursor, s, g, &order, &scratch, &counts,
+                    &kept_per_sc[s]);
+    for (int64_t p = 0; p < g.P; ++p) {
+      int64_t pair_ids;
+      SCE_RETURN_IF_ERROR(CountPair(counts, s, p, g, params, out, &pair_ids));
       // A pair without ids cannot be too big for any section (the limits are >= 1): it changes
       // neither the maxima nor the split masks. Skipping it keeps a call with many shards and
       // few ids (up to 2^24 id_counts entries) cheap.
       if (pair_ids == 0) continue;
-      for (int64_t d = 0; d <= D; ++d) {
-        cum.ids[d] = (d == 0 ? 0 : cum.ids[d - 1]) + pid[d];
-        cum.uniques[d] = (d == 0 ? 0 : cum.uniques[d - 1]) + puq[d];
-      }
-      out->max_ids = std::max(out->max_ids, cum.ids[D]);
-      out->max_uniques = std::max(out->max_uniques, cum.uniques[D]);
-      auto too_big = [&](int64_t lo, int64_t hi) {
-        return cum.Ids(lo, hi) > params.max_ids_per_partition ||
-               cum.Uniques(lo, hi) > params.max_unique_ids_per_partition;
-      };
-      // Top-down search: split a section when it does not fit and its parent was split.
-      for (int level = 0; level < L; ++level) {
-        const int64_t width = D >> level;
-        for (int64_t q = 0; q < (int64_t{1} << level); ++q) {
-          if (level > 0) {
-            const int64_t parent = ((int64_t{1} << (level - 1)) - 1) + q / 2;
-            if (((pre >> parent) & 1) == 0) continue;
-          }
-          if (too_big(q * width, (q + 1) * width)) pre |= int64_t{1} << (((int64_t{1} << level) - 1) + q);
-        }
-      }
-      // Greedy merge of adjacent sections that fit together.
-      std::vector<int32_t> points = BinaryToBucketSplits(pre, L);
-      points.insert(points.begin(), 0);
-      points.push_back(static_cast<int32_t>(D));
-      std::vector<int32_t> emitted;
-      size_t start = 0;
-      for (size_t i = 1; i < points.size(); ++i) {
-        if (!too_big(points[start], points[i])) continue;
-        emitted.push_back(points[i - 1]);
-        start = i - 1;
-      }
-      after |= BucketSplitsToBinary(emitted, L);
+      SplitPair(counts, p, g, params, &cum, out, &pre, &after);
     }
   }
-
-  const int64_t total = out->id_counts.back();
-  out->rows.resize(total);
-  out->cols.resize(total);
-  out->gains.resize(total);
-  std::vector<int64_t> running(P * D);
-  for (int64_t s = 0; s < S; ++s) {
-    std::fill(running.begin(), running.end(), 0);
-    for (const Kept& k : kept_per_sc[s]) {
-      const int64_t p = k.col & mask;
-      const int64_t slot = out->id_counts[(s * P + p) * D + k.bucket] + running[p * D + k.bucket]++;
-      out->rows[slot] = k.local_row;
-      out->cols[slot] = k.col >> pbits;
-      out->gains[slot] = k.gain;
-    }
-  }
+  Scatter(kept_per_sc, g, out);
   out->splits = after;
   return Status::Ok();
 }

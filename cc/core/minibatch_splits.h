@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "cc/core/constants.h"
+#include "cc/core/coo_entries.h"
 #include "cc/core/status.h"
 
 namespace sce {
@@ -15,23 +17,27 @@ namespace sce {
 struct MinibatchSplitsParams {
   int64_t sample_count = 0;  // per-chip batch B
   int64_t num_replica = 1;
-  int64_t num_sc_per_chip = 4;
+  int64_t num_sc_per_chip = kDefaultSparseCoresPerReplica;
   int64_t table_vocab_size = 0;
   int64_t max_ids_per_partition = 0;
   int64_t max_unique_ids_per_partition = 0;
-  int max_division_level = 6;
+  int max_division_level = kDefaultMaxDivisionLevel;
   std::string table_name;
 };
 
-struct MinibatchSplits {
-  std::vector<int32_t> rows;       // local sample id in the source SparseCore
-  std::vector<int32_t> cols;       // row inside the target shard
-  std::vector<float> gains;
+// rows: local sample id in the source SparseCore; cols: row inside the target shard.
+struct MinibatchSplits : CooEntries {
   int64_t splits = 0;              // split bitmask (docs/preprocessing.md#split-encoding)
   std::vector<int32_t> id_counts;  // S * P * 2^L + 1 exclusive prefix sums
   int64_t max_ids = 0;
   int64_t max_uniques = 0;
 };
+
+// Entries of the id_counts output: S * P * 2^L + 1 exclusive prefix sums (P = num_replica * S),
+// checked against kMaxIdCounts + 1. The one home of the formula (the core and the op's shape
+// function call it); errors start with `where`.
+Status MinibatchIdCountsSize(const std::string& where, int64_t num_replica,
+                             int64_t num_sc_per_chip, int64_t max_division_level, int64_t* size);
 
 Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float* gains,
                           int64_t num_rows, int64_t num_cols, int64_t num_gains,

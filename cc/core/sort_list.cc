@@ -17,26 +17,21 @@ struct Kept {
   float gain;
 };
 
-// Shared by docs/preprocessing.md#sort-dedup-and-bucket and docs/preprocessing.md#id-statistics: groups features by member table, sorts each group by (col, row, position),
-// merges duplicate (row, col) pairs into their first occurrence, and counts per target shard.
-Status SortDedupAndCount(const std::vector<FeatureCooView>& features, int64_t num_replica,
-                         int64_t num_sc_per_chip, const std::string& table_name,
-                         std::vector<Kept>* kept, ShardCounts* counts) {
+// The shard count (a power of two), equal lengths per feature, and a batch and id total that fit
+// the int32 buffer formats. Sets *num_shards.
+Status ValidateFeatures(const std::vector<FeatureCooView>& features, int64_t num_replica,
+                        int64_t num_sc_per_chip, const std::string& table_name,
+                        int64_t* num_shards) {
   const std::string where = "table '" + table_name + "'";
   SCE_RETURN_IF_ERROR(CheckInRange(where, "num_replica", num_replica, 1, kMaxReplicas));
   SCE_RETURN_IF_ERROR(
       CheckInRange(where, "num_sc_per_chip", num_sc_per_chip, 1, kMaxSparseCoresPerChip));
-  int64_t num_shards;
   SCE_RETURN_IF_ERROR(CheckedSize(where, "num_replica * num_sc_per_chip",
-                                  {num_replica, num_sc_per_chip}, kMaxShards, &num_shards));
-  if (!IsPowerOfTwo(num_shards)) {
+                                  {num_replica, num_sc_per_chip}, kMaxShards, num_shards));
+  if (!IsPowerOfTwo(*num_shards)) {
     return FailedPrecondition("table '", table_name, "': num_replica * num_sc_per_chip (",
-                              num_shards, ") must be a power of two");
+                              *num_shards, ") must be a power of two");
   }
-  const int32_t mask = static_cast<int32_t>(num_shards - 1);
-  counts->ids.assign(num_shards, 0);
-  counts->uniques.assign(num_shards, 0);
-
   int64_t batch = 0, total_ids = 0;
   for (size_t f = 0; f < features.size(); ++f) {
     const FeatureCooView& v = features[f];
@@ -54,64 +49,100 @@ Status SortDedupAndCount(const std::vector<FeatureCooView>& features, int64_t nu
   if (batch <= 0) {
     return InvalidArgument("table '", table_name, "': the sum of sample_count_list must be > 0");
   }
+  return Status::Ok();
+}
 
+// Collects the entries of the features order_of_features[g, *end) that share one member table
+// (one col_offset) into `group`; *rows_sorted tells whether their rows are already ascending.
+Status GatherGroup(const std::vector<FeatureCooView>& features,
+                   const std::vector<size_t>& order_of_features, size_t g,
+                   const std::string& table_name, CooEntries* group, bool* rows_sorted,
+                   size_t* end) {
+  group->rows.clear();
+  group->cols.clear();
+  group->gains.clear();
+  *rows_sorted = true;
+  const int64_t group_offset = features[order_of_features[g]].col_offset;
+  for (*end = g; *end < order_of_features.size() &&
+                 features[order_of_features[*end]].col_offset == group_offset;
+       ++*end) {
+    const FeatureCooView& v = features[order_of_features[*end]];
+    for (int64_t i = 0; i < v.num_rows; ++i) {
+      if (v.cols[i] < 0 || v.rows[i] < 0) {
+        return InvalidArgument("table '", table_name, "': negative id or row (row ", v.rows[i],
+                               ", col ", v.cols[i], ") in feature ", order_of_features[*end]);
+      }
+      if (!group->rows.empty() && v.rows[i] < group->rows.back()) *rows_sorted = false;
+      group->Push(v.rows[i], v.cols[i], v.gains[i]);
+    }
+  }
+  return Status::Ok();
+}
+
+// Orders the group by (col, row, position): equal (row, col) pairs become adjacent in input
+// order, so gains merge into the first occurrence. With rows already sorted a stable sort by col
+// does it.
+void SortGroup(const CooEntries& group, bool rows_sorted, std::vector<uint32_t>* order,
+               std::vector<uint32_t>* scratch) {
+  const std::vector<int32_t>& cols = group.cols;
+  const std::vector<int32_t>& rows = group.rows;
+  if (rows_sorted) {
+    StableSortByKey(cols.data(), static_cast<int64_t>(cols.size()), order, scratch);
+    return;
+  }
+  order->resize(cols.size());
+  std::iota(order->begin(), order->end(), 0u);
+  std::stable_sort(order->begin(), order->end(), [&](uint32_t a, uint32_t b) {
+    return cols[a] != cols[b] ? cols[a] < cols[b] : rows[a] < rows[b];
+  });
+}
+
+// Merges duplicate (row, col) pairs of the sorted group (into `kept`, if given) and counts ids
+// and unique ids per target shard.
+void DedupAndCountGroup(const CooEntries& group, const std::vector<uint32_t>& order,
+                        int32_t mask, std::vector<Kept>* kept, ShardCounts* counts) {
+  int32_t prev_row = -1, prev_col = -1;
+  for (uint32_t i : order) {
+    const int32_t row = group.rows[i], col = group.cols[i];
+    if (row == prev_row && col == prev_col) {
+      if (kept) kept->back().gain += group.gains[i];
+      continue;
+    }
+    const int32_t shard = col & mask;
+    ++counts->ids[shard];
+    if (col != prev_col) ++counts->uniques[shard];
+    if (kept) kept->push_back({row, col, group.gains[i]});
+    prev_row = row;
+    prev_col = col;
+  }
+}
+
+// Shared by docs/preprocessing.md#sort-dedup-and-bucket and docs/preprocessing.md#id-statistics:
+// groups features by member table, sorts each group by (col, row, position), merges duplicate
+// (row, col) pairs into their first occurrence, and counts per target shard.
+Status SortDedupAndCount(const std::vector<FeatureCooView>& features, int64_t num_replica,
+                         int64_t num_sc_per_chip, const std::string& table_name,
+                         std::vector<Kept>* kept, ShardCounts* counts) {
+  int64_t num_shards;
+  SCE_RETURN_IF_ERROR(
+      ValidateFeatures(features, num_replica, num_sc_per_chip, table_name, &num_shards));
+  const int32_t mask = static_cast<int32_t>(num_shards - 1);
+  counts->ids.assign(num_shards, 0);
+  counts->uniques.assign(num_shards, 0);
   // Member tables in ascending col_offset; features of one table stay in input order.
   std::vector<size_t> order_of_features(features.size());
   std::iota(order_of_features.begin(), order_of_features.end(), 0);
   std::stable_sort(order_of_features.begin(), order_of_features.end(), [&](size_t a, size_t b) {
     return features[a].col_offset < features[b].col_offset;
   });
-
-  std::vector<int32_t> cols, rows;
-  std::vector<float> gains;
+  CooEntries group;
   std::vector<uint32_t> order, scratch;
-  for (size_t g = 0; g < order_of_features.size();) {
-    size_t end = g;
-    cols.clear();
-    rows.clear();
-    gains.clear();
-    bool rows_sorted = true;
-    const int64_t group_offset = features[order_of_features[g]].col_offset;
-    while (end < order_of_features.size() &&
-           features[order_of_features[end]].col_offset == group_offset) {
-      const FeatureCooView& v = features[order_of_features[end]];
-      for (int64_t i = 0; i < v.num_rows; ++i) {
-        if (v.cols[i] < 0 || v.rows[i] < 0) {
-          return InvalidArgument("table '", table_name, "': negative id or row (row ", v.rows[i],
-                                 ", col ", v.cols[i], ") in feature ", order_of_features[end]);
-        }
-        if (!rows.empty() && v.rows[i] < rows.back()) rows_sorted = false;
-        cols.push_back(v.cols[i]);
-        rows.push_back(v.rows[i]);
-        gains.push_back(v.gains[i]);
-      }
-      ++end;
-    }
-    // Order by (col, row, position): equal (row, col) pairs become adjacent in input order, so
-    // gains merge into the first occurrence. With rows already sorted a stable sort by col does it.
-    if (rows_sorted) {
-      StableSortByKey(cols.data(), static_cast<int64_t>(cols.size()), &order, &scratch);
-    } else {
-      order.resize(cols.size());
-      std::iota(order.begin(), order.end(), 0u);
-      std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-        return cols[a] != cols[b] ? cols[a] < cols[b] : rows[a] < rows[b];
-      });
-    }
-    int32_t prev_row = -1, prev_col = -1;
-    for (uint32_t i : order) {
-      if (rows[i] == prev_row && cols[i] == prev_col) {
-        if (kept) kept->back().gain += gains[i];
-        continue;
-      }
-      const int32_t shard = cols[i] & mask;
-      ++counts->ids[shard];
-      if (cols[i] != prev_col) ++counts->uniques[shard];
-      if (kept) kept->push_back({rows[i], cols[i], gains[i]});
-      prev_row = rows[i];
-      prev_col = cols[i];
-    }
-    g = end;
+  for (size_t g = 0, end = 0; g < order_of_features.size(); g = end) {
+    bool rows_sorted;
+    SCE_RETURN_IF_ERROR(
+        GatherGroup(features, order_of_features, g, table_name, &group, &rows_sorted, &end));
+    SortGroup(group, rows_sorted, &order, &scratch);
+    DedupAndCountGroup(group, order, mask, kept, counts);
   }
   return Status::Ok();
 }

@@ -7,26 +7,19 @@
 #include <string>
 #include <vector>
 
+#include "cc/core/coo_entries.h"
 #include "cc/core/status.h"
 
 namespace sce {
 
 // One feature's COO entries for one source SparseCore (outputs of ConvertToListOfCoo).
-struct FeatureCooView {
-  const int32_t* rows = nullptr;
-  const int32_t* cols = nullptr;
-  const float* gains = nullptr;
-  int64_t num_rows = 0;
-  int64_t num_cols = 0;
-  int64_t num_gains = 0;
+struct FeatureCooView : CooEntriesView {
   int64_t sample_count = 0;  // B_f / S
   int64_t col_offset = 0;    // identifies the member table of the stack
 };
 
-struct SortedCoo {
-  std::vector<int32_t> rows;   // local sample id within the source SparseCore
-  std::vector<int32_t> cols;   // row inside the target shard
-  std::vector<float> gains;
+// rows: local sample id within the source SparseCore; cols: row inside the target shard.
+struct SortedCoo : CooEntries {
   std::vector<int32_t> id_counts;  // P + 1 exclusive prefix sums of ids per target shard
 };
 

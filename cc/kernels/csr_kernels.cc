@@ -19,12 +19,6 @@ absl::Status RequireVector(const Tensor& t, const char* name, const std::string&
   return absl::OkStatus();
 }
 
-// The id buffer capacity from the attributes, overflow-checked: positions in it are int32.
-absl::Status IdBufferSize(const std::string& table, const char* what,
-                          std::initializer_list<int64_t> factors, int64_t* size) {
-  return ToTf(sce::CheckedSize("table '" + table + "'", what, factors, sce::kMaxInt32, size));
-}
-
 int64_t OrOfSplits(const Tensor& splits) {
   int64_t bits = 0;
   auto flat = splits.flat<int64_t>();
@@ -80,24 +74,30 @@ void PackIntoOutputs(OpKernelContext* ctx, const sce::CsrParams& params, bool tr
   }
 }
 
+// The attributes both CSR-building ops share, into the core's CsrParams.
+absl::Status ReadCsrAttrs(OpKernelConstruction* ctx, sce::CsrParams* params,
+                          int64_t* max_ids_per_chip_per_sample, bool* trim_to_size) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr("num_replica", &params->num_replica));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("max_minibatches_per_sc", &params->max_minibatches_per_sc));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("max_ids_per_chip_per_sample", max_ids_per_chip_per_sample));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("num_sc_per_chip", &params->num_sc_per_chip));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("table_name", &params->table_name));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("allow_id_dropping", &params->allow_id_dropping));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("max_division_level", &params->max_division_level));
+  return ctx->GetAttr("trim_to_size", trim_to_size);
+}
+
 class ConvertToCsrWrappedCooTensorOp : public OpKernel {
  public:
   explicit ConvertToCsrWrappedCooTensorOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     int64_t per_sc, per_sample;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("sample_count_per_sc", &per_sc));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_replica", &params_.num_replica));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_minibatches_per_sc", &params_.max_minibatches_per_sc));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_ids_per_chip_per_sample", &per_sample));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_sc_per_chip", &params_.num_sc_per_chip));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &params_.table_name));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("allow_id_dropping", &params_.allow_id_dropping));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_division_level", &params_.max_division_level));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("trim_to_size", &trim_to_size_));
-    OP_REQUIRES_OK(ctx, IdBufferSize(params_.table_name,
-                                     "max_ids_per_chip_per_sample * sample_count_per_sc * "
-                                     "num_sc_per_chip",
-                                     {per_sample, per_sc, params_.num_sc_per_chip},
-                                     &params_.max_ids_buffer_size));
+    OP_REQUIRES_OK(ctx, ReadCsrAttrs(ctx, &params_, &per_sample, &trim_to_size_));
+    // The id buffer capacity, overflow-checked: positions in it are int32.
+    OP_REQUIRES_OK(ctx, ToTf(sce::WrappedCooIdBufferSize(
+                            "table '" + params_.table_name + "'", per_sample, per_sc,
+                            params_.num_sc_per_chip, sce::kMaxInt32,
+                            &params_.max_ids_buffer_size)));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -181,21 +181,14 @@ class GetMinibatchesInCsrOp : public OpKernel {
   explicit GetMinibatchesInCsrOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     int64_t sample_count, per_sample;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("sample_count", &sample_count));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_replica", &params_.num_replica));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_minibatches_per_sc", &params_.max_minibatches_per_sc));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_ids_per_chip_per_sample", &per_sample));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_sc_per_chip", &params_.num_sc_per_chip));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &params_.table_name));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("allow_id_dropping", &params_.allow_id_dropping));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_division_level", &params_.max_division_level));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("trim_to_size", &trim_to_size_));
+    OP_REQUIRES_OK(ctx, ReadCsrAttrs(ctx, &params_, &per_sample, &trim_to_size_));
     OP_REQUIRES(ctx, sample_count % params_.num_sc_per_chip == 0,
                 absl::InvalidArgumentError(absl::StrCat(
                     "table '", params_.table_name, "': sample_count (", sample_count,
                     ") must be divisible by num_sc_per_chip (", params_.num_sc_per_chip, ")")));
-    OP_REQUIRES_OK(ctx, IdBufferSize(params_.table_name,
-                                     "max_ids_per_chip_per_sample * sample_count",
-                                     {per_sample, sample_count}, &params_.max_ids_buffer_size));
+    OP_REQUIRES_OK(ctx, ToTf(sce::MinibatchCsrIdBufferSize(
+                            "table '" + params_.table_name + "'", per_sample, sample_count,
+                            sce::kMaxInt32, &params_.max_ids_buffer_size)));
   }
 
   void Compute(OpKernelContext* ctx) override {

@@ -5,6 +5,9 @@
 
 #include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
+#include "cc/core/csr.h"
+#include "cc/core/minibatch_splits.h"
+#include "cc/core/split_encoding.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -17,6 +20,9 @@ using shape_inference::InferenceContext;
 // Attributes that every op accepts so error messages can name the table and feature.
 constexpr char kTableNameAttr[] = "table_name: string = ''";
 constexpr char kFeatureNameAttr[] = "feature_name: string = ''";
+// The default number of minibatch division levels, from the one home of the constant.
+const std::string kMaxDivisionLevelAttr =
+    absl::StrCat("max_division_level: int = ", sce::kDefaultMaxDivisionLevel);
 
 // Shape functions see the raw attributes: every size they form is overflow-checked and bounded
 // (sce/checked_math.h), and an impossible value is an InvalidArgument instead of a negative or
@@ -155,24 +161,31 @@ absl::Status CsrShapes(InferenceContext* c, int64_t row_pointers, int64_t ids) {
   return absl::OkStatus();
 }
 
-// Static CSR buffer sizes (docs/preprocessing.md#csr-wrapped-coo-buffers, docs/preprocessing.md#csr-buffers-with-minibatches) with every product checked.
-absl::Status StaticCsrShapes(InferenceContext* c, const char* op, int64_t minibatches,
-                             int64_t cores, int64_t replicas, int64_t id_factor_a,
-                             int64_t id_factor_b, int64_t id_factor_c) {
-  int64_t shards, block, row_pointers, ids;
-  TF_RETURN_IF_ERROR(CheckedDim(c, op, "num_replica * num_sc_per_chip", {replicas, cores}, 0,
-                                sce::kMaxShards, &shards));
-  if (!sce::CheckedRoundUp(shards, sce::kXlaPadSize, &block)) {
-    return absl::InvalidArgumentError(absl::StrCat(TableOf(c), ": the shard count overflows"));
-  }
-  TF_RETURN_IF_ERROR(CheckedDim(c, op,
-                                "the row-pointer buffer size max_minibatches_per_sc * "
-                                "num_sc_per_chip * RoundUp(shards, 8)",
-                                {minibatches, cores, block}, 0, sce::kMaxAllocationElements,
-                                &row_pointers));
-  TF_RETURN_IF_ERROR(CheckedDim(c, op, "the id buffer size max_ids_per_chip_per_sample * batch",
-                                {id_factor_a, id_factor_b, id_factor_c}, 0,
-                                sce::kMaxAllocationElements, &ids));
+absl::Status FromCore(const sce::Status& status) {
+  return status.ok() ? absl::OkStatus() : absl::InvalidArgumentError(status.message());
+}
+
+// Output shapes of both CSR-building ops: unknown with trim_to_size, else the static buffer sizes
+// (docs/preprocessing.md#csr-wrapped-coo-buffers, docs/preprocessing.md#csr-buffers-with-minibatches)
+// from the core's size functions (cc/core/csr.h), every product checked.
+// `id_buffer_size(where, max_ids_per_chip_per_sample, num_sc_per_chip, max_value, &ids)` is the
+// core function for the op's id capacity.
+template <typename IdBufferSizeFn>
+absl::Status CsrOutputShapes(InferenceContext* c, const char* op, IdBufferSizeFn id_buffer_size) {
+  bool trim;
+  TF_RETURN_IF_ERROR(c->GetAttr("trim_to_size", &trim));
+  if (trim) return CsrShapes(c, InferenceContext::kUnknownDim, InferenceContext::kUnknownDim);
+  int64_t replicas, minibatches, per_sample, cores;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_replica", &replicas));
+  TF_RETURN_IF_ERROR(c->GetAttr("max_minibatches_per_sc", &minibatches));
+  TF_RETURN_IF_ERROR(c->GetAttr("max_ids_per_chip_per_sample", &per_sample));
+  TF_RETURN_IF_ERROR(c->GetAttr("num_sc_per_chip", &cores));
+  const std::string where = absl::StrCat(TableOf(c), " (", op, ")");
+  int64_t row_pointers, ids;
+  TF_RETURN_IF_ERROR(FromCore(sce::CsrRowPointerBufferSize(
+      where, replicas, cores, minibatches, sce::kMaxAllocationElements, &row_pointers)));
+  TF_RETURN_IF_ERROR(FromCore(
+      id_buffer_size(where, per_sample, cores, sce::kMaxAllocationElements, &ids)));
   return CsrShapes(c, row_pointers, ids);
 }
 
@@ -199,20 +212,17 @@ REGISTER_OP("SceConvertToSparseCoreCsrWrappedCooTensor")
     .Attr("num_sc_per_chip: int >= 1")
     .Attr("table_name: string")
     .Attr("allow_id_dropping: bool")
-    .Attr("max_division_level: int = 6")
+    .Attr(kMaxDivisionLevelAttr)
     .Attr("trim_to_size: bool = false")
     .SetShapeFn([](InferenceContext* c) {
-      int64_t per_sc, replicas, minibatches, per_sample, cores;
+      int64_t per_sc;
       TF_RETURN_IF_ERROR(c->GetAttr("sample_count_per_sc", &per_sc));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_replica", &replicas));
-      TF_RETURN_IF_ERROR(c->GetAttr("max_minibatches_per_sc", &minibatches));
-      TF_RETURN_IF_ERROR(c->GetAttr("max_ids_per_chip_per_sample", &per_sample));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_sc_per_chip", &cores));
-      bool trim;
-      TF_RETURN_IF_ERROR(c->GetAttr("trim_to_size", &trim));
-      if (trim) return CsrShapes(c, InferenceContext::kUnknownDim, InferenceContext::kUnknownDim);
-      return StaticCsrShapes(c, "ConvertToSparseCoreCsrWrappedCooTensor", minibatches, cores,
-                             replicas, per_sample, per_sc, cores);
+      return CsrOutputShapes(
+          c, "ConvertToSparseCoreCsrWrappedCooTensor",
+          [per_sc](const std::string& where, int64_t per_sample, int64_t cores, int64_t max_value,
+                   int64_t* ids) {
+            return sce::WrappedCooIdBufferSize(where, per_sample, per_sc, cores, max_value, ids);
+          });
     });
 
 REGISTER_OP("SceGetMinibatchSplitsWithPhysicalReplica")
@@ -236,7 +246,7 @@ REGISTER_OP("SceGetMinibatchSplitsWithPhysicalReplica")
     .Attr("mini_batch_splits: string")
     .Attr("max_ids_per_partition: int >= 1")
     .Attr("max_unique_ids_per_partition: int >= 1")
-    .Attr("max_division_level: int = 6")
+    .Attr(kMaxDivisionLevelAttr)
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(ThreeVectors(c));
       int64_t replicas, cores, level;
@@ -245,11 +255,7 @@ REGISTER_OP("SceGetMinibatchSplitsWithPhysicalReplica")
       TF_RETURN_IF_ERROR(c->GetAttr("max_division_level", &level));
       c->set_output(3, c->Scalar());
       int64_t counts;
-      if (level >= 0 && level <= 6 &&
-          CheckedDim(c, "GetMinibatchSplitsWithPhysicalReplica", "id_counts size",
-                     {cores, cores, replicas, int64_t{1} << level}, 1,
-                     sce::kMaxIdCounts + 1, &counts)
-              .ok()) {
+      if (sce::MinibatchIdCountsSize(TableOf(c), replicas, cores, level, &counts).ok()) {
         c->set_output(4, c->Vector(counts));
       } else {  // the kernel reports the impossible attribute with the table name
         c->set_output(4, c->Vector(InferenceContext::kUnknownDim));
@@ -284,20 +290,17 @@ REGISTER_OP("SceGetMinibatchesInCsrWithPhysicalReplica")
     .Attr("table_name: string")
     .Attr("mini_batch_in_csr: string")
     .Attr("allow_id_dropping: bool = false")
-    .Attr("max_division_level: int = 6")
+    .Attr(kMaxDivisionLevelAttr)
     .Attr("trim_to_size: bool = false")
     .SetShapeFn([](InferenceContext* c) {
-      int64_t samples, replicas, minibatches, per_sample, cores;
+      int64_t samples;
       TF_RETURN_IF_ERROR(c->GetAttr("sample_count", &samples));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_replica", &replicas));
-      TF_RETURN_IF_ERROR(c->GetAttr("max_minibatches_per_sc", &minibatches));
-      TF_RETURN_IF_ERROR(c->GetAttr("max_ids_per_chip_per_sample", &per_sample));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_sc_per_chip", &cores));
-      bool trim;
-      TF_RETURN_IF_ERROR(c->GetAttr("trim_to_size", &trim));
-      if (trim) return CsrShapes(c, InferenceContext::kUnknownDim, InferenceContext::kUnknownDim);
-      return StaticCsrShapes(c, "GetMinibatchesInCsrWithPhysicalReplica", minibatches, cores,
-                             replicas, per_sample, samples, 1);
+      return CsrOutputShapes(
+          c, "GetMinibatchesInCsrWithPhysicalReplica",
+          [samples](const std::string& where, int64_t per_sample, int64_t /*cores*/,
+                    int64_t max_value, int64_t* ids) {
+            return sce::MinibatchCsrIdBufferSize(where, per_sample, samples, max_value, ids);
+          });
     });
 
 }  // namespace

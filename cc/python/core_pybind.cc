@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "cc/core/checked_math.h"
+#include "cc/core/constants.h"
 #include "cc/core/layout.h"
 #include "cc/core/optimizers.h"
 #include "cc/core/split_encoding.h"
@@ -105,7 +106,7 @@ PYBIND11_MODULE(_core, m) {
         check_level(level);
         return sce::BinaryToBucketSplits(bits, level);
       },
-      py::arg("bits"), py::arg("max_division_level") = 6);
+      py::arg("bits"), py::arg("max_division_level") = sce::kDefaultMaxDivisionLevel);
   m.def(
       "bucket_splits_to_binary",
       [check_level](const std::vector<int32_t>& splits, int level) {
@@ -118,10 +119,14 @@ PYBIND11_MODULE(_core, m) {
         }
         return sce::BucketSplitsToBinary(splits, level);
       },
-      py::arg("splits"), py::arg("max_division_level") = 6);
+      py::arg("splits"), py::arg("max_division_level") = sce::kDefaultMaxDivisionLevel);
   // Bounds every op checks its attributes against (cc/core/checked_math.h).
   m.attr("MAX_SPARSE_CORES_PER_CHIP") = sce::kMaxSparseCoresPerChip;
   m.attr("MAX_REPLICAS") = sce::kMaxReplicas;
   m.attr("MAX_SHARDS") = sce::kMaxShards;
   m.attr("MAX_ALLOCATION_ELEMENTS") = sce::kMaxAllocationElements;
+  // Defaults every layer shares (cc/core/constants.h is their one home).
+  m.attr("DEFAULT_SPARSE_CORES_PER_REPLICA") = sce::kDefaultSparseCoresPerReplica;
+  m.attr("DEFAULT_MAX_DIVISION_LEVEL") = sce::kDefaultMaxDivisionLevel;
+  m.attr("MAX_DIVISION_LEVEL") = sce::kMaxSplitLevel;
 }

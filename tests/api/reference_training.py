@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from reference import lookup as ref_lookup
+from tests.reference import lookup as ref_lookup
 
 f32 = np.float32
 

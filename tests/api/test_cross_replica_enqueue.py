@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import require_replicas
+from tests.devices import mirrored_strategy, require_replicas
 import tf_sc_embedding as sce
 
 E = tf.tpu.experimental.embedding
@@ -41,7 +41,7 @@ def grads_of(activations):
 
 
 def run(mode, device=None, eager=False):
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = mirrored_strategy(2)
     embedding = make(strategy)
     iterator = iter(strategy.experimental_distribute_dataset(
         dataset()))
@@ -76,7 +76,6 @@ def run(mode, device=None, eager=False):
 def test_cross_replica_enqueue_matches_in_replica_path(device, eager):
     require_replicas(2)
     want_outs, want_tables = run("in_replica")
-    tf.distribute.MirroredStrategy._collective_key_base += 100000  # pylint: disable=protected-access
     got_outs, got_tables = run("cross_replica", device=device, eager=eager)
     for want, got in zip(want_outs, got_outs):
         for k in want:
@@ -88,8 +87,7 @@ def test_cross_replica_enqueue_matches_in_replica_path(device, eager):
 
 
 def test_preprocessing_runs_on_the_requested_or_replica_device():
-    require_replicas(2)
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = mirrored_strategy(2)
     embedding = make(strategy)
     ids, weights = next(iter(strategy.experimental_distribute_dataset(dataset())))
     by_replica = embedding.enqueue(ids, weights)
@@ -102,8 +100,7 @@ def test_preprocessing_runs_on_the_requested_or_replica_device():
 
 
 def test_per_replica_inputs_inside_strategy_run_are_rejected():
-    require_replicas(2)
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = mirrored_strategy(2)
     embedding = make(strategy)
     ids, weights = next(iter(strategy.experimental_distribute_dataset(dataset())))
     embedding.enqueue(ids, weights)   # builds

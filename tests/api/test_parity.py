@@ -28,8 +28,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import reference_training as rt
 import tf_sc_embedding as sce
+from tests import devices
+from tests.api import reference_training as rt
 
 E = tf.tpu.experimental.embedding
 
@@ -101,20 +102,13 @@ def assert_close(actual, expected, what, rtol=RTOL, atol=ATOL):
                                err_msg=what)
 
 
-def skip_without_devices(n):
-    available = len(tf.config.list_logical_devices("CPU"))
-    if n > available:
-        pytest.skip(f"needs {n} logical CPUs, {available} configured")
+skip_without_devices = devices.require_replicas
 
 
 def make_strategy(replicas):
     if replicas == "none":
         return tf.distribute.get_strategy()
-    skip_without_devices(replicas)
-    # Strategies with different device counts in one process must not share collective group
-    # keys (TensorFlow's own strategy_combinations does the same).
-    tf.distribute.MirroredStrategy._collective_key_base += 100000
-    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+    return devices.mirrored_strategy(replicas)
 
 
 def num_replicas(replicas):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import require_replicas
+from tests.devices import require_replicas
 import tf_sc_embedding as sce
 
 E = tf.tpu.experimental.embedding

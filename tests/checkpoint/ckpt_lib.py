@@ -1,10 +1,9 @@
 """Small deterministic training setup shared by the checkpoint tests and their subprocesses."""
-import os
-
 import numpy as np
 import tensorflow as tf
 
 import tf_sc_embedding as sce
+from tests import devices
 
 E = tf.tpu.experimental.embedding
 GLOBAL_BATCH = 32
@@ -12,20 +11,6 @@ VOCAB = {"video": 100, "user": 33, "item": 1000}
 DIM = {"video": 10, "user": 16, "item": 8}
 COMBINER = {"video": "sum", "user": "mean", "item": "sqrtn"}
 FEATURES = {"f_video": "video", "f_video2": "video", "f_user": "user", "f_item": "item"}
-
-
-def require_replicas(*counts):
-    """Skips the calling test when fewer logical CPUs than needed are configured."""
-    import pytest  # pylint: disable=import-outside-toplevel
-    available = len(tf.config.list_logical_devices("CPU"))
-    for n in counts:
-        if n > available:
-            pytest.skip(f"needs {n} logical CPU devices, only {available} are configured")
-
-
-def configure_devices(n=8):
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
 
 
 def table_configs(vocab=None, dim=None, initializer=None):
@@ -53,9 +38,7 @@ def make_optimizer(name="adagrad"):
 def make_strategy(replicas):
     if replicas == 1:
         return tf.distribute.get_strategy()
-    # Strategies with different device counts in one process must not share collective group keys.
-    tf.distribute.MirroredStrategy._collective_key_base += 100000  # pylint: disable=protected-access
-    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+    return devices.mirrored_strategy(replicas)
 
 
 def make_embedding(replicas, stacking=True, optimizer="adagrad", build=True, replicated=(),
@@ -140,6 +123,3 @@ def load_state(path):
     with np.load(path) as f:
         return {k: f[k] for k in f.files}
 
-
-def here():
-    return os.path.dirname(os.path.abspath(__file__))

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import ckpt_lib
-from ckpt_lib import require_replicas
+from tests.checkpoint import ckpt_lib
+from tests.devices import require_replicas
 import tf_sc_embedding as sce
 from tf_sc_embedding import table_storage as sharded_tables
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REPLICA_COUNTS = (1, 2, 4, 8)
 
 
@@ -257,8 +257,8 @@ def run_resume(tmp_path, first, then, k=3, m=3, optimizer="adagrad"):
     path = tf.train.Checkpoint(embedding=embedding).save(str(tmp_path / "ckpt"))
     at_save = ckpt_lib.state(embedding)
     out = str(tmp_path / "resumed.npz")
-    subprocess.run([sys.executable, os.path.join(HERE, "worker.py"), "resume", path, str(n2),
-                    str(int(s2)), str(k), str(m), out], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "tests.checkpoint.worker", "resume", path, str(n2),
+                    str(int(s2)), str(k), str(m), out], check=True, timeout=300, cwd=ROOT)
     # Restoring is bit-exact on any topology.
     assert_states_equal(at_save, ckpt_lib.load_state(out + ".restored.npz"))
     # Uninterrupted reference: k + m steps. The library's training is bit-exact for a fixed replica

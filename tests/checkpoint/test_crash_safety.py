@@ -11,14 +11,14 @@ import tensorflow as tf
 
 import tf_sc_embedding as sce
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROWS = 1_200_000      # x 64 floats, parameters + Adagrad slot: ~600 MB written per checkpoint
 
 
 def test_kill_during_save_keeps_previous_checkpoint(tmp_path):
     directory = str(tmp_path)
-    child = subprocess.Popen([sys.executable, os.path.join(HERE, "worker.py"), "crash", directory,
-                              str(ROWS)], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-m", "tests.checkpoint.worker", "crash", directory,
+                              str(ROWS)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         for line in child.stdout:
             if line.startswith("SAVING"):

@@ -6,8 +6,8 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-import ckpt_lib
-from ckpt_lib import require_replicas
+from tests.checkpoint import ckpt_lib
+from tests.devices import require_replicas
 from tf_sc_embedding import serving
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import ckpt_lib
-from ckpt_lib import require_replicas
+from tests.checkpoint import ckpt_lib
+from tests.devices import require_replicas
 import tf_sc_embedding as sce
 from tf_sc_embedding import checkpointing
 from tf_sc_embedding import private_tf

@@ -1,9 +1,11 @@
 """Subprocess entry points of the checkpoint tests (a fresh process per call).
 
-  python worker.py resume <ckpt_prefix> <replicas> <stacking 0/1> <first_step> <steps> <out.npz>
+Run from the repository root as `python -m tests.checkpoint.worker <command> ...`:
+
+  resume <ckpt_prefix> <replicas> <stacking 0/1> <first_step> <steps> <out.npz>
       restores the checkpoint into a fresh embedding (before build), saves the restored state to
       <out.npz>.restored.npz, trains `steps` more global steps and saves the state to <out.npz>.
-  python worker.py crash <dir> <rows>
+  crash <dir> <rows>
       saves checkpoint 1 of a large table with CheckpointManager, writes <dir>/state1.npz, prints
       SAVING and starts saving checkpoint 2 (different values): the test kills it mid-save.
 """
@@ -11,16 +13,16 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import ckpt_lib  # noqa: E402
+from tests import devices  # noqa: E402
+from tests.checkpoint import ckpt_lib  # noqa: E402
 
 
 def resume(prefix, replicas, stacking, first_step, steps, out):
-    ckpt_lib.configure_devices()
+    devices.configure()
     strategy, embedding = ckpt_lib.make_embedding(int(replicas), bool(int(stacking)), build=False)
     status = tf.train.Checkpoint(embedding=embedding).restore(prefix)
     embedding.build(per_replica_batch_size=ckpt_lib.GLOBAL_BATCH // int(replicas))

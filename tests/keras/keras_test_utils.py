@@ -1,22 +1,13 @@
-"""Helpers of the Keras tests (a module name of its own: every test directory has a conftest)."""
+"""Helpers of the Keras tests."""
 import numpy as np
-import pytest
 import tensorflow as tf
 
-
-def require_replicas(n):
-    available = len(tf.config.list_logical_devices("CPU"))
-    if n > available:
-        pytest.skip(f"needs {n} logical CPU devices, only {available} are configured")
+from tests import devices
 
 
 def mirrored_strategy(replicas=2):
-    """A MirroredStrategy over the first logical CPUs, with a fresh collective key base:
-    strategies created in one process must not share collective instance keys (TensorFlow's own
-    strategy_combinations bumps the same base)."""
-    require_replicas(replicas)
-    tf.distribute.MirroredStrategy._collective_key_base += 100000  # pylint: disable=protected-access
-    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+    """A MirroredStrategy over the first logical CPUs with fresh collective keys."""
+    return devices.mirrored_strategy(replicas)
 
 
 # Two tables with deterministic initial values, shared by the Keras layer tests.

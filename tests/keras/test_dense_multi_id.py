@@ -8,9 +8,9 @@ import tensorflow as tf
 
 import keras
 
-from keras_test_utils import DIM, VOCAB, feature_config, initial  # noqa: E402
+from tests.keras.keras_test_utils import DIM, VOCAB, feature_config, initial  # noqa: E402
 
-from keras_test_utils import mirrored_strategy
+from tests.keras.keras_test_utils import mirrored_strategy
 from tf_sc_embedding.keras_layer import EmbeddingLayer
 import tf_sc_embedding as sce
 

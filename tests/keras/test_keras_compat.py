@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import keras
 
-from keras_test_utils import mirrored_strategy
+from tests.keras.keras_test_utils import mirrored_strategy
 from tf_sc_embedding import keras_compat
 from tf_sc_embedding import keras_layer  # noqa: F401  (installs it)
 

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import keras
 
-from keras_test_utils import DIM, VOCAB, feature_config, initial, mirrored_strategy
+from tests.keras.keras_test_utils import DIM, VOCAB, feature_config, initial, mirrored_strategy
 from tf_sc_embedding.keras_layer import EmbeddingLayer
 
 E = tf.tpu.experimental.embedding

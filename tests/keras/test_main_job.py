@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_test_utils import mirrored_strategy
+from tests.keras.keras_test_utils import mirrored_strategy
 from tf_sc_embedding.data.teacher import TeacherLabelledData, auc, log_loss
 from tf_sc_embedding.examples import dlrm
 

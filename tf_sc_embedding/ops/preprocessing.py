@@ -6,8 +6,8 @@ import tensorflow as tf
 from tf_sc_embedding import _core
 from tf_sc_embedding._library import library as _lib
 
-DEFAULT_SPARSE_CORES_PER_REPLICA = 4
-DEFAULT_MAX_DIVISION_LEVEL = 6
+# The default of the minibatching ops' max_division_level attribute (cc/core/constants.h).
+DEFAULT_MAX_DIVISION_LEVEL = _core.DEFAULT_MAX_DIVISION_LEVEL
 
 _CSR_FIELDS = ("row_pointers", "sorted_sample_ids", "sorted_token_ids", "sorted_gains",
                "row_pointers_unpadded_size", "ids_unpadded_size")

@@ -2,7 +2,6 @@
 handling, docs/lookup.md#forward-lookup quantization, the docs/layout.md#stacking layout table, the docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform/docs/preprocessing.md#csr-wrapped-coo-buffers/docs/lookup.md#unstacking-activations-and-stacking-gradients worked example end to end."""
 import math
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -10,9 +9,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference import layout as ref_layout  # noqa: E402
-from reference import lookup as ref  # noqa: E402
+from tests.reference import layout as ref_layout  # noqa: E402
+from tests.reference import lookup as ref  # noqa: E402
 
 from tf_sc_embedding import ops  # noqa: E402
 from tf_sc_embedding.layout import LayoutStacker  # noqa: E402

@@ -7,7 +7,8 @@ was undefined behaviour or an allocation). The cases run in ONE child process wi
 regression shows up as a failed test naming the case instead of killing pytest; every case runs
 eagerly (kernels) and inside a tf.function (shape functions at trace time, then the kernel).
 
-Run the cases directly: python tests/test_hardening_attributes.py [case ...]
+Run the cases directly (from the repository root):
+    python -m tests.ops.test_hardening_attributes [case ...]
 """
 import json
 import os
@@ -16,7 +17,7 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TABLE = "hard_table"
 FEATURE = "hard_feature"
 CHILD_TIMEOUT_SECONDS = 240
@@ -313,9 +314,9 @@ def _child_main(names):
 def results():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     try:
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), *CASES],
+        proc = subprocess.run([sys.executable, "-m", "tests.ops.test_hardening_attributes", *CASES],
                               capture_output=True, text=True, timeout=CHILD_TIMEOUT_SECONDS,
-                              env=env, cwd=os.path.dirname(HERE))
+                              env=env, cwd=ROOT)
         stdout, returncode, stderr = proc.stdout, proc.returncode, proc.stderr
     except subprocess.TimeoutExpired as e:
         stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -347,5 +348,4 @@ def test_attribute_case(results, name):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(HERE))
     _child_main(sys.argv[1:] or list(CASES))

@@ -3,7 +3,6 @@ naming the table, without crashing, and a failing in-place step leaves the table
 variable bit-for-bit unchanged. Also: in-place updates are copy-on-write for held tensors."""
 import math
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -11,8 +10,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference import lookup as ref  # noqa: E402
+from tests.reference import lookup as ref  # noqa: E402
 
 from tf_sc_embedding import ops  # noqa: E402
 from tf_sc_embedding.ops.fused_update import fused_update_function  # noqa: E402

@@ -11,7 +11,6 @@ The number of examples per test is SCE_PREPROCESSING_EXAMPLES (default 300).
 import collections
 import os
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -21,8 +20,7 @@ from hypothesis import strategies as st
 
 from tf_sc_embedding import ops
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference import preprocessing as ref  # noqa: E402
+from tests.reference import preprocessing as ref  # noqa: E402
 
 PROPERTY = settings(
     max_examples=int(os.environ.get("SCE_PREPROCESSING_EXAMPLES", "300")),

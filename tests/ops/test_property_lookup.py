@@ -11,9 +11,8 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference import layout as ref_layout  # noqa: E402
-from reference import lookup as ref  # noqa: E402
+from tests.reference import layout as ref_layout  # noqa: E402
+from tests.reference import lookup as ref  # noqa: E402
 
 from tf_sc_embedding import ops  # noqa: E402
 from tf_sc_embedding.layout import LayoutStacker  # noqa: E402

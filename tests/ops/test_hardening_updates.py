@@ -2,7 +2,6 @@
 gradients by default (writing nothing), skip and count them on request, and name the table and the
 argument in dtype errors of resource variables."""
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -10,8 +9,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference import lookup as ref  # noqa: E402
+from tests.reference import lookup as ref  # noqa: E402
 
 from tf_sc_embedding import ops  # noqa: E402
 from tf_sc_embedding.ops.fused_update import fused_update_function  # noqa: E402

@@ -3,8 +3,6 @@
 Where TensorFlow leaves buffer tails uninitialized (docs/preprocessing.md#csr-wrapped-coo-buffers, docs/preprocessing.md#csr-buffers-with-minibatches) the spec values are compared on the
 unpadded prefixes only, and our tails are additionally required to be PAD.
 """
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -13,8 +11,7 @@ import tensorflow as tf
 from tf_sc_embedding import _core
 from tf_sc_embedding import ops
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference import preprocessing as ref  # noqa: E402
+from tests.reference import preprocessing as ref  # noqa: E402
 
 PAD = ref.PAD
 PAD_GAIN = ref.PAD_GAIN
