@@ -23,8 +23,6 @@ import collections
 
 import tensorflow as tf
 
-from tf_sc_embedding import ops
-
 _PAD = 2 ** 31 - 1
 _XLA_PAD = 8
 
@@ -228,7 +226,6 @@ def update_owned_rows(layout, replica_id, rows_and_gradients, variables,
         grads = tf.gather(grads, order)
         grads = tf.pad(grads, [[0, activation_rows - tf.shape(grads)[0]], [0, 0]])
         parameters, slots = variables[table.name]
-        definition = ops.OPTIMIZERS[table.optimizer.definition_name]
         updates.append(table.optimizer.apply(
             row_pointers=pointers, sorted_sample_ids=samples, sorted_token_ids=tokens,
             sorted_gains=gains, activation_gradients=grads, embedding_table=parameters,
@@ -237,7 +234,7 @@ def update_owned_rows(layout, replica_id, rows_and_gradients, variables,
             first_local_shard=replica_id * S, num_local_shards=S,
             non_finite_gradients=non_finite_gradients,
             return_num_skipped_rows=non_finite_gradients == "skip",
-            **dict(zip(definition.slots, slots))))
+            **dict(zip(table.optimizer.slot_inputs, slots))))
     return updates
 
 

@@ -94,8 +94,7 @@ def apply_update(view, layout, stacked, csr, gradients, table_shard, slot_shards
     Returns the update op, or with non_finite_gradients="skip" the number of rows left unchanged
     because their gradient was not finite.
     """
-    definition = ops.OPTIMIZERS[stacked.optimizer.definition_name]
-    slots = dict(zip(definition.slots, slot_shards))
+    slots = dict(zip(stacked.optimizer.slot_inputs, slot_shards))
     return stacked.optimizer.apply(
         row_pointers=csr.row_pointers, sorted_sample_ids=csr.sorted_sample_ids,
         sorted_token_ids=csr.sorted_token_ids, sorted_gains=csr.sorted_gains,
