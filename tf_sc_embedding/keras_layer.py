@@ -113,7 +113,8 @@ class EmbeddingLayer(keras.layers.Layer):
         tables with their own `TableConfig.optimizer` use that one.
       batch_size: optional global batch size; builds the tables now (per-replica batch =
         batch_size / replicas). Otherwise they are built at the first call.
-      sparse_core_embedding_config, sparse_cores_per_replica: as for `TPUEmbeddingV2`.
+      sparse_core_embedding_config, sparse_cores_per_replica, non_finite_gradients,
+        adapt_sparse_core_limits: as for `TPUEmbeddingV2` (saved in the layer's config).
     Call: ``layer(features, weights=None, training=None)`` -> activations with the structure of
       `feature_config`: [batch, dim] per ragged, sparse or 1-D dense feature, [batch, n, dim] per
       2-D dense feature.
@@ -123,20 +124,20 @@ class EmbeddingLayer(keras.layers.Layer):
 
     def __init__(self, feature_config, optimizer=None, batch_size=None,
                  sparse_core_embedding_config=None,
-                 sparse_cores_per_replica=DEFAULT_SPARSE_CORES_PER_REPLICA, **kwargs):
+                 sparse_cores_per_replica=DEFAULT_SPARSE_CORES_PER_REPLICA,
+                 non_finite_gradients="error", adapt_sparse_core_limits=False, **kwargs):
         super().__init__(**kwargs)
         self._feature_config = feature_config
-        self.embedding = TPUEmbeddingV2(
-            feature_config, optimizer=optimizer,
-            sparse_core_embedding_config=sparse_core_embedding_config,
-            sparse_cores_per_replica=sparse_cores_per_replica)
+        self._embedding_kwargs = dict(
+            optimizer=optimizer, sparse_core_embedding_config=sparse_core_embedding_config,
+            sparse_cores_per_replica=sparse_cores_per_replica,
+            non_finite_gradients=non_finite_gradients,
+            adapt_sparse_core_limits=adapt_sparse_core_limits)
+        self.embedding = TPUEmbeddingV2(feature_config, **self._embedding_kwargs)
         self._num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
         # The scalar trainable variable that puts the tables' update on Keras's gradient path.
         self.trigger = self.add_weight(name="table_update_trigger", shape=(),
                                        initializer="zeros", trainable=True)
-        self._embedding_kwargs = dict(
-            optimizer=optimizer, sparse_core_embedding_config=sparse_core_embedding_config,
-            sparse_cores_per_replica=sparse_cores_per_replica)
         self._batch_size = batch_size
         self._per_replica_batch = None
         self._layout_revisable = False
@@ -184,7 +185,9 @@ class EmbeddingLayer(keras.layers.Layer):
             batch_size=self._batch_size,
             sparse_core_embedding_config=keras_config.serialize_sparse_core_config(
                 kwargs["sparse_core_embedding_config"]),
-            sparse_cores_per_replica=kwargs["sparse_cores_per_replica"])
+            sparse_cores_per_replica=kwargs["sparse_cores_per_replica"],
+            non_finite_gradients=kwargs["non_finite_gradients"],
+            adapt_sparse_core_limits=kwargs["adapt_sparse_core_limits"])
         return config
 
     @classmethod

@@ -306,3 +306,38 @@ def test_keras_checkpoint_callback_and_load_weights(tmp_path):
     for n in VOCAB:
         np.testing.assert_allclose(tables_of(layer2)[n], tables_of(layer1)[n], rtol=1e-5,
                                    atol=1e-6)
+
+
+def test_non_finite_loss_fails_fit_naming_the_feature_and_tables_stay():
+    """A NaN label gives NaN activation gradients: fit stops naming the features, and no table
+    changes (the default non_finite_gradients="error" of the layer's embedding)."""
+    ids, labels = sample_ids(B, seed=5), labels_for(B, seed=6)
+    labels[2, 0] = np.nan
+    model, layer = functional_model("ragged")
+    before = tables_of(layer)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"feature 'a' \(table 't_a'\), feature 'b' \(table 't_b'\)"):
+        model.fit(dataset(ids, labels, "ragged", B), epochs=1, verbose=0)
+    for n in VOCAB:
+        np.testing.assert_array_equal(tables_of(layer)[n], before[n])
+
+
+def test_layer_passes_and_saves_the_embedding_options():
+    layer = EmbeddingLayer(feature_config(), optimizer=E.SGD(SGD_LR), batch_size=B,
+                           non_finite_gradients="skip", adapt_sparse_core_limits=True)
+    config = layer.get_config()
+    assert config["non_finite_gradients"] == "skip" and config["adapt_sparse_core_limits"]
+    again = EmbeddingLayer.from_config(config)
+    assert again.get_config()["non_finite_gradients"] == "skip"
+    ids, labels = sample_ids(B, seed=7), labels_for(B, seed=8)
+    labels[0, 0] = np.nan
+    inputs = {n: keras_input(n, "ragged") for n in VOCAB}
+    activations = layer(inputs)
+    output = keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)(
+        keras.layers.Concatenate()([activations[n] for n in VOCAB]))
+    model = keras.Model(inputs, output)
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    model.fit(dataset(ids, labels, "ragged", B), epochs=1, verbose=0)
+    touched = sum(len(set(ids[n][0])) for n in VOCAB)   # rows of sample 0, per table
+    assert layer.embedding.num_skipped_gradient_rows() >= touched
+    assert layer.embedding.sparse_core_limits is not None
