@@ -96,24 +96,32 @@ def feature_coo_lists(layout, flat_features, flat_weights):
     return lists
 
 
-def preprocess(layout, flat_features, flat_weights, with_splits=True, observe_coo=None):
+def preprocess(layout, flat_features, flat_weights, with_splits=True, observe_coo=None,
+               observe_maxima=None):
     """Per stacked table name, the PreprocessedTable of one replica's batch.
 
     Without splits (the all-to-all exchange), the stacked table's COO (PreprocessedCoo) instead.
-    observe_coo: called with {stacked table name: [(FeaturePlacement, per-SparseCore COO
-    lists)]} (the partition statistics, tf_sc_embedding.stats).
+    Partition statistics (tf_sc_embedding.stats): with splits and observe_maxima, observe_maxima
+    is called with {stacked table name: (max ids, max unique ids)}, the counts the minibatch-splits
+    op makes anyway; otherwise observe_coo is called with {stacked table name:
+    [(FeaturePlacement, per-SparseCore COO lists)]}, which are counted by extra ops.
     """
     observed = feature_coo_lists(layout, flat_features, flat_weights)
     lists = {name: [per_sc for _, per_sc in observed.get(name, [])]
              for name in layout.stacked_tables}
-    if observe_coo is not None:
+    if observe_coo is not None and not (with_splits and observe_maxima is not None):
         observe_coo(observed)   # stateful: runs in tf.function without a dependency
-    return _pack(layout, lists, with_splits)
+    result, maxima = _pack(layout, lists, with_splits)
+    if with_splits and observe_maxima is not None:
+        observe_maxima(maxima)   # stateful: runs in tf.function without a dependency
+    return result
 
 
 def _pack(layout, lists, with_splits):
+    """(per stacked table its PreprocessedTable or PreprocessedCoo, per stacked table the
+    (max ids, max unique ids) per partition the splits op measured; {} without splits)."""
     S = layout.sparse_cores_per_replica
-    result = {}
+    result, maxima = {}, {}
     for name, stacked in layout.stacked_tables.items():
         per_feature = lists[name]
         # SparseCore-major order keeps rows sorted: SC i's rows are [i*B_sc, (i+1)*B_sc).
@@ -131,7 +139,8 @@ def _pack(layout, lists, with_splits):
             max_unique_ids_per_partition=stacked.max_unique_ids_per_partition)
         result[name] = PreprocessedTable(splits.sorted_row_ids, splits.sorted_col_ids,
                                          splits.sorted_gains, splits.splits, splits.id_counts)
-    return result
+        maxima[name] = (splits.max_ids, splits.max_uniques)
+    return result, maxima
 
 
 def unstack_activations(layout, stacked, activations):
