@@ -3,9 +3,12 @@
 Per feature, `convert_to_list_of_sparse_core_coo_tensors` applies the combiner and the stacking
 transform (sample offset, row offset, rotation); per stacked table the features' lists are
 concatenated in SparseCore-major order and `get_minibatch_splits_with_physical_replica` sorts,
-deduplicates and buckets them and proposes minibatch splits. Packing into CSR buffers waits for
-the replicas to agree on the splits (see `lookup.py`). Everything here is plain TensorFlow ops on
-the host, so it also runs inside `tf.data.Dataset.map`.
+deduplicates and buckets them and proposes minibatch splits. When the per-feature lists are not
+needed otherwise (they are for the partition statistics of the all-to-all exchange), one
+`SceConvertFeaturesToStackedCooTensor` per stacked table makes the same concatenation directly.
+Packing into CSR buffers waits for the replicas to agree on the splits (see `lookup.py`).
+Everything here is plain TensorFlow ops on the host, so it also runs inside
+`tf.data.Dataset.map`.
 """
 import collections
 
@@ -13,6 +16,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_sc_embedding import ops
+from tf_sc_embedding.ops import preprocessing as ops_preprocessing
 
 PreprocessedTable = collections.namedtuple(
     "PreprocessedTable",
@@ -96,6 +100,46 @@ def feature_coo_lists(layout, flat_features, flat_weights):
     return lists
 
 
+def stacked_coo(layout, flat_features, flat_weights):
+    """Per stacked table name, its COO (rows, cols, gains) in SparseCore-major order: the
+    concatenation of feature_coo_lists, made by one op per stacked table."""
+    S = layout.sparse_cores_per_replica
+    inputs = {}
+    for placement, ids, weights in zip(layout.features, flat_features, flat_weights):
+        indices, values, gains, _ = feature_as_id_input(ids, weights, placement.path)
+        inputs.setdefault(placement.table.layout.stacked_table_name, []).append(
+            (placement, indices, values, gains))
+    result = {}
+    for name, stacked in layout.stacked_tables.items():
+        features = inputs[name]
+        result[name] = ops_preprocessing.convert_features_to_stacked_coo_tensor(
+            [f[1] for f in features], [f[2] for f in features], [f[3] for f in features],
+            sample_counts=[p.sample_count for p, *_ in features],
+            row_offsets=[p.sample_offset for p, *_ in features],
+            col_offsets=[p.table.col_offset for p, *_ in features],
+            col_shifts=[p.table.layout.sparse_core_shard_rotation for p, *_ in features],
+            vocabulary_sizes=[p.table.vocabulary_size for p, *_ in features],
+            combiners=[p.table.combiner for p, *_ in features],
+            table_names=[p.table.name for p, *_ in features],
+            feature_names=[p.path for p, *_ in features], num_sc_per_chip=S,
+            num_sc_shards=layout.num_sparse_cores,
+            stacked_table_sample_count=stacked.sample_count)
+    return result
+
+
+def _concatenated_coo(layout, lists):
+    """feature_coo_lists' per-feature lists -> per stacked table (rows, cols, gains), SC-major."""
+    S = layout.sparse_cores_per_replica
+    result = {}
+    for name in layout.stacked_tables:
+        per_feature = lists[name]
+        # SparseCore-major order keeps rows sorted: SC i's rows are [i*B_sc, (i+1)*B_sc).
+        result[name] = tuple(
+            tf.concat([f[k][i] for i in range(S) for f in per_feature], axis=0)
+            for k in range(3))
+    return result
+
+
 def preprocess(layout, flat_features, flat_weights, with_splits=True, observe_coo=None,
                observe_maxima=None):
     """Per stacked table name, the PreprocessedTable of one replica's batch.
@@ -106,28 +150,28 @@ def preprocess(layout, flat_features, flat_weights, with_splits=True, observe_co
     op makes anyway; otherwise observe_coo is called with {stacked table name:
     [(FeaturePlacement, per-SparseCore COO lists)]}, which are counted by extra ops.
     """
-    observed = feature_coo_lists(layout, flat_features, flat_weights)
-    lists = {name: [per_sc for _, per_sc in observed.get(name, [])]
-             for name in layout.stacked_tables}
-    if observe_coo is not None and not (with_splits and observe_maxima is not None):
-        observe_coo(observed)   # stateful: runs in tf.function without a dependency
-    result, maxima = _pack(layout, lists, with_splits)
+    if with_splits and (observe_coo is None or observe_maxima is not None):
+        # No per-feature lists needed: one COO op per stacked table.
+        coo = stacked_coo(layout, flat_features, flat_weights)
+    else:
+        observed = feature_coo_lists(layout, flat_features, flat_weights)
+        if observe_coo is not None:
+            observe_coo(observed)   # stateful: runs in tf.function without a dependency
+        coo = _concatenated_coo(layout, {name: [per_sc for _, per_sc in observed.get(name, [])]
+                                         for name in layout.stacked_tables})
+    result, maxima = _pack(layout, coo, with_splits)
     if with_splits and observe_maxima is not None:
         observe_maxima(maxima)   # stateful: runs in tf.function without a dependency
     return result
 
 
-def _pack(layout, lists, with_splits):
+def _pack(layout, coo, with_splits):
     """(per stacked table its PreprocessedTable or PreprocessedCoo, per stacked table the
     (max ids, max unique ids) per partition the splits op measured; {} without splits)."""
     S = layout.sparse_cores_per_replica
     result, maxima = {}, {}
     for name, stacked in layout.stacked_tables.items():
-        per_feature = lists[name]
-        # SparseCore-major order keeps rows sorted: SC i's rows are [i*B_sc, (i+1)*B_sc).
-        rows = tf.concat([f[0][i] for i in range(S) for f in per_feature], axis=0)
-        cols = tf.concat([f[1][i] for i in range(S) for f in per_feature], axis=0)
-        gains = tf.concat([f[2][i] for i in range(S) for f in per_feature], axis=0)
+        rows, cols, gains = coo[name]
         if not with_splits:
             result[name] = PreprocessedCoo(rows, cols, gains)
             continue
