@@ -138,6 +138,82 @@ def class_functions(vocab, dim, batch, combiner):
     return embedding, enqueue, lookup, step
 
 
+class ClassKernelsAlone:
+    """The kernels TPUEmbeddingV2 runs (stacked tables), fed with inputs computed beforehand, so
+    the class's own graph around them (input adaptation, activation unstacking, gradient
+    stacking) is left out. Uses the class's internals; benchmark only."""
+
+    def __init__(self, embedding, flat_ids, flat_weights, gradients):
+        from tf_sc_embedding import collectives, enqueue as enqueue_lib  # noqa: PLC0415
+        from tf_sc_embedding import sharded_lookup  # noqa: PLC0415
+        self.embedding = embedding
+        plan = embedding._plan  # noqa: SLF001
+        self.layout = plan.sharded
+        self.enqueue_lib, self.sharded_lookup, self.collectives = (
+            enqueue_lib, sharded_lookup, collectives)
+        self.inputs = [enqueue_lib.feature_as_id_input(i, w, "f")[:3]
+                       for i, w in zip(flat_ids, flat_weights)]
+        self.preprocessed = self.preprocess()
+        by_path = dict(zip(embedding.feature_paths, tf.nest.flatten(gradients)))
+        self.stacked_gradients = {
+            name: enqueue_lib.stack_gradients(plan, stacked, by_path)
+            for name, stacked in self.layout.stacked_tables.items()}
+
+    def _coo(self):
+        from tf_sc_embedding.ops import preprocessing  # noqa: PLC0415
+        layout, result = self.layout, {}
+        for name, stacked in layout.stacked_tables.items():
+            index = [k for k, f in enumerate(layout.features)
+                     if f.table.layout.stacked_table_name == name]
+            fs = [layout.features[k] for k in index]
+            result[name] = preprocessing.convert_features_to_stacked_coo_tensor(
+                [self.inputs[k][0] for k in index], [self.inputs[k][1] for k in index],
+                [self.inputs[k][2] for k in index], [f.sample_count for f in fs],
+                [f.sample_offset for f in fs], [f.table.col_offset for f in fs],
+                [f.table.layout.sparse_core_shard_rotation for f in fs],
+                [f.table.vocabulary_size for f in fs], [f.table.combiner for f in fs],
+                [f.table.name for f in fs], [f.path for f in fs],
+                layout.sparse_cores_per_replica, layout.num_sparse_cores, stacked.sample_count)
+        return result
+
+    @tf.function
+    def preprocess(self):
+        """Stacked COO + minibatch splits per stacked table (what enqueue runs)."""
+        return self.enqueue_lib._pack(self.layout, self._coo(), True)[0]  # noqa: SLF001
+
+    def _lookup(self, view, variables):
+        activations, csrs = [], {}
+        for name, stacked in self.layout.stacked_tables.items():
+            csr = self.sharded_lookup.pack_and_gather(view, self.layout, stacked,
+                                                      self.preprocessed[name], None)
+            csrs[name] = csr
+            activations.append(self.sharded_lookup.lookup(view, self.layout, stacked, csr,
+                                                          variables[name][0]))
+        return activations, csrs
+
+    def _variables(self, view):
+        return self.embedding._local_variables(view, self.layout)  # noqa: SLF001
+
+    @tf.function
+    def forward(self):
+        """CSR + lookup per stacked table (what dequeue runs before unstacking)."""
+        view = self.collectives.ReplicaView(self.embedding.replica_group)
+        return self._lookup(view, self._variables(view))[0]
+
+    @tf.function
+    def forward_and_update(self):
+        """CSR + lookup + fused Adagrad per stacked table."""
+        view = self.collectives.ReplicaView(self.embedding.replica_group)
+        variables = self._variables(view)
+        activations, csrs = self._lookup(view, variables)
+        with tf.control_dependencies(activations):
+            for name, stacked in self.layout.stacked_tables.items():
+                self.sharded_lookup.apply_update(view, self.layout, stacked, csrs[name],
+                                                 self.stacked_gradients[name],
+                                                 *variables[name])
+        return activations
+
+
 def op_counts(concrete_function):
     return collections.Counter(op.type for op in concrete_function.graph.get_operations())
 
@@ -176,6 +252,17 @@ def main():
             counts = op_counts(concrete)
             print(f"{name}: {sum(counts.values())} ops: "
                   + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
+    from tf_sc_embedding.ops import preprocessing  # noqa: PLC0415
+    with_kernels = not args.skip_ops and hasattr(preprocessing,
+                                                 "convert_features_to_stacked_coo_tensor")
+    if with_kernels:   # (absent before the stacked COO op existed)
+        kernels = ClassKernelsAlone(embedding, tf.nest.flatten(ids), tf.nest.flatten(weights),
+                                    gradients)
+        functions.update({
+            "class kernels: stacked COO + splits": kernels.preprocess,
+            "class kernels: CSR + lookup": kernels.forward,
+            "class kernels: CSR + lookup + fused Adagrad": kernels.forward_and_update,
+        })
     if not args.skip_ops:
         alone = OpsAlone(vocab, args.dim, args.batch, args.combiner)
         row_splits = [tf.constant(s) for s in batch.row_splits]
@@ -205,7 +292,19 @@ def main():
         q = statistics.quantiles(s, n=4)
         print(f"| {name} | {medians[name]:.1f} | {q[0]:.1f}-{q[2]:.1f} | {min(s):.1f} | "
               f"{statistics.median(cpu[name]):.1f} |")
+    if with_kernels:
+        k_pre = medians["class kernels: stacked COO + splits"]
+        k_fwd = medians["class kernels: CSR + lookup"]
+        k_upd = medians["class kernels: CSR + lookup + fused Adagrad"]
+        print("\nThe class against its own kernels (stacked tables, inputs computed beforehand):")
+        print("\n| phase | class ms | its kernels ms | class / kernels |\n|---|---:|---:|---:|")
+        for label, ours, theirs in (
+                ("enqueue", medians["class enqueue"], k_pre),
+                ("lookup", medians["class lookup (enqueue + dequeue)"], k_pre + k_fwd),
+                ("step", medians["class step (lookup + apply_gradients)"], k_pre + k_upd)):
+            print(f"| {label} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f} |")
     if not args.skip_ops:
+        print("\nThe class against the per-table op pipeline of bench_ops.py:")
         pre = medians["ops preprocessing (COO -> splits -> CSR)"]
         fwd = medians["ops forward"]
         upd = medians["ops forward + fused Adagrad"]
