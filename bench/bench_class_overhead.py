@@ -9,6 +9,9 @@ Phases, each its own `tf.function`:
   ops preprocessing   per table: convert_to_coo -> minibatch splits -> CSR (bench_ops.py)
   ops forward         per table: the lookup kernel on the prepared CSR
   ops forward+update  per table: lookup + fused Adagrad on the prepared CSR
+  class kernels       the kernels the class runs on its stacked tables (stacked COO + splits; CSR
+                      + lookup; + fused Adagrad), fed with inputs computed beforehand: the class
+                      minus its own graph (input adaptation, unstacking, gradient stacking)
 "Sum of the ops" for a step is preprocessing + forward+update. Every round runs every function
 once, in turn, so load from other jobs hits all of them alike; the table gives the median and the
 interquartile range over the rounds.
