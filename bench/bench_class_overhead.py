@@ -9,6 +9,8 @@ Phases, each its own `tf.function`:
   ops preprocessing   per table: convert_to_coo -> minibatch splits -> CSR (bench_ops.py)
   ops forward         per table: the lookup kernel on the prepared CSR
   ops forward+update  per table: lookup + fused Adagrad on the prepared CSR
+  call only           a tf.function taking the same ragged dicts that runs no op: what passing
+                      52 RaggedTensors into a tf.function costs in Python, before any op
   class kernels       the kernels the class runs on its stacked tables (stacked COO + splits; CSR
                       + lookup; + fused Adagrad), fed with inputs computed beforehand: the class
                       minus its own graph (input adaptation, unstacking, gradient stacking)
@@ -243,7 +245,13 @@ def main():
     stacked = collections.Counter(layout.stacked_table_name
                                   for layout in embedding.embedding_layouts.values())
     print(f"{len(stacked)} stacked tables of {sorted(stacked.values())} tables")
+    @tf.function
+    def call_only(ids, weights):
+        del ids, weights
+        return tf.constant(0)
+
     functions = {
+        "tf.function call with the class's ragged inputs, no ops": lambda: call_only(ids, weights),
         "class enqueue": lambda: enqueue(ids, weights),
         "class lookup (enqueue + dequeue)": lambda: lookup(ids, weights),
         "class step (lookup + apply_gradients)": lambda: step(ids, weights, gradients),
@@ -299,7 +307,10 @@ def main():
         k_pre = medians["class kernels: stacked COO + splits"]
         k_fwd = medians["class kernels: CSR + lookup"]
         k_upd = medians["class kernels: CSR + lookup + fused Adagrad"]
-        print("\nThe class against its own kernels (stacked tables, inputs computed beforehand):")
+        call = medians["tf.function call with the class's ragged inputs, no ops"]
+        print("\nThe class against its own kernels (stacked tables, inputs computed beforehand; "
+              f"the class's times include {call:.1f} ms of calling a tf.function with 52 ragged "
+              "tensors, the kernels' do not):")
         print("\n| phase | class ms | its kernels ms | class / kernels |\n|---|---:|---:|---:|")
         for label, ours, theirs in (
                 ("enqueue", medians["class enqueue"], k_pre),
