@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import require_replicas
 import tf_sc_embedding as sce
 from tf_sc_embedding import enqueue as enqueue_lib
 from tf_sc_embedding import ops
@@ -137,3 +138,66 @@ def test_single_replica_enqueue_runs_no_extra_counting_ops():
     assert "SceConvertToListOfSparseCoreCooTensors" not in types
     assert types.count("SceConvertFeaturesToStackedCooTensor") == len(
         embedding._plan.stacked_tables)  # pylint: disable=protected-access
+
+
+def test_all_gather_two_replicas_running_stats_equal_compute_sparse_core_stats():
+    """The all-gather exchange also computes splits, so its statistics come from them too."""
+    require_replicas(2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    feature_config = config()
+    with strategy.scope():
+        # Statistics cover the sharded tables; small tables would be replicated.
+        embedding = sce.TPUEmbeddingV2(feature_config, E.SGD(0.1), exchange="all_gather",
+                                       replication_threshold_bytes=0)
+    per_replica = [inputs(seed=30, weighted=False)[0], inputs(seed=31, weighted=False)[0]]
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: per_replica[ctx.replica_id_in_sync_group])
+
+    @tf.function
+    def step(ids):
+        strategy.run(lambda x: embedding(x)[0], args=(ids,))
+
+    step(values)
+    want = [sce.TPUEmbeddingV2.compute_sparse_core_stats(ids, feature_config, 2,
+                                                         optimizer=E.SGD(0.1))
+            for ids in per_replica]
+    measured = embedding.sparse_core_stats
+    assert set(measured) == set(want[0][0])
+    for name, stats in measured.items():
+        assert stats["batches"] == 2
+        assert stats["max_ids_per_partition"] == max(int(w[0][name]) for w in want)
+        assert stats["max_unique_ids_per_partition"] == max(int(w[1][name]) for w in want)
+
+
+def _stacked_op(**overrides):
+    args = dict(sample_counts=[4], row_offsets=[0], col_offsets=[0], col_shifts=[0],
+                vocabulary_sizes=[8], combiners=["sum"], table_names=["t"], feature_names=["f"],
+                num_sc_per_chip=2, num_sc_shards=2, stacked_table_sample_count=4)
+    args.update(overrides)
+    return ops.preprocessing.convert_features_to_stacked_coo_tensor(
+        [tf.zeros([0], tf.int32)], [tf.constant([0, 1, 2, 3], tf.int32)], [tf.constant(1.0)],
+        **args)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (dict(num_sc_shards=3), "power of two"),
+    (dict(row_offsets=[-2]), "must be >= 0"),
+    (dict(row_offsets=[2]), "divisible|exceeds"),
+    (dict(stacked_table_sample_count=2), "exceeds stacked_table_sample_count"),
+    (dict(col_offsets=[2 ** 31 - 2]), "does not fit in int32"),
+    (dict(stacked_table_sample_count=2 ** 40), "stacked_table_sample_count"),
+    (dict(num_sc_per_chip=2 ** 20), "num_sc_per_chip"),
+    (dict(combiners=["max"]), "combiner"),
+])
+def test_stacked_coo_rejects_bad_attributes(overrides, match):
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=match):
+        _stacked_op(**overrides)
+
+
+def test_stacked_coo_single_feature_values():
+    rows, cols, gains = _stacked_op(col_offsets=[8], col_shifts=[1])
+    # Dense ids 0..3, one per sample; SC 0 holds samples 0-1, SC 1 samples 2-3 (rows are the
+    # stacked rows); cols are rotated by 1 within each group of 2 shards, then offset by 8.
+    np.testing.assert_array_equal(rows.numpy(), [0, 1, 2, 3])
+    np.testing.assert_array_equal(cols.numpy(), [9, 8, 11, 10])
+    np.testing.assert_array_equal(gains.numpy(), [1, 1, 1, 1])
