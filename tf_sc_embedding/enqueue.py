@@ -3,9 +3,12 @@
 Per feature, `convert_to_list_of_sparse_core_coo_tensors` applies the combiner and the stacking
 transform (sample offset, row offset, rotation); per stacked table the features' lists are
 concatenated in SparseCore-major order and `get_minibatch_splits_with_physical_replica` sorts,
-deduplicates and buckets them and proposes minibatch splits. Packing into CSR buffers waits for
-the replicas to agree on the splits (see `lookup.py`). Everything here is plain TensorFlow ops on
-the host, so it also runs inside `tf.data.Dataset.map`.
+deduplicates and buckets them and proposes minibatch splits. When the per-feature lists are not
+needed otherwise (they are for the partition statistics of the all-to-all exchange), one
+`SceConvertFeaturesToStackedCooTensor` per stacked table makes the same concatenation directly.
+Packing into CSR buffers waits for the replicas to agree on the splits (see `lookup.py`).
+Everything here is plain TensorFlow ops on the host, so it also runs inside
+`tf.data.Dataset.map`.
 """
 import collections
 
@@ -13,6 +16,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_sc_embedding import ops
+from tf_sc_embedding.ops import preprocessing as ops_preprocessing
 
 PreprocessedTable = collections.namedtuple(
     "PreprocessedTable",
@@ -96,30 +100,78 @@ def feature_coo_lists(layout, flat_features, flat_weights):
     return lists
 
 
-def preprocess(layout, flat_features, flat_weights, with_splits=True, observe_coo=None):
+def stacked_coo(layout, flat_features, flat_weights):
+    """Per stacked table name, its COO (rows, cols, gains) in SparseCore-major order: the
+    concatenation of feature_coo_lists, made by one op per stacked table."""
+    S = layout.sparse_cores_per_replica
+    inputs = {}
+    for placement, ids, weights in zip(layout.features, flat_features, flat_weights):
+        indices, values, gains, _ = feature_as_id_input(ids, weights, placement.path)
+        inputs.setdefault(placement.table.layout.stacked_table_name, []).append(
+            (placement, indices, values, gains))
+    result = {}
+    for name, stacked in layout.stacked_tables.items():
+        features = inputs[name]
+        result[name] = ops_preprocessing.convert_features_to_stacked_coo_tensor(
+            [f[1] for f in features], [f[2] for f in features], [f[3] for f in features],
+            sample_counts=[p.sample_count for p, *_ in features],
+            row_offsets=[p.sample_offset for p, *_ in features],
+            col_offsets=[p.table.col_offset for p, *_ in features],
+            col_shifts=[p.table.layout.sparse_core_shard_rotation for p, *_ in features],
+            vocabulary_sizes=[p.table.vocabulary_size for p, *_ in features],
+            combiners=[p.table.combiner for p, *_ in features],
+            table_names=[p.table.name for p, *_ in features],
+            feature_names=[p.path for p, *_ in features], num_sc_per_chip=S,
+            num_sc_shards=layout.num_sparse_cores,
+            stacked_table_sample_count=stacked.sample_count)
+    return result
+
+
+def _concatenated_coo(layout, lists):
+    """feature_coo_lists' per-feature lists -> per stacked table (rows, cols, gains), SC-major."""
+    S = layout.sparse_cores_per_replica
+    result = {}
+    for name in layout.stacked_tables:
+        per_feature = lists[name]
+        # SparseCore-major order keeps rows sorted: SC i's rows are [i*B_sc, (i+1)*B_sc).
+        result[name] = tuple(
+            tf.concat([f[k][i] for i in range(S) for f in per_feature], axis=0)
+            for k in range(3))
+    return result
+
+
+def preprocess(layout, flat_features, flat_weights, with_splits=True, observe_coo=None,
+               observe_maxima=None):
     """Per stacked table name, the PreprocessedTable of one replica's batch.
 
     Without splits (the all-to-all exchange), the stacked table's COO (PreprocessedCoo) instead.
-    observe_coo: called with {stacked table name: [(FeaturePlacement, per-SparseCore COO
-    lists)]} (the partition statistics, tf_sc_embedding.stats).
+    Partition statistics (tf_sc_embedding.stats): with splits and observe_maxima, observe_maxima
+    is called with {stacked table name: (max ids, max unique ids)}, the counts the minibatch-splits
+    op makes anyway; otherwise observe_coo is called with {stacked table name:
+    [(FeaturePlacement, per-SparseCore COO lists)]}, which are counted by extra ops.
     """
-    observed = feature_coo_lists(layout, flat_features, flat_weights)
-    lists = {name: [per_sc for _, per_sc in observed.get(name, [])]
-             for name in layout.stacked_tables}
-    if observe_coo is not None:
-        observe_coo(observed)   # stateful: runs in tf.function without a dependency
-    return _pack(layout, lists, with_splits)
+    if with_splits and (observe_coo is None or observe_maxima is not None):
+        # No per-feature lists needed: one COO op per stacked table.
+        coo = stacked_coo(layout, flat_features, flat_weights)
+    else:
+        observed = feature_coo_lists(layout, flat_features, flat_weights)
+        if observe_coo is not None:
+            observe_coo(observed)   # stateful: runs in tf.function without a dependency
+        coo = _concatenated_coo(layout, {name: [per_sc for _, per_sc in observed.get(name, [])]
+                                         for name in layout.stacked_tables})
+    result, maxima = _pack(layout, coo, with_splits)
+    if with_splits and observe_maxima is not None:
+        observe_maxima(maxima)   # stateful: runs in tf.function without a dependency
+    return result
 
 
-def _pack(layout, lists, with_splits):
+def _pack(layout, coo, with_splits):
+    """(per stacked table its PreprocessedTable or PreprocessedCoo, per stacked table the
+    (max ids, max unique ids) per partition the splits op measured; {} without splits)."""
     S = layout.sparse_cores_per_replica
-    result = {}
+    result, maxima = {}, {}
     for name, stacked in layout.stacked_tables.items():
-        per_feature = lists[name]
-        # SparseCore-major order keeps rows sorted: SC i's rows are [i*B_sc, (i+1)*B_sc).
-        rows = tf.concat([f[0][i] for i in range(S) for f in per_feature], axis=0)
-        cols = tf.concat([f[1][i] for i in range(S) for f in per_feature], axis=0)
-        gains = tf.concat([f[2][i] for i in range(S) for f in per_feature], axis=0)
+        rows, cols, gains = coo[name]
         if not with_splits:
             result[name] = PreprocessedCoo(rows, cols, gains)
             continue
@@ -131,19 +183,29 @@ def _pack(layout, lists, with_splits):
             max_unique_ids_per_partition=stacked.max_unique_ids_per_partition)
         result[name] = PreprocessedTable(splits.sorted_row_ids, splits.sorted_col_ids,
                                          splits.sorted_gains, splits.splits, splits.id_counts)
-    return result
+        maxima[name] = (splits.max_ids, splits.max_uniques)
+    return result, maxima
 
 
 def unstack_activations(layout, stacked, activations):
     """Per feature path, the user's activations (padding columns dropped; docs/lookup.md#unstacking-activations-and-stacking-gradients)."""
     S = layout.sparse_cores_per_replica
     blocks = tf.reshape(activations, [S, stacked.sample_count // S, stacked.padded_width])
-    result = {}
-    for feature in stacked.features:
-        start = feature.sample_offset // S
-        part = blocks[:, start:start + feature.sample_count // S, :feature.table.dim]
-        result[feature.path] = tf.reshape(part, list(feature.output_shape) + [feature.table.dim])
-    return result
+    features = stacked.features
+    sizes = [f.sample_count // S for f in features]
+    starts = [f.sample_offset // S for f in features]
+    tiled = (starts == [sum(sizes[:i]) for i in range(len(sizes))] and
+             sum(sizes) == stacked.sample_count // S)
+    if len(features) > 1 and tiled and all(f.table.dim == stacked.padded_width
+                                           for f in features):
+        # The features tile each SparseCore's block in order and have no padding columns: one
+        # split op (one pass over the activations) instead of a strided slice per feature.
+        parts = tf.split(blocks, sizes, axis=1)
+    else:
+        parts = [blocks[:, start:start + size, :f.table.dim]
+                 for f, start, size in zip(features, starts, sizes)]
+    return {f.path: tf.reshape(part, list(f.output_shape) + [f.table.dim])
+            for f, part in zip(features, parts)}
 
 
 def stack_gradients(layout, stacked, gradients_by_path):
@@ -162,6 +224,7 @@ def stack_gradients(layout, stacked, gradients_by_path):
             raise ValueError(f"feature '{feature.path}': gradient has shape {grad.shape}, "
                              f"expected {expected} (the shape of its activations)")
         grad = tf.reshape(tf.cast(grad, tf.float32), [feature.sample_count, feature.table.dim])
-        grad = tf.pad(grad, [[0, 0], [0, stacked.padded_width - feature.table.dim]])
+        if feature.table.dim != stacked.padded_width:
+            grad = tf.pad(grad, [[0, 0], [0, stacked.padded_width - feature.table.dim]])
         parts.append(tf.reshape(grad, [S, feature.sample_count // S, stacked.padded_width]))
     return tf.reshape(tf.concat(parts, axis=1), [stacked.sample_count, stacked.padded_width])

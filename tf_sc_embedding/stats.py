@@ -154,10 +154,19 @@ class RunningStats:
         """Measures one replica's batch (its COO lists) and updates the maxima; returns the op."""
         if _in_dataset_function():
             return None
-        values = []
-        for name in self.names:
-            values.append(tf.stack(table_stats(self.layout, name, lists[name])))
-        step_values = tf.stack(values)
+        return self._record({name: table_stats(self.layout, name, lists[name])
+                             for name in self.names}, summarize)
+
+    def observe_maxima(self, maxima, summarize):
+        """As observe, from measured values: {stacked table: (max ids, max unique ids)} (e.g.
+        the max_ids / max_uniques outputs of the minibatch-splits op, which counts the same)."""
+        if _in_dataset_function():
+            return None
+        return self._record(maxima, summarize)
+
+    def _record(self, maxima, summarize):
+        step_values = tf.stack([tf.stack([tf.cast(v, tf.int32) for v in maxima[name]])
+                                for name in self.names])
         with tf.device("CPU:0"):
             update = tf.raw_ops.ResourceScatterMax(
                 resource=self.maxima.handle, indices=tf.range(len(self.names)),

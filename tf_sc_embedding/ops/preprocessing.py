@@ -84,6 +84,30 @@ def convert_to_list_of_sparse_core_coo_tensors(
         name=name)
 
 
+def convert_features_to_stacked_coo_tensor(
+        indices_or_row_splits_list, values_list, weights_list, sample_counts, row_offsets,
+        col_offsets, col_shifts, vocabulary_sizes, combiners, table_names, feature_names,
+        num_sc_per_chip, num_sc_shards, stacked_table_sample_count, name=None):
+    """(row_ids, col_ids, gains) of all features of one stacked table in one op (not a
+    TensorFlow op).
+
+    Equal to running convert_to_list_of_sparse_core_coo_tensors on every feature (per-feature
+    arguments as lists, in feature order) and concatenating the lists SparseCore-major: SC 0's
+    list of every feature, then SC 1's, and so on. Features convert in parallel in the intra-op
+    thread pool. An invalid feature fails with that feature's error (the first in list order).
+    """
+    _check_sparse_cores(num_sc_per_chip, table_names[0] if table_names else "")
+    return _lib.sce_convert_features_to_stacked_coo_tensor(
+        indices_or_row_splits=list(indices_or_row_splits_list), values=list(values_list),
+        weights=list(weights_list), sample_counts=list(sample_counts),
+        row_offsets=list(row_offsets), col_offsets=list(col_offsets),
+        col_shifts=list(col_shifts), vocabulary_sizes=list(vocabulary_sizes),
+        combiners=list(combiners), table_names=list(table_names),
+        feature_names=list(feature_names), num_sc_per_chip=num_sc_per_chip,
+        num_sc_shards=num_sc_shards, stacked_table_sample_count=stacked_table_sample_count,
+        name=name)
+
+
 def sort_list_of_sparse_core_coo_tensors(
         row_ids_list, col_ids_list, gains_list, sample_count_list, col_offset_list, num_replica,
         table_vocab_size, feature_width, num_sc_per_chip, max_ids_per_sparse_core,

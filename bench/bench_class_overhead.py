@@ -1,0 +1,343 @@
+"""Class overhead (issue 8, item 1): each phase through `TPUEmbeddingV2` against the same work done
+with the op library alone, interleaved in one process, on the Criteo-like workload (26 tables,
+dim 32, batch 4096, weighted ragged ids, combiner sum, fused Adagrad, 1 replica, no strategy).
+
+Phases, each its own `tf.function`:
+  class enqueue       `embedding.enqueue(ids, weights)`
+  class lookup        `embedding.embedding_lookup(ids, weights)` (enqueue + dequeue)
+  class step          embedding_lookup + `apply_gradients` of fixed activation gradients
+  ops preprocessing   per table: convert_to_coo -> minibatch splits -> CSR (bench_ops.py)
+  ops forward         per table: the lookup kernel on the prepared CSR
+  ops forward+update  per table: lookup + fused Adagrad on the prepared CSR
+  call only           a tf.function taking the same ragged dicts that runs no op: what passing
+                      52 RaggedTensors into a tf.function costs in Python, before any op
+  class kernels       the kernels the class runs on its stacked tables (stacked COO + splits; CSR
+                      + lookup; + fused Adagrad), fed with inputs computed beforehand: the class
+                      minus its own graph (input adaptation, unstacking, gradient stacking)
+"Sum of the ops" for a step is preprocessing + forward+update. Every round runs every function
+once, in turn, so load from other jobs hits all of them alike; the table gives the median and the
+interquartile range over the rounds.
+
+Usage: python bench/bench_class_overhead.py [--rounds 30] [--vocabulary-cap 4000000]
+       [--op-counts] [--trace DIR]
+"""
+import argparse
+import collections
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import tf_sc_embedding as sce  # noqa: E402
+from tf_sc_embedding import ops  # noqa: E402
+from tf_sc_embedding.data import CriteoLikeWorkload  # noqa: E402
+
+E = tf.tpu.experimental.embedding
+SPARSE_CORES = 4
+LEARNING_RATE = 0.05
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--vocabulary-cap", type=int, default=4_000_000)
+    parser.add_argument("--combiner", default="sum")
+    parser.add_argument("--skip-ops", action="store_true", help="time the class only")
+    parser.add_argument("--op-counts", action="store_true",
+                        help="print the op types of each class phase's traced graph")
+    parser.add_argument("--trace", help="write a TF profiler trace of 3 class steps here")
+    return parser.parse_args()
+
+
+def padded_rows(vocabulary_size):
+    multiple = 8 * SPARSE_CORES
+    return -(-vocabulary_size // multiple) * multiple
+
+
+class OpsAlone:
+    """The op library without the class: one table per feature (as bench/bench_ops.py)."""
+
+    def __init__(self, vocab, dim, batch, combiner):
+        self.vocab, self.batch, self.combiner = vocab, batch, combiner
+        self.tables = [tf.Variable(tf.random.stateless_uniform(
+            [padded_rows(v), dim], seed=[i, 0], minval=-0.05, maxval=0.05)) for i, v in
+            enumerate(vocab)]
+        self.accumulators = [tf.Variable(tf.fill(t.shape, 0.1)) for t in self.tables]
+
+    @tf.function
+    def preprocess(self, row_splits, ids, weights):
+        results = []
+        for i, vocab in enumerate(self.vocab):
+            name = f"table_{i}"
+            coo = ops.convert_to_coo_tensor(row_splits[i], ids[i], weights[i], self.batch,
+                                            self.combiner, vocabulary_size=vocab,
+                                            table_name=name, feature_name=f"feature_{i}")
+            splits = ops.get_minibatch_splits_with_physical_replica(
+                tf.constant([""]), coo.row_ids, coo.col_ids, coo.gains, sample_count=self.batch,
+                num_replica=1, table_vocab_size=padded_rows(vocab), feature_width=1,
+                num_sc_per_chip=SPARSE_CORES, table_name=name, mini_batch_splits="",
+                max_ids_per_partition=1 << 30, max_unique_ids_per_partition=1 << 30)
+            csr = ops.get_minibatches_in_csr_with_physical_replica(
+                tf.constant([""]), splits.sorted_row_ids, splits.sorted_col_ids,
+                splits.sorted_gains, splits.splits, splits.id_counts, sample_count=self.batch,
+                num_replica=1, max_minibatches_per_sc=64, max_ids_per_chip_per_sample=64,
+                table_vocab_size=padded_rows(vocab), feature_width=1,
+                num_sc_per_chip=SPARSE_CORES, table_name=name, mini_batch_in_csr="",
+                trim_to_size=True)
+            results.append((csr.row_pointers, csr.sorted_sample_ids, csr.sorted_token_ids,
+                            csr.sorted_gains, csr.num_minibatches_per_physical_sparse_core))
+        return results
+
+    def _lookup(self, i, csr):
+        return ops.xla_sparse_dense_matmul_with_csr_input(
+            *csr[:4], self.tables[i], csr[4], input_size=self.batch, quantization_config_low=0.0,
+            quantization_config_high=0.0, quantization_config_num_buckets=0,
+            table_name=f"table_{i}")
+
+    @tf.function
+    def forward(self, csrs):
+        return [self._lookup(i, csr) for i, csr in enumerate(csrs)]
+
+    @tf.function
+    def forward_and_update(self, csrs, upstream):
+        activations = [self._lookup(i, csr) for i, csr in enumerate(csrs)]
+        with tf.control_dependencies(activations):
+            for i, csr in enumerate(csrs):
+                ops.xla_sparse_dense_matmul_grad_with_adagrad_and_csr_input(
+                    *csr[:4], upstream[i], tf.constant(LEARNING_RATE), self.tables[i],
+                    self.accumulators[i], csr[4], table_name=f"table_{i}")
+        return activations
+
+
+def class_functions(vocab, dim, batch, combiner):
+    tables = [E.TableConfig(vocabulary_size=v, dim=dim, name=f"t{i}", combiner=combiner,
+                            initializer=tf.initializers.RandomUniform(-0.05, 0.05, seed=i))
+              for i, v in enumerate(vocab)]
+    features = {f"f{i}": E.FeatureConfig(table=t) for i, t in enumerate(tables)}
+    embedding = sce.TPUEmbeddingV2(features, E.Adagrad(learning_rate=LEARNING_RATE))
+    embedding.build(per_replica_batch_size=batch)
+
+    @tf.function
+    def enqueue(ids, weights):
+        return embedding.enqueue(ids, weights)
+
+    @tf.function
+    def lookup(ids, weights):
+        return embedding.embedding_lookup(ids, weights)[0]
+
+    @tf.function
+    def step(ids, weights, gradients):
+        _, preserved = embedding.embedding_lookup(ids, weights)
+        embedding.apply_gradients(gradients, preserved)
+
+    return embedding, enqueue, lookup, step
+
+
+class ClassKernelsAlone:
+    """The kernels TPUEmbeddingV2 runs (stacked tables), fed with inputs computed beforehand, so
+    the class's own graph around them (input adaptation, activation unstacking, gradient
+    stacking) is left out. Uses the class's internals; benchmark only."""
+
+    def __init__(self, embedding, flat_ids, flat_weights, gradients):
+        from tf_sc_embedding import collectives, enqueue as enqueue_lib  # noqa: PLC0415
+        from tf_sc_embedding import sharded_lookup  # noqa: PLC0415
+        self.embedding = embedding
+        plan = embedding._plan  # noqa: SLF001
+        self.layout = plan.sharded
+        self.enqueue_lib, self.sharded_lookup, self.collectives = (
+            enqueue_lib, sharded_lookup, collectives)
+        self.inputs = [enqueue_lib.feature_as_id_input(i, w, "f")[:3]
+                       for i, w in zip(flat_ids, flat_weights)]
+        self.preprocessed = self.preprocess()
+        by_path = dict(zip(embedding.feature_paths, tf.nest.flatten(gradients)))
+        self.stacked_gradients = {
+            name: enqueue_lib.stack_gradients(plan, stacked, by_path)
+            for name, stacked in self.layout.stacked_tables.items()}
+
+    def _coo(self):
+        from tf_sc_embedding.ops import preprocessing  # noqa: PLC0415
+        layout, result = self.layout, {}
+        for name, stacked in layout.stacked_tables.items():
+            index = [k for k, f in enumerate(layout.features)
+                     if f.table.layout.stacked_table_name == name]
+            fs = [layout.features[k] for k in index]
+            result[name] = preprocessing.convert_features_to_stacked_coo_tensor(
+                [self.inputs[k][0] for k in index], [self.inputs[k][1] for k in index],
+                [self.inputs[k][2] for k in index], [f.sample_count for f in fs],
+                [f.sample_offset for f in fs], [f.table.col_offset for f in fs],
+                [f.table.layout.sparse_core_shard_rotation for f in fs],
+                [f.table.vocabulary_size for f in fs], [f.table.combiner for f in fs],
+                [f.table.name for f in fs], [f.path for f in fs],
+                layout.sparse_cores_per_replica, layout.num_sparse_cores, stacked.sample_count)
+        return result
+
+    @tf.function
+    def preprocess(self):
+        """Stacked COO + minibatch splits per stacked table (what enqueue runs)."""
+        return self.enqueue_lib._pack(self.layout, self._coo(), True)[0]  # noqa: SLF001
+
+    def _lookup(self, view, variables):
+        activations, csrs = [], {}
+        for name, stacked in self.layout.stacked_tables.items():
+            csr = self.sharded_lookup.pack_and_gather(view, self.layout, stacked,
+                                                      self.preprocessed[name], None)
+            csrs[name] = csr
+            activations.append(self.sharded_lookup.lookup(view, self.layout, stacked, csr,
+                                                          variables[name][0]))
+        return activations, csrs
+
+    def _variables(self, view):
+        return self.embedding._local_variables(view, self.layout)  # noqa: SLF001
+
+    @tf.function
+    def forward(self):
+        """CSR + lookup per stacked table (what dequeue runs before unstacking)."""
+        view = self.collectives.ReplicaView(self.embedding.replica_group)
+        return self._lookup(view, self._variables(view))[0]
+
+    @tf.function
+    def forward_and_update(self):
+        """CSR + lookup + fused Adagrad per stacked table."""
+        view = self.collectives.ReplicaView(self.embedding.replica_group)
+        variables = self._variables(view)
+        activations, csrs = self._lookup(view, variables)
+        with tf.control_dependencies(activations):
+            for name, stacked in self.layout.stacked_tables.items():
+                self.sharded_lookup.apply_update(view, self.layout, stacked, csrs[name],
+                                                 self.stacked_gradients[name],
+                                                 *variables[name])
+        return activations
+
+
+def op_counts(concrete_function):
+    return collections.Counter(op.type for op in concrete_function.graph.get_operations())
+
+
+def main():
+    args = parse_args()
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    vocab = [min(v, args.vocabulary_cap) for v in CriteoLikeWorkload().vocabulary_sizes]
+    batch = CriteoLikeWorkload(vocabulary_sizes=vocab).batch(args.batch)
+    n = len(vocab)
+    ids = {f"f{i}": tf.RaggedTensor.from_row_splits(x, s)
+           for i, (x, s) in enumerate(zip(batch.ids, batch.row_splits))}
+    weights = {f"f{i}": tf.RaggedTensor.from_row_splits(x, s)
+               for i, (x, s) in enumerate(zip(batch.weights, batch.row_splits))}
+    upstream = [tf.random.stateless_normal([args.batch, args.dim], seed=[7, i]) for i in range(n)]
+    gradients = {f"f{i}": upstream[i] for i in range(n)}
+    print(f"workload: {n} tables, {sum(vocab):,} rows (cap {args.vocabulary_cap:,}), dim "
+          f"{args.dim}, batch {args.batch}, {sum(len(i) for i in batch.ids):,} ids, combiner "
+          f"{args.combiner}, {args.threads} threads, {args.rounds} rounds")
+
+    embedding, enqueue, lookup, step = class_functions(vocab, args.dim, args.batch,
+                                                       args.combiner)
+    stacked = collections.Counter(layout.stacked_table_name
+                                  for layout in embedding.embedding_layouts.values())
+    print(f"{len(stacked)} stacked tables of {sorted(stacked.values())} tables")
+    @tf.function
+    def call_only(ids, weights):
+        del ids, weights
+        return tf.constant(0)
+
+    functions = {
+        "tf.function call with the class's ragged inputs, no ops": lambda: call_only(ids, weights),
+        "class enqueue": lambda: enqueue(ids, weights),
+        "class lookup (enqueue + dequeue)": lambda: lookup(ids, weights),
+        "class step (lookup + apply_gradients)": lambda: step(ids, weights, gradients),
+    }
+    if args.op_counts:
+        for name, concrete in (("enqueue", enqueue.get_concrete_function(ids, weights)),
+                               ("lookup", lookup.get_concrete_function(ids, weights)),
+                               ("step", step.get_concrete_function(ids, weights, gradients))):
+            counts = op_counts(concrete)
+            print(f"{name}: {sum(counts.values())} ops: "
+                  + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
+    from tf_sc_embedding.ops import preprocessing  # noqa: PLC0415
+    with_kernels = not args.skip_ops and hasattr(preprocessing,
+                                                 "convert_features_to_stacked_coo_tensor")
+    if with_kernels:   # (absent before the stacked COO op existed)
+        kernels = ClassKernelsAlone(embedding, tf.nest.flatten(ids), tf.nest.flatten(weights),
+                                    gradients)
+        functions.update({
+            "class kernels: stacked COO + splits": kernels.preprocess,
+            "class kernels: CSR + lookup": kernels.forward,
+            "class kernels: CSR + lookup + fused Adagrad": kernels.forward_and_update,
+        })
+    if not args.skip_ops:
+        alone = OpsAlone(vocab, args.dim, args.batch, args.combiner)
+        row_splits = [tf.constant(s) for s in batch.row_splits]
+        flat_ids = [tf.constant(i) for i in batch.ids]
+        flat_weights = [tf.constant(w) for w in batch.weights]
+        csrs = alone.preprocess(row_splits, flat_ids, flat_weights)
+        functions.update({
+            "ops preprocessing (COO -> splits -> CSR)":
+                lambda: alone.preprocess(row_splits, flat_ids, flat_weights),
+            "ops forward": lambda: alone.forward(csrs),
+            "ops forward + fused Adagrad": lambda: alone.forward_and_update(csrs, upstream),
+        })
+    for fn in functions.values():   # trace and warm up
+        fn()
+        fn()
+    samples, cpu = collections.defaultdict(list), collections.defaultdict(list)
+    for _ in range(args.rounds):
+        for name, fn in functions.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()   # a tf.function call on CPU returns when its ops have run
+            samples[name].append((time.perf_counter() - start) * 1e3)
+            cpu[name].append((time.process_time() - start_cpu) * 1e3)
+    medians = {name: statistics.median(s) for name, s in samples.items()}
+    print("\n| phase | median ms | interquartile range ms | min ms | median CPU ms (all threads) |"
+          "\n|---|---:|---:|---:|---:|")
+    for name, s in samples.items():
+        q = statistics.quantiles(s, n=4)
+        print(f"| {name} | {medians[name]:.1f} | {q[0]:.1f}-{q[2]:.1f} | {min(s):.1f} | "
+              f"{statistics.median(cpu[name]):.1f} |")
+    if with_kernels:
+        k_pre = medians["class kernels: stacked COO + splits"]
+        k_fwd = medians["class kernels: CSR + lookup"]
+        k_upd = medians["class kernels: CSR + lookup + fused Adagrad"]
+        call = medians["tf.function call with the class's ragged inputs, no ops"]
+        print("\nThe class against its own kernels (stacked tables, inputs computed beforehand; "
+              f"the class's times include {call:.1f} ms of calling a tf.function with 52 ragged "
+              "tensors, the kernels' do not):")
+        print("\n| phase | class ms | its kernels ms | class / kernels |\n|---|---:|---:|---:|")
+        for label, ours, theirs in (
+                ("enqueue", medians["class enqueue"], k_pre),
+                ("lookup", medians["class lookup (enqueue + dequeue)"], k_pre + k_fwd),
+                ("step", medians["class step (lookup + apply_gradients)"], k_pre + k_upd)):
+            print(f"| {label} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f} |")
+    if not args.skip_ops:
+        print("\nThe class against the per-table op pipeline of bench_ops.py:")
+        pre = medians["ops preprocessing (COO -> splits -> CSR)"]
+        fwd = medians["ops forward"]
+        upd = medians["ops forward + fused Adagrad"]
+        print("\n| phase | class ms | sum of the ops ms | class / ops |\n|---|---:|---:|---:|")
+        for label, ours, theirs in (
+                ("enqueue vs preprocessing", medians["class enqueue"], pre),
+                ("lookup vs preprocessing + forward",
+                 medians["class lookup (enqueue + dequeue)"], pre + fwd),
+                ("step vs preprocessing + forward + Adagrad",
+                 medians["class step (lookup + apply_gradients)"], pre + upd)):
+            print(f"| {label} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f} |")
+    if args.trace:
+        tf.profiler.experimental.start(args.trace)
+        for _ in range(3):
+            step(ids, weights, gradients)
+        tf.profiler.experimental.stop()
+        print(f"trace of 3 class steps written to {args.trace}")
+
+
+if __name__ == "__main__":
+    np.set_printoptions(linewidth=120)
+    main()

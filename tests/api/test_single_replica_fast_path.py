@@ -1,0 +1,209 @@
+"""The single-replica fast path of TPUEmbeddingV2 (issue 8, item 1): the stacked COO op that
+replaces one COO op per feature plus a concatenation, and partition statistics taken from the
+minibatch-splits op instead of extra counting ops. Both must give exactly what they replace."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_sc_embedding as sce
+from tf_sc_embedding import enqueue as enqueue_lib
+from tf_sc_embedding import ops
+from tf_sc_embedding.layout import EmbeddingLayout
+
+E = tf.tpu.experimental.embedding
+B = 16
+
+
+def config(combiners=("sum", "mean", "sqrtn"), vocab=(50, 7, 300), dim=4):
+    tables = [E.TableConfig(vocabulary_size=v, dim=dim, combiner=c, name=f"t{i}")
+              for i, (v, c) in enumerate(zip(vocab, combiners))]
+    # Two features share table t0, so one table is looked up by several features.
+    return {"a": E.FeatureConfig(table=tables[0], name="a"),
+            "b": E.FeatureConfig(table=tables[1], name="b"),
+            "c": E.FeatureConfig(table=tables[2], name="c"),
+            "d": E.FeatureConfig(table=tables[0], name="d")}
+
+
+def inputs(seed, vocab=(50, 7, 300), kinds=("ragged", "sparse", "dense", "ragged"),
+           weighted=True):
+    rng = np.random.default_rng(seed)
+    vocab_of = dict(zip("abcd", (vocab[0], vocab[1], vocab[2], vocab[0])))
+    features, weights = {}, {}
+    for key, kind in zip("abcd", kinds):
+        v = vocab_of[key]
+        if kind == "dense":
+            ids = rng.integers(0, v, size=(B,))
+            features[key] = tf.constant(ids, tf.int64)
+            weights[key] = tf.constant(rng.uniform(0.5, 2, size=(B,)), tf.float32)
+            continue
+        lengths = rng.integers(0, 5, size=B)
+        n = int(lengths.sum())
+        ids = rng.integers(0, v, size=n).astype(np.int32)
+        w = rng.uniform(0.5, 2, size=n).astype(np.float32)
+        ragged = tf.RaggedTensor.from_row_lengths(ids, lengths)
+        ragged_w = tf.RaggedTensor.from_row_lengths(w, lengths)
+        if kind == "sparse":
+            features[key], weights[key] = ragged.to_sparse(), ragged_w.to_sparse()
+        else:
+            features[key], weights[key] = ragged, ragged_w
+    return features, (weights if weighted else None)
+
+
+def require_two_devices():
+    """Skips unless the test setup configured at least 2 logical CPU devices (kept free of the
+    conftest helpers so the file runs under either test layout)."""
+    if len(tf.config.list_logical_devices("CPU")) < 2:
+        pytest.skip("needs 2 logical CPU devices")
+
+
+def layout_of(feature_config, replicas=1, sparse_cores=4):
+    shapes = {p: (B,) for p in "abcd"}
+    return EmbeddingLayout(feature_config, E.SGD(0.1), replicas, sparse_cores, shapes)
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("replicas,sparse_cores", [(1, 4), (1, 2), (2, 4)])
+def test_stacked_coo_equals_per_feature_lists_concatenated(weighted, replicas, sparse_cores):
+    feature_config = config()
+    layout = layout_of(feature_config, replicas, sparse_cores)
+    features, weights = inputs(seed=replicas * 10 + sparse_cores, weighted=weighted)
+    flat = tf.nest.flatten(features)
+    flat_weights = tf.nest.flatten(weights) if weights else [None] * len(flat)
+    fused = enqueue_lib.stacked_coo(layout, flat, flat_weights)
+    lists = enqueue_lib.feature_coo_lists(layout, flat, flat_weights)
+    assert set(fused) == set(layout.stacked_tables)
+    for name in layout.stacked_tables:
+        per_feature = [per_sc for _, per_sc in lists[name]]
+        for k in range(3):
+            expected = np.concatenate([f[k][i].numpy() for i in range(sparse_cores)
+                                       for f in per_feature])
+            got = fused[name][k].numpy()
+            assert got.dtype == expected.dtype
+            np.testing.assert_array_equal(got, expected)
+
+
+def test_stacked_coo_bad_id_names_the_feature():
+    feature_config = config()
+    layout = layout_of(feature_config)
+    features, weights = inputs(seed=3)
+    features["c"] = tf.RaggedTensor.from_row_lengths(
+        tf.constant([1, 300, 2] + [0] * (B - 3), tf.int32), [1, 2] + [1] * (B - 3) + [0])
+    weights["c"] = tf.ones_like(features["c"], tf.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="table 't2', feature 'c'"):
+        enqueue_lib.stacked_coo(layout, tf.nest.flatten(features), tf.nest.flatten(weights))
+
+
+def test_stacked_coo_in_tf_function_matches_eager():
+    layout = layout_of(config())
+    features, weights = inputs(seed=5)
+    flat, flat_weights = tf.nest.flatten(features), tf.nest.flatten(weights)
+    eager = enqueue_lib.stacked_coo(layout, flat, flat_weights)
+    graph = tf.function(lambda f, w: enqueue_lib.stacked_coo(layout, f, w))(flat, flat_weights)
+    for name in eager:
+        for a, b in zip(eager[name], graph[name]):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_stacked_coo_rejects_mismatched_attribute_lengths():
+    ids = tf.constant([0, 1], tf.int32)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="N = 1"):
+        ops.preprocessing.convert_features_to_stacked_coo_tensor(
+            [tf.zeros([0], tf.int32)], [ids], [tf.constant(1.0)], sample_counts=[4, 4],
+            row_offsets=[0], col_offsets=[0], col_shifts=[0], vocabulary_sizes=[8],
+            combiners=["sum"], table_names=["t"], feature_names=["f"], num_sc_per_chip=2,
+            num_sc_shards=2, stacked_table_sample_count=4)
+
+
+def test_single_replica_running_stats_equal_compute_sparse_core_stats():
+    feature_config = config()
+    embedding = sce.TPUEmbeddingV2(feature_config, E.SGD(0.1))
+    expected = {}
+    for seed in range(3):
+        features, weights = inputs(seed=seed, weighted=False)
+        embedding.enqueue(features)
+        max_ids, max_unique = sce.TPUEmbeddingV2.compute_sparse_core_stats(
+            features, feature_config, num_tpu_chips=1, optimizer=E.SGD(0.1))
+        for name in max_ids:
+            old = expected.get(name, (0, 0))
+            expected[name] = (max(old[0], int(max_ids[name])),
+                              max(old[1], int(max_unique[name])))
+    measured = embedding.sparse_core_stats
+    assert set(measured) == set(expected)
+    for name, (ids, unique) in expected.items():
+        assert measured[name]["max_ids_per_partition"] == ids
+        assert measured[name]["max_unique_ids_per_partition"] == unique
+        assert measured[name]["batches"] == 3
+
+
+def test_single_replica_enqueue_runs_no_extra_counting_ops():
+    embedding = sce.TPUEmbeddingV2(config(), E.SGD(0.1))
+    features, weights = inputs(seed=1)
+    graph = tf.function(embedding.enqueue).get_concrete_function(features, weights).graph
+    types = [op.type for op in graph.get_operations()]
+    assert "SceGetStatsFromListOfSparseCoreCooTensors" not in types
+    assert "SceConvertToListOfSparseCoreCooTensors" not in types
+    assert types.count("SceConvertFeaturesToStackedCooTensor") == len(
+        embedding._plan.stacked_tables)  # pylint: disable=protected-access
+
+
+def test_all_gather_two_replicas_running_stats_equal_compute_sparse_core_stats():
+    """The all-gather exchange also computes splits, so its statistics come from them too."""
+    require_two_devices()
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    feature_config = config()
+    with strategy.scope():
+        # Statistics cover the sharded tables; small tables would be replicated.
+        embedding = sce.TPUEmbeddingV2(feature_config, E.SGD(0.1), exchange="all_gather",
+                                       replication_threshold_bytes=0)
+    per_replica = [inputs(seed=30, weighted=False)[0], inputs(seed=31, weighted=False)[0]]
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: per_replica[ctx.replica_id_in_sync_group])
+
+    @tf.function
+    def step(ids):
+        strategy.run(lambda x: embedding(x)[0], args=(ids,))
+
+    step(values)
+    want = [sce.TPUEmbeddingV2.compute_sparse_core_stats(ids, feature_config, 2,
+                                                         optimizer=E.SGD(0.1))
+            for ids in per_replica]
+    measured = embedding.sparse_core_stats
+    assert set(measured) == set(want[0][0])
+    for name, stats in measured.items():
+        assert stats["batches"] == 2
+        assert stats["max_ids_per_partition"] == max(int(w[0][name]) for w in want)
+        assert stats["max_unique_ids_per_partition"] == max(int(w[1][name]) for w in want)
+
+
+def _stacked_op(**overrides):
+    args = dict(sample_counts=[4], row_offsets=[0], col_offsets=[0], col_shifts=[0],
+                vocabulary_sizes=[8], combiners=["sum"], table_names=["t"], feature_names=["f"],
+                num_sc_per_chip=2, num_sc_shards=2, stacked_table_sample_count=4)
+    args.update(overrides)
+    return ops.preprocessing.convert_features_to_stacked_coo_tensor(
+        [tf.zeros([0], tf.int32)], [tf.constant([0, 1, 2, 3], tf.int32)], [tf.constant(1.0)],
+        **args)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (dict(num_sc_shards=3), "power of two"),
+    (dict(row_offsets=[-2]), "must be >= 0"),
+    (dict(row_offsets=[2]), "divisible|exceeds"),
+    (dict(stacked_table_sample_count=2), "exceeds stacked_table_sample_count"),
+    (dict(col_offsets=[2 ** 31 - 2]), "does not fit in int32"),
+    (dict(stacked_table_sample_count=2 ** 40), "stacked_table_sample_count"),
+    (dict(num_sc_per_chip=2 ** 20), "num_sc_per_chip"),
+    (dict(combiners=["max"]), "combiner"),
+])
+def test_stacked_coo_rejects_bad_attributes(overrides, match):
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=match):
+        _stacked_op(**overrides)
+
+
+def test_stacked_coo_single_feature_values():
+    rows, cols, gains = _stacked_op(col_offsets=[8], col_shifts=[1])
+    # Dense ids 0..3, one per sample; SC 0 holds samples 0-1, SC 1 samples 2-3 (rows are the
+    # stacked rows); cols are rotated by 1 within each group of 2 shards, then offset by 8.
+    np.testing.assert_array_equal(rows.numpy(), [0, 1, 2, 3])
+    np.testing.assert_array_equal(cols.numpy(), [9, 8, 11, 10])
+    np.testing.assert_array_equal(gains.numpy(), [1, 1, 1, 1])
