@@ -29,7 +29,7 @@ I32 = 2**31 - 1
 I64 = 2**63 - 1
 PAD = 2**31 - 1
 OPS = ("coo", "list_of_coo", "sort", "stats", "splits", "csr_wrapped", "minibatches_in_csr",
-       "lookup", "update", "update_in_place", "stacker", "finite_check", "raise_limits")
+       "lookup", "update", "update_in_place", "stacker", "finite_check", "raise_limits", "stacked_coo")
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
 
 
@@ -219,6 +219,23 @@ def make_case(seed, index):
         case.update(flags=int_list(rng, n + a.choice(0, [0, 1, -1]), 2),
                     flag_rank=a.choice(1, [0, 1, 2]), names=n,
                     values=[float_list(rng, rng.randint(0, 3)) for _ in range(rng.randint(0, 2))])
+    elif op == "stacked_coo":
+        n = rng.randint(1, 3)
+        sc = a(4, 4, 1)
+        per = []
+        offset = 0
+        for _ in range(n):
+            samples = a(4, 8, 1)
+            values = int_list(rng, rng.randint(0, 10), 20)
+            splits = [0] + sorted(rng.randint(0, len(values)) for _ in range(max(min(samples, 8), 1) - 1)) + [len(values)]
+            per.append(dict(splits=splits if rng.random() < 0.9 else int_list(rng, 3),
+                            values=values, weights=float_list(rng, len(values)),
+                            sample_count=samples, row_offset=a.choice(offset, [0, -1, I32, 2**40]),
+                            col_offset=a(0, 64, 0), col_shift=a(0, 4, 0), vocab=a(32, 32),
+                            combiner=rng.choice(["sum", "mean", "sqrtn", "max"])))
+            offset += max(samples, 0)
+        case.update(features=per, sc=sc, shards=a(8, 8, 1), stacked=a.choice(offset, [offset, 0, 4, I32]),
+                    short_list=rng.random() < 3 * NOISE["value"])
     elif op == "raise_limits":
         tables = rng.randint(0, 3)
         rows = tables + a.choice(0, [0, 1, -1]) if tables else a.choice(0, [0, 1])
@@ -346,6 +363,21 @@ def run_case(case):
             names = [f"f{i}" for i in range(case["names"])]
             return gradient_check.require_finite_gradients(
                 flags, [f32(v) for v in case["values"]], names, [T] * len(names))
+        if op == "stacked_coo":
+            fs = case["features"]
+            lists = dict(sample_counts=[f["sample_count"] for f in fs],
+                         row_offsets=[f["row_offset"] for f in fs],
+                         col_offsets=[f["col_offset"] for f in fs],
+                         col_shifts=[f["col_shift"] for f in fs],
+                         vocabulary_sizes=[f["vocab"] for f in fs],
+                         combiners=[f["combiner"] for f in fs], table_names=[T] * len(fs),
+                         feature_names=[f"f{i}" for i in range(len(fs))])
+            if case["short_list"]:
+                lists["col_offsets"] = lists["col_offsets"][:-1]
+            return ops.preprocessing.convert_features_to_stacked_coo_tensor(
+                [i32(f["splits"]) for f in fs], [i32(f["values"]) for f in fs],
+                [f32(f["weights"]) for f in fs], num_sc_per_chip=case["sc"],
+                num_sc_shards=case["shards"], stacked_table_sample_count=case["stacked"], **lists)
         if op == "raise_limits":
             from tf_sc_embedding.ops.online_limits import raise_sparse_core_limits  # noqa
             shape = [len(case["limits"]), 2]
