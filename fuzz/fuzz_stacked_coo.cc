@@ -1,6 +1,7 @@
 // libFuzzer target: sce::ConvertFeaturesToStackedCoo + sce::WriteStackedCoo
 // (docs/preprocessing.md), differentially: whenever the stacked conversion succeeds, its output
 // must equal every feature's ConvertToListOfCoo lists concatenated in SparseCore-major order.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -55,7 +56,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     feature.transform.col_shift = in.ConsumeBool() ? f : Attr(in, 8);
     feature.transform.num_sc_shards = in.ConsumeBool() ? 8 : Attr(in, 8);
     feature.context = sce::Context{"t", "f" + std::to_string(f)};
-    offset += samples > 0 ? samples : 0;
+    // Saturating: a later feature's offset is only a plausible default, never an overflow.
+    constexpr int64_t kCap = int64_t{1} << 40;
+    offset = std::min(offset, kCap) + std::min(samples > 0 ? samples : 0, kCap);
   }
   const int64_t stacked = in.ConsumeBool() ? offset : Attr(in, 64);
   for (sce::StackedFeature& f : features) f.transform.stacked_table_sample_count = stacked;
