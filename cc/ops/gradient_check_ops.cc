@@ -14,8 +14,8 @@ using shape_inference::ShapeHandle;
 
 // Fails with InvalidArgument naming every feature (and its table) whose entry of `non_finite`
 // is non-zero; otherwise forwards `values` unchanged (no copy). The values are what the step
-// consumes after the check (the gradients): a data dependency, because Grappler turns a stateless
-// node whose outputs only feed control edges into a NoOp.
+// consumes after the check (the gradients): a data dependency, because Grappler prunes a stateless
+// node whose outputs only feed control edges (the check did not run with the meta-optimizer on).
 REGISTER_OP("SceRequireFiniteGradients")
     .Input("non_finite: int32")
     .Input("values: T")
