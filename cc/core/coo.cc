@@ -189,14 +189,8 @@ Status BuildEntries(const IdInput& in, int64_t sample_count, Combiner combiner,
 
 }  // namespace
 
-Status ConvertToCoo(const IdInput& input, int64_t sample_count, Combiner combiner,
-                    int64_t vocabulary_size, const Context& context, CooEntries* out) {
-  return BuildEntries(input, sample_count, combiner, vocabulary_size, context, out);
-}
-
-Status ConvertToListOfCoo(const IdInput& input, int64_t sample_count, Combiner combiner,
-                          const StackingTransform& t, int64_t vocabulary_size,
-                          const Context& context, std::vector<CooEntries>* per_sc) {
+Status ValidateStackingTransform(const StackingTransform& t, int64_t sample_count,
+                                 const Context& context) {
   const std::string where = context.Describe();
   if (t.num_sc_per_chip < 1) {
     return InvalidArgument(where, ": num_sc_per_chip must be >= 1, got ", t.num_sc_per_chip);
@@ -229,6 +223,20 @@ Status ConvertToListOfCoo(const IdInput& input, int64_t sample_count, Combiner c
                            ") exceeds stacked_table_sample_count (", t.stacked_table_sample_count,
                            ")");
   }
+  return Status::Ok();
+}
+
+Status ConvertToCoo(const IdInput& input, int64_t sample_count, Combiner combiner,
+                    int64_t vocabulary_size, const Context& context, CooEntries* out) {
+  return BuildEntries(input, sample_count, combiner, vocabulary_size, context, out);
+}
+
+Status ConvertToListOfCoo(const IdInput& input, int64_t sample_count, Combiner combiner,
+                          const StackingTransform& t, int64_t vocabulary_size,
+                          const Context& context, std::vector<CooEntries>* per_sc) {
+  const std::string where = context.Describe();
+  SCE_RETURN_IF_ERROR(ValidateStackingTransform(t, sample_count, context));
+  const int64_t sc = t.num_sc_per_chip;
   CooEntries merged;
   SCE_RETURN_IF_ERROR(BuildEntries(input, sample_count, combiner, vocabulary_size, context, &merged));
 

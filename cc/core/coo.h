@@ -55,6 +55,11 @@ struct StackingTransform {
   int64_t stacked_table_sample_count = 0; // B_stk
 };
 
+// The checks of a feature's stacking transform (and its sample count) that every stacked
+// conversion makes before reading ids, with messages naming `context`'s table and feature.
+Status ValidateStackingTransform(const StackingTransform& transform, int64_t sample_count,
+                                 const Context& context);
+
 // See docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform: one CooEntries per SparseCore, rows relative to the SC's block of the stacked batch and
 // cols mapped to stacked-table col ids.
 Status ConvertToListOfCoo(const IdInput& input, int64_t sample_count, Combiner combiner,

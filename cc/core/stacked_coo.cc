@@ -6,50 +6,11 @@
 #include "cc/core/constants.h"
 
 namespace sce {
-namespace {
-
-// The checks ConvertToListOfCoo makes on a feature's stacking transform, with its messages.
-Status ValidateTransform(const StackedFeature& f) {
-  const StackingTransform& t = f.transform;
-  const std::string where = f.context.Describe();
-  SCE_RETURN_IF_ERROR(
-      CheckInRange(where, "num_sc_per_chip", t.num_sc_per_chip, 1, kMaxSparseCoresPerChip));
-  if (!IsPowerOfTwo(t.num_sc_shards)) {
-    return InvalidArgument(where, ": num_sc_shards must be a power of two, got ", t.num_sc_shards);
-  }
-  if (t.row_offset < 0 || t.col_offset < 0 || t.col_shift < 0) {
-    return InvalidArgument(where, ": row_offset, col_offset and col_shift must be >= 0");
-  }
-  SCE_RETURN_IF_ERROR(CheckInRange(where, "num_sc_shards", t.num_sc_shards, 1, kMaxShards));
-  SCE_RETURN_IF_ERROR(CheckInRange(where, "stacked_table_sample_count",
-                                   t.stacked_table_sample_count, 0, kMaxInt32));
-  SCE_RETURN_IF_ERROR(CheckInRange(where, "row_offset", t.row_offset, 0, kMaxInt32));
-  SCE_RETURN_IF_ERROR(CheckInRange(where, "col_offset", t.col_offset, 0, kMaxInt32));
-  SCE_RETURN_IF_ERROR(CheckInRange(where, "col_shift", t.col_shift, 0, kMaxInt32));
-  SCE_RETURN_IF_ERROR(CheckInRange(where, "sample_count", f.sample_count, 1, kMaxInt32));
-  const int64_t sc = t.num_sc_per_chip;
-  if (f.sample_count % sc != 0 || t.stacked_table_sample_count % sc != 0 ||
-      t.row_offset % sc != 0) {
-    return InvalidArgument(where, ": sample_count (", f.sample_count, "), row_offset (",
-                           t.row_offset, ") and stacked_table_sample_count (",
-                           t.stacked_table_sample_count,
-                           ") must be divisible by the number of SparseCores per chip (", sc, ")");
-  }
-  if (t.row_offset + f.sample_count > t.stacked_table_sample_count) {
-    return InvalidArgument(where, ": row_offset + sample_count (", t.row_offset + f.sample_count,
-                           ") exceeds stacked_table_sample_count (", t.stacked_table_sample_count,
-                           ")");
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
 Status ConvertFeaturesToStackedCoo(const std::vector<StackedFeature>& features,
                                    const ParallelFor& parallel_for, StackedCooParts* parts) {
   const int64_t num_features = static_cast<int64_t>(features.size());
   if (num_features == 0) return InvalidArgument("stacked COO conversion: no features");
-  for (const StackedFeature& f : features) SCE_RETURN_IF_ERROR(ValidateTransform(f));
+  for (const StackedFeature& f : features) SCE_RETURN_IF_ERROR(ValidateStackingTransform(f.transform, f.sample_count, f.context));
   const int64_t sc = features[0].transform.num_sc_per_chip;
   for (const StackedFeature& f : features) {
     if (f.transform.num_sc_per_chip != sc) {
