@@ -36,12 +36,11 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tf_sc_embedding as sce  # noqa: E402
+from bench_ops import LEARNING_RATE, OurPipeline  # noqa: E402
 from tf_sc_embedding import ops  # noqa: E402
 from tf_sc_embedding.data import CriteoLikeWorkload  # noqa: E402
 
 E = tf.tpu.experimental.embedding
-SPARSE_CORES = 4
-LEARNING_RATE = 0.05
 
 
 def parse_args():
@@ -57,66 +56,6 @@ def parse_args():
                         help="print the op types of each class phase's traced graph")
     parser.add_argument("--trace", help="write a TF profiler trace of 3 class steps here")
     return parser.parse_args()
-
-
-def padded_rows(vocabulary_size):
-    multiple = 8 * SPARSE_CORES
-    return -(-vocabulary_size // multiple) * multiple
-
-
-class OpsAlone:
-    """The op library without the class: one table per feature (as bench/bench_ops.py)."""
-
-    def __init__(self, vocab, dim, batch, combiner):
-        self.vocab, self.batch, self.combiner = vocab, batch, combiner
-        self.tables = [tf.Variable(tf.random.stateless_uniform(
-            [padded_rows(v), dim], seed=[i, 0], minval=-0.05, maxval=0.05)) for i, v in
-            enumerate(vocab)]
-        self.accumulators = [tf.Variable(tf.fill(t.shape, 0.1)) for t in self.tables]
-
-    @tf.function
-    def preprocess(self, row_splits, ids, weights):
-        results = []
-        for i, vocab in enumerate(self.vocab):
-            name = f"table_{i}"
-            coo = ops.convert_to_coo_tensor(row_splits[i], ids[i], weights[i], self.batch,
-                                            self.combiner, vocabulary_size=vocab,
-                                            table_name=name, feature_name=f"feature_{i}")
-            splits = ops.get_minibatch_splits_with_physical_replica(
-                tf.constant([""]), coo.row_ids, coo.col_ids, coo.gains, sample_count=self.batch,
-                num_replica=1, table_vocab_size=padded_rows(vocab), feature_width=1,
-                num_sc_per_chip=SPARSE_CORES, table_name=name, mini_batch_splits="",
-                max_ids_per_partition=1 << 30, max_unique_ids_per_partition=1 << 30)
-            csr = ops.get_minibatches_in_csr_with_physical_replica(
-                tf.constant([""]), splits.sorted_row_ids, splits.sorted_col_ids,
-                splits.sorted_gains, splits.splits, splits.id_counts, sample_count=self.batch,
-                num_replica=1, max_minibatches_per_sc=64, max_ids_per_chip_per_sample=64,
-                table_vocab_size=padded_rows(vocab), feature_width=1,
-                num_sc_per_chip=SPARSE_CORES, table_name=name, mini_batch_in_csr="",
-                trim_to_size=True)
-            results.append((csr.row_pointers, csr.sorted_sample_ids, csr.sorted_token_ids,
-                            csr.sorted_gains, csr.num_minibatches_per_physical_sparse_core))
-        return results
-
-    def _lookup(self, i, csr):
-        return ops.xla_sparse_dense_matmul_with_csr_input(
-            *csr[:4], self.tables[i], csr[4], input_size=self.batch, quantization_config_low=0.0,
-            quantization_config_high=0.0, quantization_config_num_buckets=0,
-            table_name=f"table_{i}")
-
-    @tf.function
-    def forward(self, csrs):
-        return [self._lookup(i, csr) for i, csr in enumerate(csrs)]
-
-    @tf.function
-    def forward_and_update(self, csrs, upstream):
-        activations = [self._lookup(i, csr) for i, csr in enumerate(csrs)]
-        with tf.control_dependencies(activations):
-            for i, csr in enumerate(csrs):
-                ops.xla_sparse_dense_matmul_grad_with_adagrad_and_csr_input(
-                    *csr[:4], upstream[i], tf.constant(LEARNING_RATE), self.tables[i],
-                    self.accumulators[i], csr[4], table_name=f"table_{i}")
-        return activations
 
 
 def class_functions(vocab, dim, batch, combiner):
@@ -189,7 +128,7 @@ class ClassKernelsAlone:
     def _lookup(self, view, variables):
         activations, csrs = [], {}
         for name, stacked in self.layout.stacked_tables.items():
-            csr = self.sharded_lookup.pack_and_gather(view, self.layout, stacked,
+            csr, _ = self.sharded_lookup.pack_and_gather(view, self.layout, stacked,
                                                       self.preprocessed[name], None)
             csrs[name] = csr
             activations.append(self.sharded_lookup.lookup(view, self.layout, stacked, csr,
@@ -275,7 +214,9 @@ def main():
             "class kernels: CSR + lookup + fused Adagrad": kernels.forward_and_update,
         })
     if not args.skip_ops:
-        alone = OpsAlone(vocab, args.dim, args.batch, args.combiner)
+        # The op library without the class: one table per feature, as in bench/bench_ops.py.
+        alone = OurPipeline(vocab, args.dim, args.batch, combiner=args.combiner,
+                            max_ids_per_chip_per_sample=64, max_minibatches_per_sc=64)
         row_splits = [tf.constant(s) for s in batch.row_splits]
         flat_ids = [tf.constant(i) for i in batch.ids]
         flat_weights = [tf.constant(w) for w in batch.weights]

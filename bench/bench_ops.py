@@ -47,9 +47,13 @@ def initial_table(rows, dim, seed):
 class OurPipeline:
     """COO -> minibatch splits -> CSR -> lookup -> fused Adagrad, one table per feature."""
 
-    def __init__(self, vocabulary_sizes, dim, batch):
+    def __init__(self, vocabulary_sizes, dim, batch, combiner="mean",
+                 max_ids_per_chip_per_sample=8, max_minibatches_per_sc=1):
         self.vocabulary_sizes = vocabulary_sizes
         self.batch = batch
+        self.combiner = combiner
+        self.max_ids_per_chip_per_sample = max_ids_per_chip_per_sample
+        self.max_minibatches_per_sc = max_minibatches_per_sc
         self.tables = [tf.Variable(initial_table(padded_rows(v), dim, i), name=f"table_{i}")
                        for i, v in enumerate(vocabulary_sizes)]
         self.accumulators = [tf.Variable(tf.fill(t.shape, 0.1)) for t in self.tables]
@@ -59,7 +63,8 @@ class OurPipeline:
         results = []
         for i, vocab in enumerate(self.vocabulary_sizes):
             name = f"table_{i}"
-            coo = ops.convert_to_coo_tensor(row_splits[i], ids[i], weights[i], self.batch, "mean",
+            coo = ops.convert_to_coo_tensor(row_splits[i], ids[i], weights[i], self.batch,
+                                            self.combiner,
                                             vocabulary_size=vocab, table_name=name,
                                             feature_name=f"feature_{i}")
             splits = ops.get_minibatch_splits_with_physical_replica(
@@ -70,7 +75,8 @@ class OurPipeline:
             csr = ops.get_minibatches_in_csr_with_physical_replica(
                 tf.constant([""]), splits.sorted_row_ids, splits.sorted_col_ids,
                 splits.sorted_gains, splits.splits, splits.id_counts, sample_count=self.batch,
-                num_replica=1, max_minibatches_per_sc=1, max_ids_per_chip_per_sample=8,
+                num_replica=1, max_minibatches_per_sc=self.max_minibatches_per_sc,
+                max_ids_per_chip_per_sample=self.max_ids_per_chip_per_sample,
                 table_vocab_size=padded_rows(vocab), feature_width=1,
                 num_sc_per_chip=SPARSE_CORES, table_name=name, mini_batch_in_csr="",
                 trim_to_size=True)
