@@ -68,15 +68,6 @@ def reject_multi_worker_fit(model):
         raise NotImplementedError(MULTI_WORKER_FIT_MESSAGE)
 
 
-def _has_composite_per_replica_values(strategy, batch):
-    for value in tf.nest.flatten(batch):
-        if isinstance(value, tf.distribute.DistributedValues) and any(
-                isinstance(v, (tf.RaggedTensor, tf.SparseTensor))
-                for v in strategy.experimental_local_results(value)):
-            return True
-    return False
-
-
 def _make_replacement(original):
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         if not _has_embedding_layer(self):
@@ -89,13 +80,13 @@ def _make_replacement(original):
         for _, _, it in iterator:       # as Keras does: the first batch of the iterator
             batch = next(it)
             break
-        if batch is not None and _has_composite_per_replica_values(strategy, batch):
+        if batch is not None:
+            # Keras takes the element-wise MEAN over replicas, which only serves the shapes and
+            # fails for ragged / sparse ids and for preprocessed batches (their sizes differ per
+            # replica); the first local replica's value has the same per-replica shapes.
             batch = tf.nest.map_structure(
                 lambda v: (strategy.experimental_local_results(v)[0]
                            if isinstance(v, tf.distribute.DistributedValues) else v), batch)
-        elif batch is not None and all(isinstance(v, tf.distribute.DistributedValues)
-                                       for v in tf.nest.flatten(batch)):
-            batch = strategy.reduce("MEAN", batch, axis=None)
         with strategy.scope():
             self._symbolic_build(data_batch=batch)  # pylint: disable=protected-access
         return None

@@ -38,10 +38,24 @@ Keras files (`model.save("m.keras")`, `model.save_weights`, `ModelCheckpoint`,
 `BackupAndRestore`) store the logical tables and optimizer slots as well (`save_own_variables`),
 and `get_config` / `from_config` serialize the configs (keras_config.py), so
 `keras.models.load_model` rebuilds the layer.
+Preprocessing in `tf.data`: `layer.preprocess(ids)` is the host half of the lookup
+(`TPUEmbeddingV2.enqueue`) for one full per-replica batch. Map it over the batched dataset and
+prefetch, and the step only looks rows up; pass its result to the layer where the ids would go:
+
+    dataset = dataset.batch(1024, drop_remainder=True).map(
+        lambda x, y: ({"dense": x["dense"], "ids": layer.preprocess(x["ids"])}, y)).prefetch(2)
+    activations = layer(inputs["ids"])   # a PreprocessedFeatures: only the lookup runs here
+
+The activations are bit-for-bit those of `layer(ids)`. With several replicas each replica's batch
+is preprocessed on its own: build the dataset with `strategy.distribute_datasets_from_function`
+(per-replica batches) and give that to `fit`.
+
 Custom training loops keep working: `layer.embedding` is the `TPUEmbeddingV2` (enqueue, dequeue,
 apply_gradients), and a loop differentiating a loss with respect to `model.trainable_variables`
 updates the tables through the trigger exactly as `fit` does.
 """
+import collections
+
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import nest
@@ -55,6 +69,10 @@ from tf_sc_embedding.embedding import TPUEmbeddingV2
 from tf_sc_embedding.layout import DEFAULT_SPARSE_CORES_PER_REPLICA
 
 _TABLE_KEY = "table:{table}:{kind}"
+
+# What `EmbeddingLayer.preprocess` returns: the embedding's enqueue output for one per-replica
+# batch (per stacked table, sorted or bucketed ids), wrapped so that `call` can tell it from ids.
+PreprocessedFeatures = collections.namedtuple("PreprocessedFeatures", ["stacked_tables"])
 _TRIGGER_KEY = "trigger"
 
 
@@ -114,10 +132,12 @@ class EmbeddingLayer(keras.layers.Layer):
       batch_size: optional global batch size; builds the tables now (per-replica batch =
         batch_size / replicas). Otherwise they are built at the first call.
       sparse_core_embedding_config, sparse_cores_per_replica, non_finite_gradients,
-        adapt_sparse_core_limits: as for `TPUEmbeddingV2` (saved in the layer's config).
+        adapt_sparse_core_limits, pipeline_execution_with_tensor_core: as for `TPUEmbeddingV2`
+        (saved in the layer's config).
     Call: ``layer(features, weights=None, training=None)`` -> activations with the structure of
       `feature_config`: [batch, dim] per ragged, sparse or 1-D dense feature, [batch, n, dim] per
-      2-D dense feature.
+      2-D dense feature. `features` may also be what `preprocess` returned (then `weights` must
+      be None: they were given to `preprocess`).
     """
 
     _sce_embedding_layer = True   # recognized by keras_compat
@@ -125,14 +145,16 @@ class EmbeddingLayer(keras.layers.Layer):
     def __init__(self, feature_config, optimizer=None, batch_size=None,
                  sparse_core_embedding_config=None,
                  sparse_cores_per_replica=DEFAULT_SPARSE_CORES_PER_REPLICA,
-                 non_finite_gradients="error", adapt_sparse_core_limits=False, **kwargs):
+                 non_finite_gradients="error", adapt_sparse_core_limits=False,
+                 pipeline_execution_with_tensor_core=False, **kwargs):
         super().__init__(**kwargs)
         self._feature_config = feature_config
         self._embedding_kwargs = dict(
             optimizer=optimizer, sparse_core_embedding_config=sparse_core_embedding_config,
             sparse_cores_per_replica=sparse_cores_per_replica,
             non_finite_gradients=non_finite_gradients,
-            adapt_sparse_core_limits=adapt_sparse_core_limits)
+            adapt_sparse_core_limits=adapt_sparse_core_limits,
+            pipeline_execution_with_tensor_core=pipeline_execution_with_tensor_core)
         self.embedding = TPUEmbeddingV2(feature_config, **self._embedding_kwargs)
         self._num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
         # The scalar trainable variable that puts the tables' update on Keras's gradient path.
@@ -187,7 +209,8 @@ class EmbeddingLayer(keras.layers.Layer):
                 kwargs["sparse_core_embedding_config"]),
             sparse_cores_per_replica=kwargs["sparse_cores_per_replica"],
             non_finite_gradients=kwargs["non_finite_gradients"],
-            adapt_sparse_core_limits=kwargs["adapt_sparse_core_limits"])
+            adapt_sparse_core_limits=kwargs["adapt_sparse_core_limits"],
+            pipeline_execution_with_tensor_core=kwargs["pipeline_execution_with_tensor_core"])
         return config
 
     @classmethod
@@ -205,6 +228,11 @@ class EmbeddingLayer(keras.layers.Layer):
         self.built = True
 
     def compute_output_spec(self, features, weights=None, training=None):
+        if isinstance(features, PreprocessedFeatures):   # laid out already (preprocess checks)
+            shapes = self.embedding.per_replica_feature_shapes()
+            return nest.pack_sequence_as(self._feature_config, [
+                keras.KerasTensor(tuple(shape) + (config.table.dim,), dtype="float32")
+                for shape, config in zip(shapes, nest.flatten(self._feature_config))])
         if self._layout_revisable:
             # batch_size given: the (symbolic) inputs tell which features are dense [batch, n].
             shapes = []
@@ -258,7 +286,30 @@ class EmbeddingLayer(keras.layers.Layer):
         with tf.init_scope():
             self.embedding.build(output_shapes=nest.pack_sequence_as(self._feature_config, shapes))
 
+    def preprocess(self, features, weights=None):
+        """The host half of the lookup for one full per-replica batch, e.g. in `Dataset.map`.
+
+        Returns a `PreprocessedFeatures` to pass to the layer instead of the ids (see the module
+        docstring). The batch must have exactly the per-replica batch size the tables were laid
+        out for (no padding happens here), so the tables must be built: give `batch_size`.
+        """
+        if not self.embedding.built:
+            raise ValueError("preprocess needs the tables' layout: construct the layer with "
+                             "batch_size= (the global batch)")
+        flat = self.embedding.flatten_features(features, "features")
+        for path, feature, shape in zip(self.embedding.feature_paths, flat,
+                                        self.embedding.per_replica_feature_shapes()):
+            rows = _static_batch_size(feature)
+            if rows != shape[0]:
+                raise ValueError(
+                    f"feature '{path}': preprocess takes full per-replica batches of {shape[0]} "
+                    f"samples (static), got {rows}; batch the dataset with drop_remainder=True "
+                    "and, with several replicas, per replica")
+        return PreprocessedFeatures(self.embedding.enqueue(features, weights))
+
     def call(self, features, weights=None, training=None):
+        if isinstance(features, PreprocessedFeatures):
+            return self._call_preprocessed(features, weights, training)
         flat = self.embedding.flatten_features(features, "features")
         if _in_keras_symbolic_scope():
             return self._symbolic_outputs(flat)
@@ -283,6 +334,22 @@ class EmbeddingLayer(keras.layers.Layer):
             flat_activations = self._attach_update(flat_activations, preserved)
         flat_activations = [a[:size] if pad else a
                             for a, size, pad in zip(flat_activations, sizes, needs_slice)]
+        return nest.pack_sequence_as(self._feature_config, flat_activations)
+
+    def _call_preprocessed(self, preprocessed, weights, training):
+        """The lookup (and the update path) of a batch that `preprocess` prepared."""
+        if weights is not None:
+            raise ValueError("weights belong to preprocess(features, weights), not to the call "
+                             "with its result")
+        if _in_keras_symbolic_scope():
+            shapes = self.embedding.per_replica_feature_shapes()
+            return nest.pack_sequence_as(self._feature_config, [
+                tf.zeros(list(shape) + [config.table.dim])
+                for shape, config in zip(shapes, nest.flatten(self._feature_config))])
+        activations, preserved = self.embedding.dequeue(preprocessed.stacked_tables)
+        flat_activations = nest.flatten(activations)
+        if self.trainable and training is not False:
+            flat_activations = self._attach_update(flat_activations, preserved)
         return nest.pack_sequence_as(self._feature_config, flat_activations)
 
     def _symbolic_outputs(self, flat):

@@ -85,13 +85,28 @@ def test_two_replicas_fit(tmp_path):
     assert model.sparse.embedding._num_replicas == 2  # noqa: SLF001
 
 
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_preprocessing_in_tf_data_trains_the_same_model(tmp_path, replicas):
+    """The main job preprocesses in tf.data by default; the model is the one preprocessing in the
+    step would train (same held-out predictions, hence metrics)."""
+    argv = ["--steps", "30", "--batch-size", "512", "--replicas", str(replicas),
+            "--eval-samples", "4096", "--verbose", "0", "--no-export"]
+    strategy = (lambda: mirrored_strategy(2)) if replicas == 2 else (lambda: None)
+    ahead, _, _ = run(argv, tmp_path / "ahead", strategy=strategy())
+    in_step, _, _ = run(argv + ["--no-preprocess-in-data"], tmp_path / "step",
+                        strategy=strategy())
+    assert ahead["preprocess_in_data"] and not in_step["preprocess_in_data"]
+    assert ahead["auc"] == pytest.approx(in_step["auc"], abs=1e-6)
+    assert ahead["log_loss"] == pytest.approx(in_step["log_loss"], rel=1e-5)
+
+
 def test_help_lists_the_knobs(capsys):
     with pytest.raises(SystemExit) as exit_info:
         dlrm.parse_args(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     for flag in ("--steps", "--batch-size", "--embedding-dim", "--optimizer", "--replicas",
-                 "--output-dir"):
+                 "--output-dir", "--preprocess-in-data", "--pipelining"):
         assert flag in text
     with pytest.raises(SystemExit):
         dlrm.parse_args(["--batch-size", "1001"])
