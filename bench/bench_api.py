@@ -1,24 +1,45 @@
-"""Mid-level API benchmark: a full training step through `TPUEmbeddingV2` (enqueue + lookup +
-a small dense loss + fused Adagrad) on the Criteo-like workload, against a TensorFlow user's step
-(`tf.nn.embedding_lookup_sparse` + `tf.compat.v1.train.AdagradOptimizer`), in the same run; then
-the step time as the largest table grows from 10^4 to 10^7 rows at a fixed batch.
+"""Mid-level API benchmark (issue 8, item 3): what a user meets through `TPUEmbeddingV2`, phase by
+phase, against a TensorFlow user's training step on the same batches in the same rounds, at several
+vocabulary caps; then the step time as the largest table grows from 10^4 to 10^7 rows.
 
-Usage: python bench/bench_api.py [--batch 4096] [--dim 32] [--threads 2] [--iterations 10]
+Workload: the Criteo-like batches (26 features, one table each, vocabularies capped at --caps,
+dim 32, batch 4096, weighted ragged ids, combiner sum), 1 replica, --threads threads. Every
+function takes its batch with `next(iterator)` inside (the recommended way to feed a step; passing
+52 ragged tensors as arguments costs TensorFlow ~3 ms per call before any op runs, see
+BENCHMARKS.md "Class overhead"), from a repeating pool of --batches distinct batches, so both sides
+read the same batches and neither reuses one cache-hot batch.
+
+Phases, each in its own `tf.function`:
+  enqueue                 `embedding.enqueue(ids, weights)` (host preprocessing, all tables)
+  embedding_lookup        enqueue + dequeue
+  step, fused Adagrad     enqueue + lookup + a dense logistic loss + `apply_gradients`
+  step, fused SGD         the same with an SGD-trained embedding
+  TF step                 `tf.nn.embedding_lookup_sparse` per table + the same loss +
+                          `tf.compat.v1.train.AdagradOptimizer` (sparse apply)
+Every round calls every function once in turn (shared load hits all alike). Reported: the median
+wall time and the median CPU time of the process (all threads) per call, and TF step / our
+Adagrad step from the wall medians.
+
+Usage: python bench/bench_api.py [--caps 1000000,4000000] [--rounds 40] [--threads 2]
+       [--scaling-sizes 10000,...] [--skip-scaling]
 """
 import argparse
 import os
+import statistics
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np
-import tensorflow as tf
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import time_per_call  # noqa: E402
 
 import tf_sc_embedding as sce  # noqa: E402
 from tf_sc_embedding.data import CriteoLikeWorkload  # noqa: E402
+from tf_sc_embedding.data.criteo_like import CRITEO_LIKE_VOCABULARY_SIZES  # noqa: E402
 
 LEARNING_RATE = 0.05
 E = tf.tpu.experimental.embedding
@@ -29,18 +50,43 @@ def parse_args():
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--batches", type=int, default=4, help="distinct batches in the pool")
+    parser.add_argument("--caps", default="1000000,4000000",
+                        help="vocabulary caps (rows) of the phase comparison")
+    parser.add_argument("--combiner", default="sum")
     parser.add_argument("--scaling-sizes", default="10000,100000,1000000,10000000")
-    parser.add_argument("--skip-comparison", action="store_true")
+    parser.add_argument("--skip-scaling", action="store_true")
     return parser.parse_args()
 
 
-def ragged_features(batch):
-    ids = {f"f{i}": tf.RaggedTensor.from_row_splits(i_, s) for i, (i_, s) in
-           enumerate(zip(batch.ids, batch.row_splits))}
-    weights = {f"f{i}": tf.RaggedTensor.from_row_splits(w, s) for i, (w, s) in
-               enumerate(zip(batch.weights, batch.row_splits))}
-    return ids, weights
+def capped_vocabulary(cap):
+    return [min(v, cap) for v in CRITEO_LIKE_VOCABULARY_SIZES]
+
+
+def batch_pool(vocab, batch, count, seed=0):
+    """`count` distinct batches as {"ids", "weights"} dicts of ragged tensors, and labels."""
+    workload = CriteoLikeWorkload(vocabulary_sizes=vocab, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    pool = []
+    for index in range(count):
+        b = workload.batch(batch, index=index)
+        ids = {f"f{i}": tf.RaggedTensor.from_row_splits(v, s)
+               for i, (v, s) in enumerate(zip(b.ids, b.row_splits))}
+        weights = {f"f{i}": tf.RaggedTensor.from_row_splits(w, s)
+                   for i, (w, s) in enumerate(zip(b.weights, b.row_splits))}
+        labels = tf.constant((rng.random(batch) < 0.3).astype(np.float32))
+        pool.append((ids, weights, labels))
+    return pool
+
+
+def iterator_over(pool, convert=None):
+    """An endless iterator over the pool (elements converted once, up front)."""
+    elements = [convert(*e) if convert else e for e in pool]
+    dataset = tf.data.Dataset.from_tensors(elements[0])
+    for element in elements[1:]:
+        dataset = dataset.concatenate(tf.data.Dataset.from_tensors(element))
+    return iter(dataset.repeat())
 
 
 def dense_head(num_features, dim):
@@ -48,86 +94,149 @@ def dense_head(num_features, dim):
     return tf.constant(rng.normal(0, 0.1, size=(num_features * dim, 1)).astype(np.float32))
 
 
-def our_step_fn(vocab, dim, batch):
-    tables = [E.TableConfig(vocabulary_size=v, dim=dim, name=f"t{i}", combiner="mean",
+def logistic_loss(activations, head, labels):
+    logits = tf.matmul(tf.concat(activations, 1), head)[:, 0]
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
+
+
+def our_functions(vocab, dim, batch, combiner, optimizer, pool, phases=True):
+    """{phase name: no-argument callable} through TPUEmbeddingV2 with one fused optimizer."""
+    tables = [E.TableConfig(vocabulary_size=v, dim=dim, name=f"t{i}", combiner=combiner,
                             initializer=tf.initializers.RandomUniform(-0.05, 0.05, seed=i))
               for i, v in enumerate(vocab)]
     features = {f"f{i}": E.FeatureConfig(table=t) for i, t in enumerate(tables)}
-    embedding = sce.TPUEmbeddingV2(features, E.Adagrad(learning_rate=LEARNING_RATE))
+    embedding = sce.TPUEmbeddingV2(features, optimizer)
     embedding.build(per_replica_batch_size=batch)
     head = dense_head(len(vocab), dim)
+    names = [f"f{i}" for i in range(len(vocab))]
 
     @tf.function
-    def step(ids, weights, labels):
+    def enqueue(iterator):
+        ids, weights, _ = next(iterator)
+        return embedding.enqueue(ids, weights)
+
+    @tf.function
+    def lookup(iterator):
+        ids, weights, _ = next(iterator)
+        return embedding.embedding_lookup(ids, weights)[0]
+
+    @tf.function
+    def step(iterator):
+        ids, weights, labels = next(iterator)
         activations, preserved = embedding.embedding_lookup(ids, weights)
         with tf.GradientTape() as tape:
             tape.watch(activations)
-            logits = tf.matmul(tf.concat([activations[f"f{i}"] for i in range(len(vocab))], 1),
-                               head)[:, 0]
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
+            loss = logistic_loss([activations[n] for n in names], head, labels)
         embedding.apply_gradients(tape.gradient(loss, activations), preserved)
         return loss
-    return step
+
+    result = {}
+    if phases:
+        for name, fn in (("enqueue", enqueue), ("embedding_lookup", lookup)):
+            it = iterator_over(pool)
+            result[name] = lambda fn=fn, it=it: fn(it)   # returns once its ops have run
+    it = iterator_over(pool)
+    result["step"] = lambda: step(it).numpy()
+    return result
 
 
-def tensorflow_step_fn(vocab, dim):
-    tables = [tf.Variable(tf.random.uniform([v, dim], -0.05, 0.05, seed=i)) for i, v in
-              enumerate(vocab)]
+def tensorflow_step(vocab, dim, combiner, pool):
+    """The TensorFlow user's step: embedding_lookup_sparse + tf.compat.v1 Adagrad."""
+    tables = [tf.Variable(tf.random.uniform([v, dim], -0.05, 0.05, seed=i))
+              for i, v in enumerate(vocab)]
     optimizer = tf.compat.v1.train.AdagradOptimizer(LEARNING_RATE, initial_accumulator_value=0.1)
     head = dense_head(len(vocab), dim)
+    names = [f"f{i}" for i in range(len(vocab))]
+
+    def to_sparse(ids, weights, labels):
+        return ({n: ids[n].to_sparse() for n in names},
+                {n: weights[n].to_sparse() for n in names}, labels)
 
     @tf.function
-    def step(sparse_ids, sparse_weights, labels):
+    def step(iterator):
+        sparse_ids, sparse_weights, labels = next(iterator)
         with tf.GradientTape() as tape:
-            activations = [tf.nn.embedding_lookup_sparse(t, i, w, combiner="mean")
-                           for t, i, w in zip(tables, sparse_ids, sparse_weights)]
-            logits = tf.matmul(tf.concat(activations, 1), head)[:, 0]
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
+            activations = [tf.nn.embedding_lookup_sparse(t, sparse_ids[n], sparse_weights[n],
+                                                         combiner=combiner)
+                           for t, n in zip(tables, names)]
+            loss = logistic_loss(activations, head, labels)
         optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
         return loss
-    return step
+
+    it = iterator_over(pool, to_sparse)
+    return lambda: step(it).numpy()
+
+
+def interleaved(functions, rounds, warmup=2):
+    """{name: (median wall ms, median CPU ms)}, every round calling every function in turn."""
+    for fn in functions.values():
+        for _ in range(warmup):
+            fn()
+    wall = {name: [] for name in functions}
+    cpu = {name: [] for name in functions}
+    for _ in range(rounds):
+        for name, fn in functions.items():
+            w, c = time.perf_counter(), time.process_time()
+            fn()
+            wall[name].append((time.perf_counter() - w) * 1e3)
+            cpu[name].append((time.process_time() - c) * 1e3)
+    return {name: (statistics.median(wall[name]), statistics.median(cpu[name]))
+            for name in functions}
+
+
+def compare_at_cap(cap, args):
+    vocab = capped_vocabulary(cap)
+    pool = batch_pool(vocab, args.batch, args.batches)
+    functions = {}
+    adagrad = our_functions(vocab, args.dim, args.batch, args.combiner,
+                            E.Adagrad(learning_rate=LEARNING_RATE), pool)
+    functions["enqueue"] = adagrad["enqueue"]
+    functions["embedding_lookup (enqueue + lookup)"] = adagrad["embedding_lookup"]
+    functions["step, fused Adagrad"] = adagrad["step"]
+    functions["step, fused SGD"] = our_functions(
+        vocab, args.dim, args.batch, args.combiner, E.SGD(learning_rate=LEARNING_RATE), pool,
+        phases=False)["step"]
+    functions["TF step (embedding_lookup_sparse + tf.compat.v1 Adagrad)"] = tensorflow_step(
+        vocab, args.dim, args.combiner, pool)
+    medians = interleaved(functions, args.rounds)
+    print(f"\n### Vocabularies capped at {cap:,} rows ({sum(vocab):,} rows), batch {args.batch}, "
+          f"dim {args.dim}, combiner {args.combiner}, {args.threads} threads, median of "
+          f"{args.rounds} rounds\n")
+    print("| phase | wall ms | CPU ms |\n|---|---:|---:|")
+    for name, (wall, cpu) in medians.items():
+        print(f"| {name} | {wall:.1f} | {cpu:.1f} |")
+    ours = medians["step, fused Adagrad"]
+    theirs = medians["TF step (embedding_lookup_sparse + tf.compat.v1 Adagrad)"]
+    print(f"\nTF step / our Adagrad step: {theirs[0] / ours[0]:.2f}x (wall), "
+          f"{theirs[1] / ours[1]:.2f}x (CPU)")
+
+
+def scaling(args):
+    print("\n### Step time as the largest table grows (25 tables capped at 10^4 rows, batch "
+          f"{args.batch})\n")
+    print("| largest table rows | ms per step | vs. smallest |\n|---|---:|---:|")
+    first = None
+    for size in (int(s) for s in args.scaling_sizes.split(",")):
+        vocab = capped_vocabulary(10_000)
+        vocab[2] = size
+        pool = batch_pool(vocab, args.batch, args.batches)
+        step = our_functions(vocab, args.dim, args.batch, args.combiner,
+                             E.Adagrad(learning_rate=LEARNING_RATE), pool, phases=False)["step"]
+        t = time_per_call(step, args.rounds)
+        first = first or t
+        print(f"| {size:,} | {t:.1f} | {t / first:.2f}x |")
 
 
 def main():
     args = parse_args()
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    labels = tf.constant((np.random.default_rng(1).random(args.batch) < 0.3).astype(np.float32))
-
-    print("\n### Full training step, Criteo-like workload (26 tables, 18.8M rows)\n")
-    workload = CriteoLikeWorkload()
-    vocab = list(workload.vocabulary_sizes)
-    ids, weights = ragged_features(workload.batch(args.batch))
-    ours = our_step_fn(vocab, args.dim, args.batch)
-    t_ours = time_per_call(lambda: ours(ids, weights, labels).numpy(), args.iterations)
-    del ours
-    print("| step | ms per batch | vs. tf_sc_embedding |\n|---|---:|---:|")
-    print(f"| tf_sc_embedding TPUEmbeddingV2 (enqueue + lookup + loss + fused Adagrad) | "
-          f"{t_ours:.1f} | |")
-    if not args.skip_comparison:
-        sparse_ids = [ids[f"f{i}"].to_sparse() for i in range(len(vocab))]
-        sparse_weights = [weights[f"f{i}"].to_sparse() for i in range(len(vocab))]
-        theirs = tensorflow_step_fn(vocab, args.dim)
-        t_tf = time_per_call(lambda: theirs(sparse_ids, sparse_weights, labels).numpy(),
-                             args.iterations)
-        del theirs
-        print(f"| TF embedding_lookup_sparse + tf.compat.v1 AdagradOptimizer | {t_tf:.1f} | "
-              f"{t_tf / t_ours:.1f}x |")
-
-    print("\n### Step time as the largest table grows (25 tables capped at 10^4 rows, batch "
-          f"{args.batch})\n")
-    print("| largest table rows | ms per step | vs. smallest |\n|---|---:|---:|")
-    first = None
-    for size in (int(s) for s in args.scaling_sizes.split(",")):
-        vocab = [min(v, 10_000) for v in CriteoLikeWorkload.__init__.__defaults__[0]]
-        vocab[2] = size
-        workload = CriteoLikeWorkload(vocabulary_sizes=vocab)
-        ids, weights = ragged_features(workload.batch(args.batch))
-        step = our_step_fn(vocab, args.dim, args.batch)
-        t = time_per_call(lambda: step(ids, weights, labels).numpy(), args.iterations)
-        first = first or t
-        print(f"| {size:,} | {t:.1f} | {t / first:.2f}x |")
-        del step
+    print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    for cap in (int(c) for c in args.caps.split(",")):
+        compare_at_cap(cap, args)
+    if not args.skip_scaling:
+        scaling(args)
+    print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
