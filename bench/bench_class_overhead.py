@@ -43,6 +43,12 @@ from tf_sc_embedding.data import CriteoLikeWorkload  # noqa: E402
 E = tf.tpu.experimental.embedding
 
 
+# The class's phases, taking the batch as arguments or with next(iterator) inside.
+ARGUMENT_FED = {"enqueue": "class enqueue", "lookup": "class lookup (enqueue + dequeue)",
+                "step": "class step (lookup + apply_gradients)"}
+ITERATOR_FED = {phase: f"class {phase}, next(iterator)" for phase in ARGUMENT_FED}
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=4096)
@@ -211,12 +217,12 @@ def main():
 
     functions = {
         "tf.function call with the class's ragged inputs, no ops": lambda: call_only(ids, weights),
-        "class enqueue": lambda: enqueue(ids, weights),
-        "class lookup (enqueue + dequeue)": lambda: lookup(ids, weights),
-        "class step (lookup + apply_gradients)": lambda: step(ids, weights, gradients),
-        "class enqueue, next(iterator)": lambda: fed[0](iterator),
-        "class lookup, next(iterator)": lambda: fed[1](iterator),
-        "class step, next(iterator)": lambda: fed[2](iterator),
+        ARGUMENT_FED["enqueue"]: lambda: enqueue(ids, weights),
+        ARGUMENT_FED["lookup"]: lambda: lookup(ids, weights),
+        ARGUMENT_FED["step"]: lambda: step(ids, weights, gradients),
+        ITERATOR_FED["enqueue"]: lambda: fed[0](iterator),
+        ITERATOR_FED["lookup"]: lambda: fed[1](iterator),
+        ITERATOR_FED["step"]: lambda: fed[2](iterator),
     }
     if args.op_counts:
         for name, concrete in (("enqueue", enqueue.get_concrete_function(ids, weights)),
@@ -275,19 +281,13 @@ def main():
         print("\nThe class against its own kernels (stacked tables, inputs computed beforehand; "
               f"the class's times include {call:.1f} ms of calling a tf.function with 52 ragged "
               "tensors, the kernels' do not):")
-        print("\n| phase | class ms | its kernels ms | class / kernels |\n|---|---:|---:|---:|")
-        for label, ours, theirs in (
-                ("enqueue", medians["class enqueue"], k_pre),
-                ("lookup", medians["class lookup (enqueue + dequeue)"], k_pre + k_fwd),
-                ("step", medians["class step (lookup + apply_gradients)"], k_pre + k_upd)):
-            print(f"| {label} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f} |")
-        print("\nThe class fed with next(iterator) against its own kernels:")
-        print("\n| phase | class ms | its kernels ms | class / kernels |\n|---|---:|---:|---:|")
-        for label, ours, theirs in (
-                ("enqueue", medians["class enqueue, next(iterator)"], k_pre),
-                ("lookup", medians["class lookup, next(iterator)"], k_pre + k_fwd),
-                ("step", medians["class step, next(iterator)"], k_pre + k_upd)):
-            print(f"| {label} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f} |")
+        kernels_ms = {"enqueue": k_pre, "lookup": k_pre + k_fwd, "step": k_pre + k_upd}
+        for feed, names in (("arguments", ARGUMENT_FED), ("next(iterator)", ITERATOR_FED)):
+            print(f"\nThe class fed with {feed}:\n\n"
+                  "| phase | class ms | its kernels ms | class / kernels |\n|---|---:|---:|---:|")
+            for phase, theirs in kernels_ms.items():
+                ours = medians[names[phase]]
+                print(f"| {phase} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f} |")
     if not args.skip_ops:
         print("\nThe class against the per-table op pipeline of bench_ops.py:")
         pre = medians["ops preprocessing (COO -> splits -> CSR)"]
@@ -295,11 +295,11 @@ def main():
         upd = medians["ops forward + fused Adagrad"]
         print("\n| phase | class ms | sum of the ops ms | class / ops |\n|---|---:|---:|---:|")
         for label, ours, theirs in (
-                ("enqueue vs preprocessing", medians["class enqueue"], pre),
+                ("enqueue vs preprocessing", medians[ARGUMENT_FED["enqueue"]], pre),
                 ("lookup vs preprocessing + forward",
-                 medians["class lookup (enqueue + dequeue)"], pre + fwd),
+                 medians[ARGUMENT_FED["lookup"]], pre + fwd),
                 ("step vs preprocessing + forward + Adagrad",
-                 medians["class step (lookup + apply_gradients)"], pre + upd)):
+                 medians[ARGUMENT_FED["step"]], pre + upd)):
             print(f"| {label} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f} |")
     if args.trace:
         tf.profiler.experimental.start(args.trace)
