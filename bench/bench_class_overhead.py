@@ -114,7 +114,8 @@ class ClassKernelsAlone:
 
     def __init__(self, embedding, flat_ids, flat_weights, gradients):
         from tf_sc_embedding import collectives, enqueue as enqueue_lib  # noqa: PLC0415
-        from tf_sc_embedding import sharded_lookup  # noqa: PLC0415
+        from tf_sc_embedding import fused_update, sharded_lookup  # noqa: PLC0415
+        self.fused_update = fused_update
         self.embedding = embedding
         plan = embedding._plan  # noqa: SLF001
         self.layout = plan.sharded
@@ -161,7 +162,7 @@ class ClassKernelsAlone:
         return activations, csrs
 
     def _variables(self, view):
-        return self.embedding._local_variables(view, self.layout)  # noqa: SLF001
+        return self.embedding._local_variables(view.replica_id, self.layout)  # noqa: SLF001
 
     @tf.function
     def forward(self):
@@ -177,9 +178,11 @@ class ClassKernelsAlone:
         activations, csrs = self._lookup(view, variables)
         with tf.control_dependencies(activations):
             for name, stacked in self.layout.stacked_tables.items():
-                self.sharded_lookup.apply_update(view, self.layout, stacked, csrs[name],
-                                                 self.stacked_gradients[name],
-                                                 *variables[name])
+                target = self.fused_update.UpdateTarget(
+                    stacked, self.sharded_lookup.shard_arguments(self.layout, view.replica_id),
+                    *variables[name], True)
+                self.fused_update.run(target, self.sharded_lookup.update_inputs(
+                    view, csrs[name], self.stacked_gradients[name]))
         return activations
 
 

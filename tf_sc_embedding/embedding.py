@@ -16,7 +16,9 @@ import tensorflow as tf
 from tf_sc_embedding import checkpointing
 from tf_sc_embedding import collectives
 from tf_sc_embedding import enqueue as enqueue_lib
+from tf_sc_embedding import fused_update
 from tf_sc_embedding import online_limits as online_limits_lib
+from tf_sc_embedding import pipelining
 from tf_sc_embedding import private_tf
 from tf_sc_embedding import stats as stats_lib
 from tf_sc_embedding import exchange as all_to_all_exchange
@@ -56,6 +58,11 @@ def _has_distributed_values(*structures):
 
 class TPUEmbeddingV2(tf.Module):
     """Sharded embedding tables with fused optimizers; see the module docstring.
+
+    pipeline_execution_with_tensor_core: TensorFlow's meaning on CPU (docs/pipelining.md): each
+      step's fused update runs during the next step, after that step's lookup, overlapping its
+      dense work; activations are one update stale. Sequential while summaries are recorded.
+      `apply_pending_gradients` applies the last kept update; reads of the tables do it first.
 
     Extra constructor arguments (not in TensorFlow's signature):
       sparse_cores_per_replica: SparseCores per replica (the shards of every table per replica).
@@ -110,7 +117,8 @@ class TPUEmbeddingV2(tf.Module):
             raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
         self._feature_config = feature_config
         self._optimizer = optimizer
-        self._pipelining = pipeline_execution_with_tensor_core
+        self._pipelining = bool(pipeline_execution_with_tensor_core)
+        self._stash = None
         self._sparse_core_config = sparse_core_embedding_config
         self._sparse_cores = sparse_cores_per_replica
         self._strategy = tf.distribute.get_strategy()
@@ -183,6 +191,9 @@ class TPUEmbeddingV2(tf.Module):
             self._group.create_variables()
             self._storage = storage
             self._plan = plan
+            if self._pipelining:
+                self._stash = pipelining.UpdateStash(self._update_targets(
+                    self._group.local_replica_ids[0]), self._group)
             if self._track_stats and plan.sharded is not None:
                 self._stats = stats_lib.RunningStats(plan.sharded)
                 if self._adapt_limits:
@@ -276,6 +287,7 @@ class TPUEmbeddingV2(tf.Module):
         With several worker processes this is a collective read: call it on every worker.
         """
         self._require_built("embedding_tables")
+        self.apply_pending_gradients()
         return {self._storage.placement(name).config: self._storage.read_logical(name, PARAMETERS)
                 for name in self._logical_nodes}
 
@@ -290,6 +302,7 @@ class TPUEmbeddingV2(tf.Module):
     def logical_slot(self, table_config, slot_name):
         """One optimizer slot of one user table, in the logical [vocabulary_size, dim] view."""
         self._require_built("logical_slot")
+        self.apply_pending_gradients()
         for name in self._logical_nodes:
             if self._storage.placement(name).config is table_config:
                 return self._storage.read_logical(name, slot_name)
@@ -315,6 +328,7 @@ class TPUEmbeddingV2(tf.Module):
     def read_logical(self, table_name, kind=PARAMETERS):
         """The logical value of one table's parameters or slot (numpy; a tensor in graphs)."""
         self._require_built("read_logical")
+        self.apply_pending_gradients()
         if tf.executing_eagerly():
             return self._storage.read_logical(table_name, kind)
         return self._storage.read_logical_tf(table_name, kind)
@@ -331,6 +345,8 @@ class TPUEmbeddingV2(tf.Module):
                     self._pending_restore.setdefault(name, {}).update(kinds)
                 return
         with tf.init_scope():
+            if self._stash is not None:   # a kept update belongs to the tables being replaced
+                self._stash.discard()
             for name, kinds in values.items():
                 for kind, value in kinds.items():
                     self._storage.write_logical(name, kind, value)
@@ -526,10 +542,10 @@ class TPUEmbeddingV2(tf.Module):
         variables = self._storage.stacked_variables()
         return {name: variables[name][PARAMETERS].shard(view.replica_id) for name in variables}
 
-    def _local_variables(self, view, layout):
+    def _local_variables(self, replica_id, layout):
         variables = self._storage.stacked_variables()
-        return {name: (variables[name][PARAMETERS].shard(view.replica_id),
-                       [variables[name][s].shard(view.replica_id)
+        return {name: (variables[name][PARAMETERS].shard(replica_id),
+                       [variables[name][s].shard(replica_id)
                         for s in stacked.optimizer.slot_names])
                 for name, stacked in layout.stacked_tables.items()}
 
@@ -589,43 +605,118 @@ class TPUEmbeddingV2(tf.Module):
 
         view = collectives.ReplicaView(self._group)
         self._check_preserved(preserved_outputs)
-        sharded, replicated = self._plan.sharded, self._plan.replicated
+        targets = self._update_targets(view.replica_id)
+        mode = self._non_finite_gradients
+        skipped = []
         # No table is updated before every table's inputs passed validation: a bad id in one
         # feature must leave all tables unchanged, not only the table it belongs to.
-        validated = [t for t in tf.nest.flatten(preserved_outputs) if isinstance(t, tf.Tensor)]
-        mode = self._non_finite_gradients
-        if mode == "error":
-            grads = self._require_finite(view, flat, grads)
-        updates, skipped = [], []
-        with tf.control_dependencies(validated):
-            if sharded is not None and self._exchange == "all_to_all":
-                results = all_to_all_exchange.apply_gradients(
-                    view, sharded, preserved_outputs.sharded, grads,
-                    self._local_variables(view, sharded), mode)
-                updates += results
-                skipped += results
-            elif sharded is not None:
-                local = self._local_variables(view, sharded)
-                results = [all_gather_exchange.apply_update(
-                    view, sharded, stacked, preserved_outputs.sharded[name], grads[name],
-                    *local[name], non_finite_gradients=mode)
-                    for name, stacked in sharded.stacked_tables.items()]
-                updates += results
-                skipped += results
-            if replicated is not None:
-                local_rows = all_to_all_exchange.exchange_gradients(
-                    collectives.LocalView(), replicated, preserved_outputs.replicated, grads)
-                merged = all_to_all_exchange.sparse_allreduce(view, replicated, local_rows)
-                results = all_to_all_exchange.update_owned_rows(
-                    replicated, 0, merged, self._local_variables(view, replicated), mode)
-                updates += results
-                if view.replica_id == 0:   # every replica skips the same rows: count them once
-                    skipped += results
+        before = [t for t in tf.nest.flatten(preserved_outputs) if isinstance(t, tf.Tensor)]
+        if self._pipelining:
+            # The previous step's update, after this step's lookup (program order on the table
+            # variables) and independent of this step's gradients: it overlaps the dense work.
+            # This step's checks wait for it, so a failing step never cancels it half-way.
+            skipped.append(self._stash.apply_pending(view.replica_id, targets, mode))
+            before.append(skipped[-1])
+        keys = list(targets)
+
+        def run_now():
+            results = [fused_update.run(targets[k], inputs[k], mode) for k in keys]
+            if mode == "skip":
+                return fused_update.skipped_rows([targets[k] for k in keys], results)
+            with tf.control_dependencies(results):
+                return tf.constant(0, tf.int64)
+
+        def keep():
+            with tf.control_dependencies([self._stash.keep(view.replica_id, inputs)]):
+                return tf.constant(0, tf.int64)
+
+        with tf.control_dependencies(before):
+            if mode == "error":
+                grads = self._require_finite(view, flat, grads)
+            inputs = self._update_inputs(view, preserved_outputs, grads)
+            recording = pipelining.summaries_recording() if self._pipelining else True
+            if recording is True:      # sequential (also while summaries are recorded)
+                skipped.append(run_now())
+            elif recording is False:
+                skipped.append(keep())
+            else:
+                skipped.append(tf.cond(recording, run_now, keep))
+        updates = list(skipped)
         if mode == "skip":
             counter = self._group.counter(view.replica_id, collectives.SKIPPED_GRADIENT_ROWS)
-            total = tf.add_n([tf.cast(n, tf.int64) for n in skipped]) if skipped else 0
-            updates.append(counter.assign_add(total))
+            updates.append(counter.assign_add(tf.add_n(skipped)))
         return updates
+
+    def apply_pending_gradients(self):
+        """Applies the update a pipelined step kept for the next step (docs/pipelining.md).
+
+        Needed before evaluating or reading the tables after the last pipelined step; the
+        embedding's reads (logical tables, checkpoints, serving export) call it themselves. No
+        collective is involved, so each process may call it on its own, eagerly or in a
+        `tf.function`: outside `strategy.run` for every local replica, inside it for the calling
+        replica. Without pipelining it does nothing.
+        """
+        if self._stash is None:
+            return []
+        results = []
+        mode = self._non_finite_gradients
+        replicas = zip(self._group.local_replica_ids, self._group.local_devices)
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync > 1:
+            replica_id = collectives.ReplicaView(self._group).replica_id
+            replicas = [(replica_id, self._group.device_of(replica_id))]
+        for replica_id, device in replicas:
+            with tf.device(device):
+                skipped = self._stash.apply_pending(replica_id, self._update_targets(replica_id),
+                                                    mode)
+                if mode == "skip":
+                    counter = self._group.counter(replica_id, collectives.SKIPPED_GRADIENT_ROWS)
+                    skipped = counter.assign_add(skipped)
+                results.append(skipped)
+        return results
+
+    def _update_targets(self, replica_id):
+        """{(part, stacked name): fused_update.UpdateTarget} of one replica's updates per step."""
+        targets = {}
+        sharded, replicated = self._plan.sharded, self._plan.replicated
+        if sharded is not None:
+            arguments = (all_to_all_exchange.owned_rows_arguments(sharded, replica_id)
+                         if self._exchange == "all_to_all"
+                         else all_gather_exchange.shard_arguments(sharded, replica_id))
+            for name, (parameters, slots) in self._local_variables(replica_id, sharded).items():
+                targets[(SHARDED, name)] = fused_update.UpdateTarget(
+                    sharded.stacked_tables[name], arguments, parameters, slots, True)
+        if replicated is not None:   # whole tables: every replica updates them alike
+            arguments = all_to_all_exchange.owned_rows_arguments(replicated, 0)
+            for name, (parameters, slots) in self._local_variables(replica_id,
+                                                                   replicated).items():
+                targets[(REPLICATED, name)] = fused_update.UpdateTarget(
+                    replicated.stacked_tables[name], arguments, parameters, slots,
+                    replica_id == 0)
+        return targets
+
+    def _update_inputs(self, view, preserved, grads):
+        """{(part, stacked name): fused_update.UpdateInputs} of this step (exchanges included)."""
+        inputs = {}
+        sharded, replicated = self._plan.sharded, self._plan.replicated
+        if sharded is not None and self._exchange == "all_to_all":
+            received = all_to_all_exchange.exchange_gradients(view, sharded, preserved.sharded,
+                                                              grads)
+            for name, value in all_to_all_exchange.owned_rows_inputs(
+                    sharded, view.replica_id, received).items():
+                inputs[(SHARDED, name)] = value
+        elif sharded is not None:
+            for name in sharded.stacked_tables:
+                inputs[(SHARDED, name)] = all_gather_exchange.update_inputs(
+                    view, preserved.sharded[name], grads[name])
+        if replicated is not None:
+            local_rows = all_to_all_exchange.exchange_gradients(
+                collectives.LocalView(), replicated, preserved.replicated, grads)
+            merged = all_to_all_exchange.sparse_allreduce(view, replicated, local_rows)
+            for name, value in all_to_all_exchange.owned_rows_inputs(replicated, 0,
+                                                                     merged).items():
+                inputs[(REPLICATED, name)] = value
+        return inputs
 
     def _require_finite(self, view, flat_gradients, stacked_gradients):
         """The all-or-nothing check of docs/optimizers.md#non-finite-gradients.

@@ -23,6 +23,8 @@ import collections
 
 import tensorflow as tf
 
+from tf_sc_embedding import fused_update
+
 _PAD = 2 ** 31 - 1
 _XLA_PAD = 8
 
@@ -207,46 +209,31 @@ def exchange_gradients(view, layout, preserved, gradients):
     return {table.name: (tables[table.name].received_rows, received[i])
             for i, table in enumerate(stacked)}
 
-def update_owned_rows(layout, replica_id, rows_and_gradients, variables,
-                      non_finite_gradients="error"):
-    """The fused optimizer update of rows of this replica's variables (duplicates are summed).
+def owned_rows_arguments(layout, replica_id):
+    """The static shard attributes of the update of rows a replica owns (one source replica)."""
+    S = layout.sparse_cores_per_replica
+    return dict(num_sparsecores_per_device=S, num_replica=layout.num_replicas,
+                num_source_replicas=1, first_local_shard=replica_id * S, num_local_shards=S)
 
-    rows_and_gradients: {stacked name: (rows, [n, padded_width] gradients)}; variables:
-    {stacked name: (parameter variable, [slot variables in the optimizer's order])}.
-    Returns one value per stacked table: with non_finite_gradients="skip", the number of rows
-    left unchanged because their gradient was not finite; else the update op.
+
+def owned_rows_inputs(layout, replica_id, rows_and_gradients):
+    """The fused update's inputs for rows of this replica's variables (duplicates are summed).
+
+    rows_and_gradients: {stacked name: (rows, [n, padded_width] gradients)}. Returns {stacked
+    name: fused_update.UpdateInputs} (the target's arguments are `owned_rows_arguments`).
     """
     W = layout.num_replicas
     S = layout.sparse_cores_per_replica
-    updates = []
+    inputs = {}
     for table in layout.stacked_tables.values():
         rows, grads = rows_and_gradients[table.name]
         pointers, samples, tokens, gains, order, activation_rows = _owner_csr(
             rows, table.rows_per_shard, S, W, replica_id)
         grads = tf.gather(grads, order)
         grads = tf.pad(grads, [[0, activation_rows - tf.shape(grads)[0]], [0, 0]])
-        parameters, slots = variables[table.name]
-        updates.append(table.optimizer.apply(
-            row_pointers=pointers, sorted_sample_ids=samples, sorted_token_ids=tokens,
-            sorted_gains=gains, activation_gradients=grads, embedding_table=parameters,
-            num_minibatches_per_physical_sparse_core=tf.constant(1), table_name=table.name,
-            num_sparsecores_per_device=S, num_replica=W, num_source_replicas=1,
-            first_local_shard=replica_id * S, num_local_shards=S,
-            non_finite_gradients=non_finite_gradients,
-            return_num_skipped_rows=non_finite_gradients == "skip",
-            **dict(zip(table.optimizer.slot_inputs, slots))))
-    return updates
-
-
-def apply_gradients(view, layout, preserved, gradients, variables, non_finite_gradients="error"):
-    """Fused optimizer update of the rows this replica owns, from every replica's gradients.
-
-    gradients: {stacked name: [B_stk, padded_width]}; variables: {stacked name: (parameter
-    variable, [slot variables in the optimizer's order])} of this replica. Returns what
-    update_owned_rows returns.
-    """
-    received = exchange_gradients(view, layout, preserved, gradients)
-    return update_owned_rows(layout, view.replica_id, received, variables, non_finite_gradients)
+        inputs[table.name] = fused_update.UpdateInputs(pointers, samples, tokens, gains, grads,
+                                                       tf.constant(1))
+    return inputs
 
 
 def sparse_allreduce(view, layout, rows_and_gradients):

@@ -327,6 +327,7 @@ class EmbeddingLayer(keras.layers.Layer):
             flat_weights = [w if w is None or not pad else _pad_to(w, n)
                             for w, n, pad in zip(flat_weights, rows, needs_slice)]
             flat_weights = nest.pack_sequence_as(self._feature_config, flat_weights)
+        self._drain_pipeline(training)
         activations, preserved = self.embedding(
             nest.pack_sequence_as(self._feature_config, padded), flat_weights)
         flat_activations = nest.flatten(activations)
@@ -346,11 +347,19 @@ class EmbeddingLayer(keras.layers.Layer):
             return nest.pack_sequence_as(self._feature_config, [
                 tf.zeros(list(shape) + [config.table.dim])
                 for shape, config in zip(shapes, nest.flatten(self._feature_config))])
+        self._drain_pipeline(training)
         activations, preserved = self.embedding.dequeue(preprocessed.stacked_tables)
         flat_activations = nest.flatten(activations)
         if self.trainable and training is not False:
             flat_activations = self._attach_update(flat_activations, preserved)
         return nest.pack_sequence_as(self._feature_config, flat_activations)
+
+    def _drain_pipeline(self, training):
+        """With pipelining, an inference call (predict, evaluate) first applies the update the
+        last training step kept, so it sees fully trained tables."""
+        if training is False or not self.trainable:
+            # Stateful ops on the table variables: ordered before this call's lookup.
+            self.embedding.apply_pending_gradients()
 
     def _symbolic_outputs(self, flat):
         """Zeros of the activations' shapes, for Keras's symbolic model building (placeholders

@@ -40,6 +40,13 @@ def plain_variable(initial_value, name):
     return resource_variable_ops.ResourceVariable(initial_value, name=name, trainable=False)
 
 
+def shapeless_variable(initial_value, name):
+    """A plain resource variable whose shape may change with every assignment (kept per-step
+    buffers of varying size; `tf.Variable(shape=None)` under a strategy scope would mirror it)."""
+    return resource_variable_ops.ResourceVariable(initial_value, name=name, trainable=False,
+                                                  shape=tf.TensorShape(None))
+
+
 def numpy_view(eager_tensor):
     """A zero-copy numpy view of an eager tensor's buffer.
 

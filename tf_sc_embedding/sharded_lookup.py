@@ -15,6 +15,7 @@ import collections
 
 import tensorflow as tf
 
+from tf_sc_embedding import fused_update
 from tf_sc_embedding import ops
 
 # What apply_gradients needs from the forward pass of one stacked table.
@@ -65,10 +66,11 @@ def pack_and_gather(view, layout, stacked, preprocessed, sparse_core_config):
         csr.num_minibatches_per_physical_sparse_core), csr.num_dropped_ids
 
 
-def _shard_arguments(view, layout):
+def shard_arguments(layout, replica_id):
+    """The static shard attributes of this exchange's lookup and update ops on one replica."""
     S = layout.sparse_cores_per_replica
     return dict(num_sparsecores_per_device=S, num_replica=layout.num_replicas,
-                num_source_replicas=layout.num_replicas, first_local_shard=view.replica_id * S,
+                num_source_replicas=layout.num_replicas, first_local_shard=replica_id * S,
                 num_local_shards=S)
 
 
@@ -81,25 +83,15 @@ def lookup(view, layout, stacked, csr, table_shard):
         quantization_config_low=float(q.lower) if q else 0.0,
         quantization_config_high=float(q.upper) if q else 0.0,
         quantization_config_num_buckets=int(q.num_buckets) if q else 0,
-        table_name=stacked.name, **_shard_arguments(view, layout))
+        table_name=stacked.name, **shard_arguments(layout, view.replica_id))
     full = view.all_sum(partial)
     start = view.replica_id * stacked.sample_count
     return full[start:start + stacked.sample_count]
 
 
-def apply_update(view, layout, stacked, csr, gradients, table_shard, slot_shards,
-                 non_finite_gradients="error"):
-    """Fused optimizer update of the rows this replica holds, from all replicas' gradients.
-
-    Returns the update op, or with non_finite_gradients="skip" the number of rows left unchanged
-    because their gradient was not finite.
-    """
-    slots = dict(zip(stacked.optimizer.slot_inputs, slot_shards))
-    return stacked.optimizer.apply(
-        row_pointers=csr.row_pointers, sorted_sample_ids=csr.sorted_sample_ids,
-        sorted_token_ids=csr.sorted_token_ids, sorted_gains=csr.sorted_gains,
-        activation_gradients=view.all_gather(gradients), embedding_table=table_shard,
-        num_minibatches_per_physical_sparse_core=csr.num_minibatches, table_name=stacked.name,
-        non_finite_gradients=non_finite_gradients,
-        return_num_skipped_rows=non_finite_gradients == "skip",
-        **slots, **_shard_arguments(view, layout))
+def update_inputs(view, csr, gradients):
+    """The fused update's inputs on this replica: the gathered CSR and all replicas' gradients
+    (the target's arguments are `shard_arguments`)."""
+    return fused_update.UpdateInputs(
+        csr.row_pointers, csr.sorted_sample_ids, csr.sorted_token_ids, csr.sorted_gains,
+        view.all_gather(gradients), csr.num_minibatches)

@@ -116,3 +116,27 @@ def test_preprocess_needs_a_batch_size():
     ids = {n: tf.ragged.constant([[0]] * BATCH, dtype=tf.int32) for n in VOCAB}
     with pytest.raises(ValueError, match="batch_size"):
         layer.preprocess(ids)
+
+
+def test_pipelined_fit_then_evaluate_sees_every_update():
+    """With pipelining, fit keeps the last step's update; evaluate applies it before looking up,
+    so it scores the same tables the saved weights hold, and those equal an explicit flush."""
+    with tf.distribute.get_strategy().scope():
+        layer = EmbeddingLayer(feature_config(), optimizer=E.Adagrad(learning_rate=0.3),
+                               batch_size=BATCH, pipeline_execution_with_tensor_core=True)
+        model = TwoTableModel(layer)
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    elements = [({"dense": d, "ids": i, "weights": w}, y) for i, w, d, y in _batches()]
+    spec = tf.nest.map_structure(tf.type_spec_from_value, elements[0])
+    data = tf.data.Dataset.from_generator(lambda: iter(elements), output_signature=spec)
+    model.fit(data, epochs=1, steps_per_epoch=STEPS, verbose=0)
+    first = model.evaluate(data.take(1), verbose=0)
+    # Had evaluate not applied the kept update, this read would, and the second evaluate would
+    # score other tables.
+    tables = layer.embedding.logical_tables()
+    second = model.evaluate(data.take(1), verbose=0)
+    assert first == pytest.approx(second, rel=1e-7)
+    assert layer.get_config()["pipeline_execution_with_tensor_core"] is True
+    again = layer.embedding.logical_tables()
+    for name in tables:
+        np.testing.assert_array_equal(again[name], tables[name])

@@ -39,6 +39,8 @@ def parse():
     p.add_argument("--skip-step", type=int, default=-1, help="a step not run at all")
     p.add_argument("--adapt-limits", action="store_true",
                    help="adapt_sparse_core_limits=True, with C++ warnings shown (the raises)")
+    p.add_argument("--pipelining", action="store_true",
+                   help="pipeline_execution_with_tensor_core=True")
     return p.parse_args()
 
 
@@ -80,6 +82,7 @@ def main():
                                        collective_timeout_seconds=args.timeout,
                                        replication_threshold_bytes=0,
                                        adapt_sparse_core_limits=args.adapt_limits,
+                                       pipeline_execution_with_tensor_core=args.pipelining,
                                        sparse_core_embedding_config=(
                                            E.SparseCoreEmbeddingConfig(
                                                disable_table_stacking=True,

@@ -135,6 +135,22 @@ def test_replicated_table_over_workers_trains_like_sharded(tmp_path):
 
 
 @pytest.mark.parametrize("replicate", ["", "small"], ids=["sharded", "replicated"])
+def test_pipelined_workers_train_like_one_pipelined_process(tmp_path, replicate):
+    """Pipelining over 2 workers (each keeps its own replica's update; reading the tables at the
+    end applies it) gives the tables of one pipelined process with 2 replicas, which differ
+    from sequential training's."""
+    extra = ["--pipelining", "--replicate", replicate]
+    out, codes = run_cluster(tmp_path, "cluster", 2, extra)
+    check_ok(out, codes)
+    reference = tables(run_single(tmp_path, "single", 2, extra))
+    sequential = tables(run_single(tmp_path, "sequential", 2, ["--replicate", replicate]))
+    for i in range(2):
+        assert_tables_close(tables(out, i), reference)
+    assert any(not np.allclose(reference[k], sequential[k], rtol=RTOL, atol=ATOL)
+               for k in reference if not k.startswith("shard_rows/"))
+
+
+@pytest.mark.parametrize("replicate", ["", "small"], ids=["sharded", "replicated"])
 def test_non_finite_gradient_on_one_worker_fails_the_step_everywhere_and_writes_nothing(
         tmp_path, replicate):
     """Worker 1's gradient of feature 'c' is NaN at step 1: both workers fail that step naming
