@@ -25,9 +25,12 @@ inline float Quantize(float v, float low, float high, float quantum) {
   return std::floor((v - low) / quantum + 0.5f) * quantum + low;
 }
 
-// Sums one segment's gain-weighted rows into the activation block. Built for AVX2 and for the
-// baseline ISA; the loader picks the best one for the CPU (TensorFlow's wheel targets SSE only).
-__attribute__((target_clones("avx2", "default"))) void AccumulateSegment(
+// Sums one segment's gain-weighted rows into the activation block. Built for AVX-512, AVX2 and
+// the baseline ISA; the loader picks the best one for the CPU (TensorFlow's wheel targets SSE
+// only). Every version adds the same products in the same order (no FMA contraction), so the
+// activations are bit-identical. Upcoming table rows and activation rows are prefetched: both
+// are read at random (entries are sorted by row, samples are not).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void AccumulateSegment(
     const CsrView& view, int64_t begin, int64_t end, const float* shard, int64_t dim,
     float* block) {
   const int64_t lines_per_row = (dim * static_cast<int64_t>(sizeof(float)) + 63) / 64;
@@ -35,10 +38,16 @@ __attribute__((target_clones("avx2", "default"))) void AccumulateSegment(
   for (int64_t i = begin; i < end; ++i) {
     const int32_t token = view.token_ids[i], sample = view.sample_ids[i];
     if (token == kPad || sample == kPad) continue;
-    if (i + kPrefetchDistance < end && view.token_ids[i + kPrefetchDistance] != kPad) {
+    if (i + kPrefetchDistance < end && view.token_ids[i + kPrefetchDistance] != kPad &&
+        view.sample_ids[i + kPrefetchDistance] != kPad) {
       const char* ahead = reinterpret_cast<const char*>(
           shard + static_cast<int64_t>(view.token_ids[i + kPrefetchDistance]) * dim);
-      for (int64_t line = 0; line < lines_per_row; ++line) __builtin_prefetch(ahead + 64 * line);
+      const char* out_ahead = reinterpret_cast<const char*>(
+          block + static_cast<int64_t>(view.sample_ids[i + kPrefetchDistance]) * dim);
+      for (int64_t line = 0; line < lines_per_row; ++line) {
+        __builtin_prefetch(ahead + 64 * line);
+        __builtin_prefetch(out_ahead + 64 * line, 1);
+      }
     }
     const float gain = view.gains[i];
     const float* row = shard + static_cast<int64_t>(token) * dim;

@@ -4,7 +4,10 @@
 // non-zero if anything failed.
 //
 // Build and run: `bazel test //cc/tests:core_test` or `bash cc/tests/run_core_tests.sh`.
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -1150,6 +1153,160 @@ void TestRaisePartitionLimits() {
 
 }  // namespace
 
+// A CSR over G source replicas x S SparseCores x M minibatches x S shards (one replica owns all
+// shards) with random sorted tokens per segment (duplicates inside and across segments).
+struct RandomCsr {
+  IntVec row_pointers, samples, tokens;
+  FloatVec gains;
+  sce::CsrView view;
+  RandomCsr(uint32_t seed, int64_t G, int64_t S, int64_t M, int64_t R, int64_t samples_per_sc,
+            bool sorted_segments = true) {
+    uint32_t state = seed * 2654435761u + 1;
+    auto next = [&state](uint32_t n) {
+      state = state * 1664525u + 1013904223u;
+      return (state >> 8) % n;
+    };
+    const int64_t block = sce::RoundUp(S, 8);
+    // Each source replica's buffers are built alone, then padded to the longest (equal chunks).
+    std::vector<IntVec> chunk_tokens(G), chunk_samples(G);
+    std::vector<FloatVec> chunk_gains(G);
+    size_t longest = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      IntVec& t = chunk_tokens[g];
+      IntVec& sm = chunk_samples[g];
+      FloatVec& gn = chunk_gains[g];
+      for (int64_t s = 0; s < S; ++s) {
+        for (int64_t b = 0; b < M; ++b) {
+          for (int64_t p = 0; p < block; ++p) {
+            if (p < S) {
+              const int64_t count = next(12);
+              std::vector<int32_t> segment;
+              for (int64_t i = 0; i < count; ++i) segment.push_back(next(R));
+              if (sorted_segments) std::sort(segment.begin(), segment.end());
+              for (int32_t token : segment) {
+                t.push_back(token);
+                sm.push_back(static_cast<int32_t>(next(samples_per_sc)));
+                gn.push_back(0.25f + 0.125f * static_cast<float>(next(9)));
+              }
+              while (t.size() % 8) {
+                t.push_back(sce::kPad);
+                sm.push_back(sce::kPad);
+                gn.push_back(static_cast<float>(sce::kPad));
+              }
+            }
+            row_pointers.push_back(static_cast<int32_t>(t.size()));
+          }
+        }
+      }
+      longest = std::max(longest, t.size());
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      chunk_tokens[g].resize(longest, sce::kPad);
+      chunk_samples[g].resize(longest, sce::kPad);
+      chunk_gains[g].resize(longest, static_cast<float>(sce::kPad));
+      tokens.insert(tokens.end(), chunk_tokens[g].begin(), chunk_tokens[g].end());
+      samples.insert(samples.end(), chunk_samples[g].begin(), chunk_samples[g].end());
+      gains.insert(gains.end(), chunk_gains[g].begin(), chunk_gains[g].end());
+    }
+    view.row_pointers = row_pointers.data();
+    view.num_row_pointers = static_cast<int64_t>(row_pointers.size());
+    view.sample_ids = samples.data();
+    view.token_ids = tokens.data();
+    view.gains = gains.data();
+    view.num_sample_ids = view.num_token_ids = view.num_gains =
+        static_cast<int64_t>(tokens.size());
+    view.num_minibatches = M;
+    view.num_sc_per_device = S;
+    view.num_source_replicas = G;
+    view.input_size = G * S * samples_per_sc;
+    view.table_rows = S * R;
+    view.table_name = "t";
+  }
+};
+
+void TestShardContributionsAreMergedStably() {
+  g_test = "fused update: contributions merged from sorted runs = stable sort of the runs";
+  // 4 runs (merge), 16 runs (merge), 32 runs (radix sort path).
+  // Unsorted segments (a CSR given by hand) as well.
+  for (const auto& shape : std::vector<std::array<int64_t, 4>>{
+           {1, 4, 1, 1}, {1, 4, 4, 1}, {2, 4, 4, 1}, {1, 4, 1, 0}, {1, 2, 2, 0}}) {
+    for (uint32_t seed = 0; seed < 20; ++seed) {
+      RandomCsr csr(seed, shape[0], shape[1], shape[2], 6, 5, shape[3] == 1);
+      CHECK_OK(sce::ValidateCsrView(csr.view));
+      for (int64_t p = 0; p < csr.view.local_shards(); ++p) {
+        std::vector<sce::RowContribution> got, expected;
+        sce::CollectShardContributions(csr.view, p, &got);
+        for (int64_t sc = 0; sc < csr.view.num_source_sparse_cores(); ++sc) {
+          for (int64_t b = 0; b < csr.view.num_minibatches; ++b) {
+            int64_t begin, end;
+            csr.view.Segment(sc, b, p, &begin, &end);
+            for (int64_t i = begin; i < end; ++i) {
+              if (csr.tokens[i] == sce::kPad) continue;
+              expected.push_back({csr.tokens[i],
+                                  static_cast<int32_t>(sc * csr.view.samples_per_sc() +
+                                                       csr.samples[i]),
+                                  csr.gains[i]});
+            }
+          }
+        }
+        std::stable_sort(expected.begin(), expected.end(),
+                         [](const sce::RowContribution& a, const sce::RowContribution& b) {
+                           return a.token < b.token;
+                         });
+        bool same = got.size() == expected.size();
+        for (size_t i = 0; same && i < got.size(); ++i) {
+          same = got[i].token == expected[i].token &&
+                 got[i].activation == expected[i].activation && got[i].gain == expected[i].gain;
+        }
+        CHECK(same);
+      }
+    }
+  }
+}
+
+template <typename Optimizer>
+void CheckIsaVersionsAgree(const float* hypers, int64_t dim, uint32_t seed) {
+  RandomCsr csr(seed, 1, 4, 2, 9, 7);
+  const int64_t rows = csr.view.table_rows;
+  FloatVec grads(csr.view.input_size * dim);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = std::sin(0.37f * i + seed) * 0.5f;
+  std::array<FloatVec, 2> tables;
+  std::array<std::vector<FloatVec>, 2> slots;
+  for (int version = 0; version < 2; ++version) {
+    tables[version].assign(rows * dim, 0.0f);
+    for (size_t i = 0; i < tables[version].size(); ++i) tables[version][i] = std::cos(0.11f * i);
+    slots[version].assign(Optimizer::kSlots.size(), FloatVec(rows * dim, 0.1f));
+    std::array<float*, Optimizer::kSlots.size()> slot_pointers;
+    for (size_t k = 0; k < slot_pointers.size(); ++k) slot_pointers[k] = slots[version][k].data();
+    sce::FusedUpdate<Optimizer>(csr.view, grads.data(), dim, 0.05f, hypers, sce::Clip(),
+                                tables[version].data(), slot_pointers, sce::RunSerially, nullptr,
+                                /*use_avx512=*/version == 1);
+  }
+  bool same = std::memcmp(tables[0].data(), tables[1].data(), tables[0].size() * 4) == 0;
+  for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) {
+    same = same && std::memcmp(slots[0][k].data(), slots[1][k].data(), slots[0][k].size() * 4) == 0;
+  }
+  CHECK(same);
+  CHECK(!(tables[0] == FloatVec(tables[0].size(), 0.0f)));
+}
+
+void TestFusedUpdateIsaVersionsAgree() {
+  g_test = "fused update: the AVX-512 and baseline versions give bit-identical rows and slots";
+  if (!sce::CpuHasAvx512()) {
+    std::printf("(no AVX-512 on this CPU: ISA comparison skipped)\n");
+    return;
+  }
+  const float none[1] = {0.0f};
+  const float adam[4] = {0.0f, 0.9f, 0.99f, 1e-3f};
+  for (int64_t dim : {1, 3, 8, 16, 17, 32, 33, 100}) {
+    for (uint32_t seed = 0; seed < 3; ++seed) {
+      CheckIsaVersionsAgree<sce::SgdOptimizer>(none, dim, seed);
+      CheckIsaVersionsAgree<sce::AdagradOptimizer>(none, dim, seed);
+      CheckIsaVersionsAgree<sce::AdamOptimizer>(adam, dim, seed);
+    }
+  }
+}
+
 int main() {
   const std::vector<std::function<void()>> tests = {
       TestConvertToCoo,   TestConvertToListOfCoo, TestSortListOfCoo,
@@ -1157,6 +1314,7 @@ int main() {
       TestPackCsrFromMinibatchSplits, TestLayoutStacker,
       TestCheckedMath, TestCsrViewBounds, TestNonFiniteGradients, TestPreprocessingBounds,
       TestRequireFiniteFeatureGradients, TestRaisePartitionLimits,
+      TestShardContributionsAreMergedStably, TestFusedUpdateIsaVersionsAgree,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
