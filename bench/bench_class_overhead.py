@@ -64,12 +64,12 @@ def parse_args():
     return parser.parse_args()
 
 
-def class_functions(vocab, dim, batch, combiner):
+def class_functions(vocab, dim, batch, combiner, optimizer=None):
     tables = [E.TableConfig(vocabulary_size=v, dim=dim, name=f"t{i}", combiner=combiner,
                             initializer=tf.initializers.RandomUniform(-0.05, 0.05, seed=i))
               for i, v in enumerate(vocab)]
     features = {f"f{i}": E.FeatureConfig(table=t) for i, t in enumerate(tables)}
-    embedding = sce.TPUEmbeddingV2(features, E.Adagrad(learning_rate=LEARNING_RATE))
+    embedding = sce.TPUEmbeddingV2(features, optimizer or E.Adagrad(learning_rate=LEARNING_RATE))
     embedding.build(per_replica_batch_size=batch)
 
     @tf.function
