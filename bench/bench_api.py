@@ -35,7 +35,6 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import time_per_call  # noqa: E402
 
 import tf_sc_embedding as sce  # noqa: E402
 from tf_sc_embedding.data import CriteoLikeWorkload  # noqa: E402
@@ -53,7 +52,7 @@ def parse_args():
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--batches", type=int, default=4, help="distinct batches in the pool")
     parser.add_argument("--caps", default="1000000,4000000",
-                        help="vocabulary caps (rows) of the phase comparison")
+                        help="vocabulary caps (rows) of the phase comparison; \"\" skips it")
     parser.add_argument("--combiner", default="sum")
     parser.add_argument("--scaling-sizes", default="10000,100000,1000000,10000000")
     parser.add_argument("--skip-scaling", action="store_true")
@@ -212,19 +211,24 @@ def compare_at_cap(cap, args):
 
 
 def scaling(args):
+    """Step time as one table grows, all sizes interleaved round by round (shared load)."""
     print("\n### Step time as the largest table grows (25 tables capped at 10^4 rows, batch "
-          f"{args.batch})\n")
-    print("| largest table rows | ms per step | vs. smallest |\n|---|---:|---:|")
-    first = None
-    for size in (int(s) for s in args.scaling_sizes.split(",")):
+          f"{args.batch}, median of {args.rounds} rounds)\n")
+    sizes = [int(s) for s in args.scaling_sizes.split(",")]
+    steps = {}
+    for size in sizes:
         vocab = capped_vocabulary(10_000)
         vocab[2] = size
         pool = batch_pool(vocab, args.batch, args.batches)
-        step = our_functions(vocab, args.dim, args.batch, args.combiner,
-                             E.Adagrad(learning_rate=LEARNING_RATE), pool, phases=False)["step"]
-        t = time_per_call(step, args.rounds)
-        first = first or t
-        print(f"| {size:,} | {t:.1f} | {t / first:.2f}x |")
+        steps[size] = our_functions(vocab, args.dim, args.batch, args.combiner,
+                                    E.Adagrad(learning_rate=LEARNING_RATE), pool,
+                                    phases=False)["step"]
+    medians = interleaved(steps, args.rounds)
+    first = medians[sizes[0]][0]
+    print("| largest table rows | ms per step | CPU ms | vs. smallest |\n|---|---:|---:|---:|")
+    for size in sizes:
+        wall, cpu = medians[size]
+        print(f"| {size:,} | {wall:.1f} | {cpu:.1f} | {wall / first:.2f}x |")
 
 
 def main():
@@ -232,7 +236,7 @@ def main():
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
-    for cap in (int(c) for c in args.caps.split(",")):
+    for cap in (int(c) for c in args.caps.split(",") if c):
         compare_at_cap(cap, args)
     if not args.skip_scaling:
         scaling(args)
