@@ -594,7 +594,12 @@ class TPUEmbeddingV2(tf.Module):
         return self.embedding_lookup(features, weights)
 
     def apply_gradients(self, gradients, preserved_outputs):
-        """Fused optimizer update from the gradients of the activations (None means zeros)."""
+        """Fused optimizer update from the gradients of the activations (None means zeros).
+
+        Returns tensors to depend on (the update has run once they are computed; with
+        non_finite_gradients="skip" they count the rows skipped). With pipelining the update of
+        the previous step runs here and this step's is kept (docs/pipelining.md).
+        """
         if not self.built:
             raise RuntimeError("apply_gradients called before the tables were built: call "
                                "embedding_lookup (or build) first")

@@ -142,27 +142,21 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
   return skipped;
 }
 
-#define SCE_AVX512_TARGET __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq")))
-
-template <typename Optimizer, bool kSkipNonFinite>
-SCE_AVX512_TARGET int64_t UpdateShardsAvx512(
-    const CsrView& view, const float* grads, int64_t dim, float learning_rate, const float* hypers,
-    const Clip& clip, float* table, const std::array<float*, Optimizer::kSlots.size()>& slots,
-    const uint8_t* bad_activation_rows, int64_t p_begin, int64_t p_end) {
-  return UpdateShards<Optimizer, kSkipNonFinite>(view, grads, dim, learning_rate, hypers, clip,
-                                                 table, slots, bad_activation_rows, p_begin,
-                                                 p_end);
-}
-
-template <typename Optimizer, bool kSkipNonFinite>
-int64_t UpdateShardsBaseline(
-    const CsrView& view, const float* grads, int64_t dim, float learning_rate, const float* hypers,
-    const Clip& clip, float* table, const std::array<float*, Optimizer::kSlots.size()>& slots,
-    const uint8_t* bad_activation_rows, int64_t p_begin, int64_t p_end) {
-  return UpdateShards<Optimizer, kSkipNonFinite>(view, grads, dim, learning_rate, hypers, clip,
-                                                 table, slots, bad_activation_rows, p_begin,
-                                                 p_end);
-}
+// One out-of-line copy of UpdateShards per instruction set (the same body, compiled for `target`).
+#define SCE_DEFINE_UPDATE_SHARDS(name, target)                                                    \
+  template <typename Optimizer, bool kSkipNonFinite>                                             \
+  target int64_t name(const CsrView& view, const float* grads, int64_t dim, float learning_rate,  \
+                      const float* hypers, const Clip& clip, float* table,                       \
+                      const std::array<float*, Optimizer::kSlots.size()>& slots,                 \
+                      const uint8_t* bad_activation_rows, int64_t p_begin, int64_t p_end) {      \
+    return UpdateShards<Optimizer, kSkipNonFinite>(view, grads, dim, learning_rate, hypers,      \
+                                                   clip, table, slots, bad_activation_rows,      \
+                                                   p_begin, p_end);                              \
+  }
+SCE_DEFINE_UPDATE_SHARDS(UpdateShardsAvx512,
+                         __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"))))
+SCE_DEFINE_UPDATE_SHARDS(UpdateShardsBaseline, )
+#undef SCE_DEFINE_UPDATE_SHARDS
 
 // `view` must have passed ValidateCsrView; `grads` is [view.input_size, dim]; `table` and every
 // `slots[i]` are [view.table_rows, dim] and are updated in place.

@@ -53,6 +53,14 @@ class DelayedReference:
                 assert_close(slots[name][s], self.slots[name][s], f"{where}: slot '{s}' of {name}")
 
 
+def _pipelined(optimizer_name):
+    """(a one-replica pipelined Trainer, its DelayedReference)."""
+    optimizer = make_optimizer(optimizer_name)
+    trainer = Trainer("none", optimizer, "sum", "ragged",
+                      pipeline_execution_with_tensor_core=True)
+    return trainer, DelayedReference(optimizer)
+
+
 def _train(trainer, reference, steps, where, **step_kwargs):
     for n, (feats, targets) in enumerate(steps):
         expected = reference.step(feats, targets, **step_kwargs)
@@ -98,10 +106,7 @@ def test_pipelining_delays_activations_by_exactly_one_update():
 
 
 def test_apply_pending_gradients_and_restore():
-    optimizer = make_optimizer("adagrad")
-    trainer = Trainer("none", optimizer, "sum", "ragged",
-                      pipeline_execution_with_tensor_core=True)
-    reference = DelayedReference(optimizer)
+    trainer, reference = _pipelined("adagrad")
     steps = random_steps(2, "sum", "ragged", True, 1, steps=3)
     _train(trainer, reference, steps[:2], "first steps")
     trainer.embedding.apply_pending_gradients()          # explicit flush, then nothing kept
@@ -118,10 +123,7 @@ def test_apply_pending_gradients_and_restore():
 
 
 def test_sequential_while_summaries_are_recorded(tmp_path):
-    optimizer = make_optimizer("adagrad")
-    trainer = Trainer("none", optimizer, "sum", "ragged",
-                      pipeline_execution_with_tensor_core=True)
-    reference = DelayedReference(optimizer)
+    trainer, reference = _pipelined("adagrad")
     steps = random_steps(3, "sum", "ragged", True, 1, steps=4)
     writer = tf.summary.create_file_writer(str(tmp_path))
     record = tf.Variable(False)
@@ -138,19 +140,14 @@ def test_sequential_while_summaries_are_recorded(tmp_path):
     reference.check_tables(trainer, "end")
 
     # Recording known when the step is traced: always sequential, no delay at all.
-    sequential = Trainer("none", optimizer, "sum", "ragged",
-                         pipeline_execution_with_tensor_core=True)
-    reference = DelayedReference(optimizer)
+    sequential, reference = _pipelined("adagrad")
     with writer.as_default(), tf.summary.record_if(True):
         _train(sequential, reference, steps, "recording", sequential=True)
     reference.check_tables(sequential, "recording")
 
 
 def test_failed_step_applies_the_kept_update_once_and_drops_its_own():
-    optimizer = make_optimizer("sgd")
-    trainer = Trainer("none", optimizer, "sum", "ragged",
-                      pipeline_execution_with_tensor_core=True)
-    reference = DelayedReference(optimizer)
+    trainer, reference = _pipelined("sgd")
     steps = random_steps(4, "sum", "ragged", True, 1, steps=3)
     _train(trainer, reference, steps[:1], "step 0")
     feats, targets = steps[1]
