@@ -44,7 +44,9 @@ if ! command -v "$CLANG" >/dev/null 2>&1 || ! fuzzer_runtime_present; then
 fi
 command -v "$CLANG" >/dev/null 2>&1 || { echo "clang++ not available"; exit 2; }
 
-COMMON=(-std=c++17 -g -O1 -I"$ROOT" -fno-omit-frame-pointer -fno-sanitize-recover=all)
+# -ffp-contract=off as in every build of the library (setup.py, .bazelrc): no fused multiply-add,
+# so each instruction-set version of a kernel gives the same bits (checked by the unit tests).
+COMMON=(-std=c++17 -g -O1 -ffp-contract=off -I"$ROOT" -fno-omit-frame-pointer -fno-sanitize-recover=all)
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:allocator_may_return_null=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 

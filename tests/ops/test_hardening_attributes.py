@@ -119,6 +119,18 @@ def _to_list(**overrides):
         table_name=TABLE, feature_name=FEATURE, **args)
 
 
+def _stacked_coo(**overrides):
+    from tf_sc_embedding import ops  # noqa: PLC0415
+    np = _np()
+    args = dict(sample_counts=[4], row_offsets=[0], col_offsets=[0], col_shifts=[0],
+                vocabulary_sizes=[8], num_sc_per_chip=2, num_sc_shards=4,
+                stacked_table_sample_count=4)
+    args.update(overrides)
+    return ops.preprocessing.convert_features_to_stacked_coo_tensor(
+        [np.int32([0, 1, 2, 3, 4])], [np.int32([1, 2, 3, 7])], [np.float32(1.0)],
+        combiners=["sum"], table_names=[TABLE], feature_names=[FEATURE], **args)
+
+
 def _sort(stats=False, **overrides):
     from tf_sc_embedding import ops  # noqa: PLC0415
     np = _np()
@@ -228,6 +240,12 @@ CASES = {
     "list_num_sc_shards_2^62": (lambda: _to_list(num_sc_shards=2**62), "invalid"),
     "list_stacked_sample_count_2^62": (
         lambda: _to_list(stacked_table_sample_count=2**62), "invalid"),
+    # The multi-feature conversion (stacked_coo.cc); values beyond int64 are caught in Python.
+    "stacked_coo_ok": (lambda: _stacked_coo(), "ok"),
+    "stacked_coo_sample_count_2^63+4": (
+        lambda: _stacked_coo(stacked_table_sample_count=2**63 + 4), "invalid"),
+    "stacked_coo_col_offsets_2^64": (lambda: _stacked_coo(col_offsets=[2**64]), "invalid"),
+    "stacked_coo_row_offset_max": (lambda: _stacked_coo(row_offsets=[I64]), "invalid"),
     # Sort / stats (sort_list.cc)
     "sort_num_replica_2^40": (lambda: _sort(num_replica=2**40), "invalid"),
     "sort_num_replica_2^62": (lambda: _sort(num_replica=2**62), "invalid"),

@@ -52,6 +52,22 @@ def _check_sparse_cores(num_sc_per_chip, table_name, feature_name=""):
                         f"{_core.MAX_SPARSE_CORES_PER_CHIP}], got {value}")
 
 
+_INT64 = (-2 ** 63, 2 ** 63 - 1)
+
+
+def _check_int64_attributes(table_name, **attributes):
+    """InvalidArgumentError naming an integer attribute (or list element) outside int64, which
+    TensorFlow's attribute conversion would otherwise report as an unrelated SystemError."""
+    for name, value in attributes.items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for i, v in enumerate(values):
+            if isinstance(v, int) and not _INT64[0] <= v <= _INT64[1]:
+                where = name if values is not value else f"{name}[{i}]"
+                raise tf.errors.InvalidArgumentError(
+                    None, None, f"table '{table_name}': attribute {where} = {v} is outside the "
+                                "int64 range")
+
+
 def convert_to_coo_tensor(indices_or_row_splits, values, weights, sample_count, combiner,
                           vocabulary_size=-1, table_name="", feature_name="", name=None):
     """COO entries (row_ids, col_ids, gains) of one feature (docs/preprocessing.md#coo-conversion).
@@ -96,7 +112,13 @@ def convert_features_to_stacked_coo_tensor(
     list of every feature, then SC 1's, and so on. Features convert in parallel in the intra-op
     thread pool. An invalid feature fails with that feature's error (the first in list order).
     """
-    _check_sparse_cores(num_sc_per_chip, table_names[0] if table_names else "")
+    table_name = table_names[0] if table_names else ""
+    _check_sparse_cores(num_sc_per_chip, table_name)
+    _check_int64_attributes(
+        table_name, sample_counts=list(sample_counts), row_offsets=list(row_offsets),
+        col_offsets=list(col_offsets), col_shifts=list(col_shifts),
+        vocabulary_sizes=list(vocabulary_sizes), num_sc_shards=num_sc_shards,
+        stacked_table_sample_count=stacked_table_sample_count)
     return _lib.sce_convert_features_to_stacked_coo_tensor(
         indices_or_row_splits=list(indices_or_row_splits_list), values=list(values_list),
         weights=list(weights_list), sample_counts=list(sample_counts),
