@@ -3,7 +3,6 @@
 #include "cc/core/radix_sort.h"
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -80,83 +79,48 @@ void FindNonFiniteContributions(const CsrView& view, const float* grads, int64_t
   }
 }
 
-namespace {
-
-// Merges the sorted runs out[bounds[j], bounds[j + 1]) into one sequence sorted by token; ties
-// keep run order, then position (a stable sort of the concatenation). At most kMaxMergeWays
-// non-empty runs.
-constexpr int kMaxMergeWays = 16;
-
-void MergeSortedRuns(const std::vector<size_t>& bounds, std::vector<RowContribution>* out) {
-  size_t heads[kMaxMergeWays], ends[kMaxMergeWays];
-  int ways = 0;
-  for (size_t j = 0; j + 1 < bounds.size(); ++j) {
-    if (bounds[j] == bounds[j + 1]) continue;
-    heads[ways] = bounds[j];
-    ends[ways] = bounds[j + 1];
-    ++ways;
-  }
-  thread_local std::vector<RowContribution> merged;
-  merged.resize(out->size());
-  const RowContribution* in = out->data();
-  for (size_t o = 0; o < merged.size();) {
-    // The next entry comes from the earliest run whose head has the smallest token.
-    int best = -1;
-    for (int j = 0; j < ways; ++j) {
-      if (heads[j] < ends[j] && (best < 0 || in[heads[j]].token < in[heads[best]].token)) best = j;
+bool FindSortedRuns(const CsrView& view, int64_t p, std::vector<ContributionRun>* runs) {
+  runs->clear();
+  const int64_t samples_per_sc = view.samples_per_sc();
+  for (int64_t s = 0; s < view.num_source_sparse_cores(); ++s) {
+    for (int64_t b = 0; b < view.num_minibatches; ++b) {
+      ContributionRun run;
+      view.Segment(s, b, p, &run.next, &run.end);
+      run.activation_base = s * samples_per_sc;
+      SkipPadding(view, &run);
+      if (run.head_token == kPad) continue;  // no valid entry
+      int32_t previous = run.head_token;
+      for (int64_t i = run.next + 1; i < run.end; ++i) {
+        const int32_t token = view.token_ids[i];
+        if (token == kPad || view.sample_ids[i] == kPad) continue;
+        if (token < previous) return false;
+        previous = token;
+      }
+      if (runs->size() == kMaxStreamedRuns) return false;
+      runs->push_back(run);
     }
-    // Copy from it while its next token still precedes every other head: strictly below the
-    // heads of earlier runs, and not above those of later runs (ties keep run order).
-    int64_t below_earlier = INT64_MAX, up_to_later = INT64_MAX;
-    for (int j = 0; j < ways; ++j) {
-      if (j == best || heads[j] == ends[j]) continue;
-      int64_t& bound = j < best ? below_earlier : up_to_later;
-      bound = std::min<int64_t>(bound, in[heads[j]].token);
-    }
-    size_t& h = heads[best];
-    do {
-      merged[o++] = in[h++];
-    } while (h < ends[best] && in[h].token < below_earlier && in[h].token <= up_to_later);
   }
-  out->swap(merged);
+  return true;
 }
-
-}  // namespace
 
 void CollectShardContributions(const CsrView& view, int64_t p, std::vector<RowContribution>* out) {
   out->clear();
-  thread_local std::vector<size_t> bounds;
-  bounds.clear();
   const int64_t samples_per_sc = view.samples_per_sc();
-  bool sorted = true;        // the whole concatenation
-  bool runs_sorted = true;   // each segment (the ops' own CSR buffers always are)
-  int runs = 0;
+  bool sorted = true;
   for (int64_t s = 0; s < view.num_source_sparse_cores(); ++s) {
     for (int64_t b = 0; b < view.num_minibatches; ++b) {
       int64_t begin, end;
       view.Segment(s, b, p, &begin, &end);
-      const size_t first = out->size();
-      bounds.push_back(first);
       for (int64_t i = begin; i < end; ++i) {
         const int32_t token = view.token_ids[i], sample = view.sample_ids[i];
         if (token == kPad || sample == kPad) continue;
-        if (!out->empty() && out->back().token > token) {
-          sorted = false;
-          if (out->size() > first) runs_sorted = false;
-        }
+        if (!out->empty() && out->back().token > token) sorted = false;
         out->push_back({token, static_cast<int32_t>(s * samples_per_sc + sample), view.gains[i]});
       }
-      if (out->size() > first) ++runs;
     }
   }
-  bounds.push_back(out->size());
   if (sorted) return;
-  // A stable sort of the concatenation by token: a merge when the segments are sorted runs (the
-  // CSR the preprocessing ops build), else (a CSR given by hand) a radix sort.
-  if (runs_sorted && runs <= kMaxMergeWays) {
-    MergeSortedRuns(bounds, out);
-    return;
-  }
+  // A stable radix sort of the concatenation by token.
   thread_local std::vector<int32_t> tokens;
   thread_local std::vector<uint32_t> order, scratch;
   thread_local std::vector<RowContribution> merged;

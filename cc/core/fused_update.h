@@ -38,8 +38,37 @@ __attribute__((always_inline)) inline void AccumulateScaled(float* sum, const fl
 bool CpuHasAvx512();
 
 // All contributions to shard p (a global shard index), sorted by token (stable, so the summation
-// order is fixed: source SparseCore, minibatch, position).
+// order is fixed: source SparseCore, minibatch, position). The update's fallback for CSRs whose
+// segments are not sorted runs (given by hand) or that have more than kMaxStreamedRuns of them.
 void CollectShardContributions(const CsrView& view, int64_t p, std::vector<RowContribution>* out);
+
+// One segment (source SparseCore, minibatch) of a shard, read in place as a sorted run: `next` is
+// the position of its first unread valid entry (padding skipped), `head_token` that entry's token
+// (kPad once the run is exhausted).
+struct ContributionRun {
+  int64_t next = 0;
+  int64_t end = 0;
+  int64_t activation_base = 0;  // activation row of sample 0 of the run's source SparseCore
+  int32_t head_token = kPad;
+};
+
+// The update merges at most this many runs per shard while it reads them (one head comparison
+// per run and table row); more runs, or unsorted ones, take CollectShardContributions.
+constexpr size_t kMaxStreamedRuns = 32;
+
+// Fills `runs` with the segments of shard p (a global shard index) in summation order and returns
+// true when every segment is sorted by token (padding ignored) and there are at most
+// kMaxStreamedRuns non-empty ones. The preprocessing ops always produce sorted segments.
+bool FindSortedRuns(const CsrView& view, int64_t p, std::vector<ContributionRun>* runs);
+
+// Moves a run to its next valid (non-padding) entry at or after `run->next`.
+__attribute__((always_inline)) inline void SkipPadding(const CsrView& view, ContributionRun* run) {
+  while (run->next < run->end &&
+         (view.token_ids[run->next] == kPad || view.sample_ids[run->next] == kPad)) {
+    ++run->next;
+  }
+  run->head_token = run->next < run->end ? view.token_ids[run->next] : kPad;
+}
 
 // What the fused update does with non-finite (NaN or +-Inf) gradient contributions: fail the step
 // before anything is written (the default), or skip the table rows they would touch and count them.
@@ -76,10 +105,143 @@ __attribute__((always_inline)) inline void PrefetchRow(const float* p, int64_t b
   for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(c + line);
 }
 
-// How far ahead (in contributions) the update loop prefetches gradient rows and table / slot
-// rows: far enough to hide a memory access behind the work of the entries in between.
+// How far ahead the update prefetches gradient rows and table / slot rows: far enough to hide a
+// memory access behind the work of the entries in between. In merged contributions (the
+// fallback) and per run (the streamed merge, whose runs advance side by side).
 constexpr size_t kGradientPrefetchDistance = 12;
 constexpr size_t kRowPrefetchDistance = 24;
+constexpr int64_t kGradientPrefetchRunDistance = 4;
+constexpr int64_t kRowPrefetchRunDistance = 8;
+
+// Adds one contribution to a row's sum; with kSkipNonFinite, a flagged activation row or a
+// non-finite gain marks the row skipped instead.
+template <bool kSkipNonFinite>
+__attribute__((always_inline)) inline void AddContribution(const float* grads, int64_t dim,
+                                                           int64_t activation, float gain,
+                                                           const uint8_t* bad_activation_rows,
+                                                           float* sum, bool* skip) {
+  if (kSkipNonFinite) {
+    if (*skip || bad_activation_rows[activation] || !std::isfinite(gain)) {
+      *skip = true;
+      return;
+    }
+  }
+  AccumulateScaled(sum, grads + activation * dim, gain, dim);
+}
+
+// Applies the optimizer to table row `row` with its summed gradient; returns 1 if it was skipped.
+template <typename Optimizer, bool kSkipNonFinite>
+__attribute__((always_inline)) inline int64_t FinishRow(
+    int64_t row, const float* sum, bool skip, int64_t dim, float learning_rate,
+    const float* hypers, const Clip& clip, float* table,
+    const std::array<float*, Optimizer::kSlots.size()>& slots) {
+  if (kSkipNonFinite && skip) return 1;
+  float* slot_rows[Optimizer::kSlots.size() + 1];
+  const int64_t offset = row * dim;
+  for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) slot_rows[k] = slots[k] + offset;
+  Optimizer::Apply(hypers, learning_rate, sum, table + offset, slot_rows, dim, clip);
+  return 0;
+}
+
+// The update of one shard whose contributions are sorted runs (FindSortedRuns): a k-way merge
+// done while reading. The smallest head token is the next row; its contributions are summed run
+// by run, each run's in position order, which is exactly the order of a stable sort of the runs'
+// concatenation, so the result is bit-identical to the fallback below. Nothing is copied.
+// kDim > 0 fixes the row width at compile time (it must equal `runtime_dim`): the row's sum then
+// lives in registers instead of being loaded and stored for every contribution.
+template <typename Optimizer, bool kSkipNonFinite, int64_t kDim>
+__attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
+    const CsrView& view, ContributionRun* runs, size_t ways, int64_t shard_row, const float* grads,
+    int64_t runtime_dim, float learning_rate, const float* hypers, const Clip& clip, float* table,
+    const std::array<float*, Optimizer::kSlots.size()>& slots, const uint8_t* bad_activation_rows,
+    float* runtime_sum) {
+  const int64_t dim = kDim > 0 ? kDim : runtime_dim;
+  alignas(64) float fixed_sum[kDim > 0 ? kDim : 1];
+  float* sum = kDim > 0 ? fixed_sum : runtime_sum;
+  const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(float));
+  const uint32_t rows_per_shard = static_cast<uint32_t>(view.rows_per_shard());
+  const uint32_t samples_per_sc = static_cast<uint32_t>(view.samples_per_sc());
+  int64_t skipped = 0;
+  for (;;) {
+    int32_t token = kPad;
+    for (size_t w = 0; w < ways; ++w) token = std::min(token, runs[w].head_token);
+    if (token == kPad) break;
+    std::fill(sum, sum + dim, 0.0f);
+    bool skip = false;
+    for (size_t w = 0; w < ways; ++w) {
+      ContributionRun& run = runs[w];
+      while (run.head_token == token) {
+        const int64_t i = run.next;
+        // Prefetch addresses come from entries not yet validated as non-padding: only in-range
+        // ones are followed (the unsigned comparison also rejects kPad).
+        if (i + kGradientPrefetchRunDistance < run.end) {
+          const uint32_t ahead = static_cast<uint32_t>(
+              view.sample_ids[i + kGradientPrefetchRunDistance]);
+          if (ahead < samples_per_sc) {
+            PrefetchRow(grads + (run.activation_base + ahead) * dim, row_bytes);
+          }
+        }
+        // A row's lines are fetched once per run, for its first contribution there.
+        if (i + kRowPrefetchRunDistance < run.end) {
+          const uint32_t ahead = static_cast<uint32_t>(view.token_ids[i + kRowPrefetchRunDistance]);
+          if (ahead < rows_per_shard &&
+              ahead != static_cast<uint32_t>(view.token_ids[i + kRowPrefetchRunDistance - 1])) {
+            const int64_t offset = (shard_row + ahead) * dim;
+            PrefetchRow(table + offset, row_bytes);
+            for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) {
+              PrefetchRow(slots[k] + offset, row_bytes);
+            }
+          }
+        }
+        AddContribution<kSkipNonFinite>(grads, dim, run.activation_base + view.sample_ids[i],
+                                        view.gains[i], bad_activation_rows, sum, &skip);
+        ++run.next;
+        SkipPadding(view, &run);
+      }
+    }
+    skipped += FinishRow<Optimizer, kSkipNonFinite>(shard_row + token, sum, skip, dim,
+                                                    learning_rate, hypers, clip, table, slots);
+  }
+  return skipped;
+}
+
+// The fallback: the shard's contributions collected and sorted (CollectShardContributions), then
+// summed row by row in that order.
+template <typename Optimizer, bool kSkipNonFinite>
+__attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions(
+    const std::vector<RowContribution>& entries, int64_t shard_row, const float* grads,
+    int64_t dim, float learning_rate, const float* hypers, const Clip& clip, float* table,
+    const std::array<float*, Optimizer::kSlots.size()>& slots, const uint8_t* bad_activation_rows,
+    float* sum) {
+  const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(float));
+  const size_t n = entries.size();
+  int64_t skipped = 0;
+  for (size_t i = 0; i < n;) {
+    const int32_t token = entries[i].token;
+    std::fill(sum, sum + dim, 0.0f);
+    bool skip = false;
+    for (; i < n && entries[i].token == token; ++i) {
+      if (i + kGradientPrefetchDistance < n) {
+        PrefetchRow(grads + static_cast<int64_t>(entries[i + kGradientPrefetchDistance].activation) *
+                                dim,
+                    row_bytes);
+      }
+      if (i + kRowPrefetchDistance < n &&
+          entries[i + kRowPrefetchDistance].token != entries[i + kRowPrefetchDistance - 1].token) {
+        const int64_t offset = (shard_row + entries[i + kRowPrefetchDistance].token) * dim;
+        PrefetchRow(table + offset, row_bytes);
+        for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) {
+          PrefetchRow(slots[k] + offset, row_bytes);
+        }
+      }
+      AddContribution<kSkipNonFinite>(grads, dim, entries[i].activation, entries[i].gain,
+                                      bad_activation_rows, sum, &skip);
+    }
+    skipped += FinishRow<Optimizer, kSkipNonFinite>(shard_row + token, sum, skip, dim,
+                                                    learning_rate, hypers, clip, table, slots);
+  }
+  return skipped;
+}
 
 // The update of local shards [p_begin, p_end): one shard at a time, rows in token order, each
 // row's contributions summed, then one optimizer step per row. Always inlined into one function
@@ -92,51 +254,33 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
     const CsrView& view, const float* grads, int64_t dim, float learning_rate, const float* hypers,
     const Clip& clip, float* table, const std::array<float*, Optimizer::kSlots.size()>& slots,
     const uint8_t* bad_activation_rows, int64_t p_begin, int64_t p_end) {
-  constexpr size_t kNumSlots = Optimizer::kSlots.size();
-  const int64_t rows_per_shard = view.rows_per_shard();
-  const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(float));
+  thread_local std::vector<ContributionRun> runs;
   thread_local std::vector<RowContribution> entries;
   thread_local std::vector<float> sum;
   sum.resize(dim);
-  float* slot_rows[kNumSlots + 1];
   int64_t skipped = 0;
   for (int64_t p = p_begin; p < p_end; ++p) {
-    CollectShardContributions(view, view.first_local_shard + p, &entries);
-    const size_t n = entries.size();
-    const int64_t shard_row = p * rows_per_shard;
-    for (size_t i = 0; i < n;) {
-      const int32_t token = entries[i].token;
-      std::fill(sum.begin(), sum.end(), 0.0f);
-      bool skip = false;
-      for (; i < n && entries[i].token == token; ++i) {
-        if (i + kGradientPrefetchDistance < n) {
-          PrefetchRow(grads + static_cast<int64_t>(
-                                  entries[i + kGradientPrefetchDistance].activation) * dim,
-                      row_bytes);
-        }
-        // A row's lines are fetched once, for the first of its contributions (a row has ~5).
-        if (i + kRowPrefetchDistance < n &&
-            entries[i + kRowPrefetchDistance].token !=
-                entries[i + kRowPrefetchDistance - 1].token) {
-          const int64_t ahead = (shard_row + entries[i + kRowPrefetchDistance].token) * dim;
-          PrefetchRow(table + ahead, row_bytes);
-          for (size_t k = 0; k < kNumSlots; ++k) PrefetchRow(slots[k] + ahead, row_bytes);
-        }
-        const float gain = entries[i].gain;
-        if (kSkipNonFinite) {
-          if (bad_activation_rows[entries[i].activation] || !std::isfinite(gain)) skip = true;
-          if (skip) continue;
-        }
-        AccumulateScaled(sum.data(), grads + static_cast<int64_t>(entries[i].activation) * dim,
-                         gain, dim);
+    const int64_t shard = view.first_local_shard + p;
+    const int64_t shard_row = p * view.rows_per_shard();
+    if (FindSortedRuns(view, shard, &runs)) {
+      // The common widths get a version with the width fixed at compile time.
+#define SCE_UPDATE_SHARD_FROM_RUNS(kDim)                                                      \
+  UpdateShardFromRuns<Optimizer, kSkipNonFinite, kDim>(view, runs.data(), runs.size(),         \
+                                                       shard_row, grads, dim, learning_rate,   \
+                                                       hypers, clip, table, slots,             \
+                                                       bad_activation_rows, sum.data())
+      switch (dim) {
+        case 16: skipped += SCE_UPDATE_SHARD_FROM_RUNS(16); break;
+        case 32: skipped += SCE_UPDATE_SHARD_FROM_RUNS(32); break;
+        case 64: skipped += SCE_UPDATE_SHARD_FROM_RUNS(64); break;
+        default: skipped += SCE_UPDATE_SHARD_FROM_RUNS(0); break;
       }
-      if (kSkipNonFinite && skip) {
-        ++skipped;
-        continue;
-      }
-      const int64_t row = (shard_row + token) * dim;
-      for (size_t k = 0; k < kNumSlots; ++k) slot_rows[k] = slots[k] + row;
-      Optimizer::Apply(hypers, learning_rate, sum.data(), table + row, slot_rows, dim, clip);
+#undef SCE_UPDATE_SHARD_FROM_RUNS
+    } else {
+      CollectShardContributions(view, shard, &entries);
+      skipped += UpdateShardFromSortedContributions<Optimizer, kSkipNonFinite>(
+          entries, shard_row, grads, dim, learning_rate, hypers, clip, table, slots,
+          bad_activation_rows, sum.data());
     }
   }
   return skipped;

@@ -6,6 +6,7 @@
 
 #include "cc/core/checked_math.h"
 #include "cc/core/fused_update.h"
+#include "cc/core/huge_pages.h"
 #include "cc/core/optimizers.h"
 #include "cc/kernels/kernel_utils.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -121,7 +122,12 @@ class FusedUpdateOp : public OpKernel {
     std::array<float*, kNumSlots + 1> targets;
     if (kResource) {
       OP_REQUIRES_OK(ctx, locked.MakeExclusive(ctx));
-      for (size_t i = 0; i <= kNumSlots; ++i) targets[i] = locked.tensor(i)->flat<float>().data();
+      for (size_t i = 0; i <= kNumSlots; ++i) {
+        Tensor& variable = *locked.tensor(i);
+        targets[i] = variable.flat<float>().data();
+        // The table and its slots are read and written at random rows every step.
+        sce::BackWithHugePages(targets[i], variable.TotalBytes());
+      }
     } else {
       for (size_t i = 0; i <= kNumSlots; ++i) {
         const Tensor* in = inputs[i];

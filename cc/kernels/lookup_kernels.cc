@@ -1,6 +1,7 @@
 // Kernels of the forward sparse-dense matmul: sce::SparseDenseMatmul over a table given as a
 // tensor or read in place from a resource variable (under a shared lock, no copy).
 #include "cc/core/checked_math.h"
+#include "cc/core/huge_pages.h"
 #include "cc/core/lookup.h"
 #include "cc/kernels/kernel_utils.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -45,6 +46,8 @@ class SparseDenseMatmulOp : public OpKernel {
                                               &elements)));
     Tensor* activations = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({input_size_, dim}), &activations));
+    // A table held in a variable is read at random every step: back it with huge pages.
+    if (kResource) sce::BackWithHugePages(table->tensor_data().data(), table->TotalBytes());
     sce::SparseDenseMatmul(view, table->flat<float>().data(), dim, quantization_,
                            activations->flat<float>().data(), ThreadPoolFor(ctx));
   }

@@ -23,6 +23,7 @@
 #include "cc/core/csr_view.h"
 #include "cc/core/fused_update.h"
 #include "cc/core/gradient_check.h"
+#include "cc/core/huge_pages.h"
 #include "cc/core/lookup.h"
 #include "cc/core/layout.h"
 #include "cc/core/minibatch_splits.h"
@@ -1225,9 +1226,9 @@ struct RandomCsr {
 };
 
 void TestShardContributionsAreMergedStably() {
-  g_test = "fused update: contributions merged from sorted runs = stable sort of the runs";
-  // 4 runs (merge), 16 runs (merge), 32 runs (radix sort path).
-  // Unsorted segments (a CSR given by hand) as well.
+  g_test = "fused update fallback: collected contributions = stable sort of the segments";
+  // Sorted segments (the fallback for more than kMaxStreamedRuns runs) and unsorted ones (a CSR
+  // given by hand).
   for (const auto& shape : std::vector<std::array<int64_t, 4>>{
            {1, 4, 1, 1}, {1, 4, 4, 1}, {2, 4, 4, 1}, {1, 4, 1, 0}, {1, 2, 2, 0}}) {
     for (uint32_t seed = 0; seed < 20; ++seed) {
@@ -1307,6 +1308,144 @@ void TestFusedUpdateIsaVersionsAgree() {
   }
 }
 
+// The fused update written the obvious way: every shard's contributions stable-sorted by token
+// (std::stable_sort), summed row by row from zero in that order, then one optimizer step per row;
+// rows with a flagged activation row or a non-finite gain are skipped when `bad` is given.
+template <typename Optimizer>
+int64_t ReferenceFusedUpdate(const sce::CsrView& view, const float* grads, int64_t dim,
+                             float lr, const float* hypers, float* table,
+                             const std::vector<float*>& slots, const uint8_t* bad) {
+  int64_t skipped = 0;
+  for (int64_t p = 0; p < view.local_shards(); ++p) {
+    std::vector<sce::RowContribution> entries;
+    for (int64_t sc = 0; sc < view.num_source_sparse_cores(); ++sc) {
+      for (int64_t b = 0; b < view.num_minibatches; ++b) {
+        int64_t begin, end;
+        view.Segment(sc, b, view.first_local_shard + p, &begin, &end);
+        for (int64_t i = begin; i < end; ++i) {
+          if (view.token_ids[i] == sce::kPad || view.sample_ids[i] == sce::kPad) continue;
+          entries.push_back({view.token_ids[i],
+                             static_cast<int32_t>(sc * view.samples_per_sc() + view.sample_ids[i]),
+                             view.gains[i]});
+        }
+      }
+    }
+    std::stable_sort(entries.begin(), entries.end(),
+                     [](const sce::RowContribution& a, const sce::RowContribution& b) {
+                       return a.token < b.token;
+                     });
+    for (size_t i = 0; i < entries.size();) {
+      const int32_t token = entries[i].token;
+      FloatVec sum(dim, 0.0f);
+      bool skip = false;
+      for (; i < entries.size() && entries[i].token == token; ++i) {
+        const sce::RowContribution& e = entries[i];
+        if (bad != nullptr && (bad[e.activation] || !std::isfinite(e.gain))) skip = true;
+        if (skip) continue;
+        for (int64_t j = 0; j < dim; ++j) sum[j] += e.gain * grads[e.activation * dim + j];
+      }
+      if (skip) {
+        ++skipped;
+        continue;
+      }
+      const int64_t row = (p * view.rows_per_shard() + token) * dim;
+      std::vector<float*> slot_rows;
+      for (float* slot : slots) slot_rows.push_back(slot + row);
+      slot_rows.push_back(nullptr);
+      Optimizer::Apply(hypers, lr, sum.data(), table + row, slot_rows.data(), dim, sce::Clip());
+    }
+  }
+  return skipped;
+}
+
+template <typename Optimizer>
+bool FusedUpdateMatchesReference(const RandomCsr& csr, const float* hypers, int64_t dim,
+                                 uint32_t seed, bool with_bad_rows) {
+  const int64_t rows = csr.view.table_rows;
+  FloatVec grads(csr.view.input_size * dim);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = std::sin(0.37f * i + seed) * 0.5f;
+  std::vector<uint8_t> bad(csr.view.input_size, 0);
+  if (with_bad_rows) {
+    for (size_t r = 0; r < bad.size(); r += 5) bad[r] = 1;
+  }
+  std::array<FloatVec, 2> tables;
+  std::array<std::vector<FloatVec>, 2> slots;
+  std::array<int64_t, 2> skipped{};
+  for (int version = 0; version < 2; ++version) {
+    tables[version].assign(rows * dim, 0.0f);
+    for (size_t i = 0; i < tables[version].size(); ++i) tables[version][i] = std::cos(0.11f * i);
+    slots[version].assign(Optimizer::kSlots.size(), FloatVec(rows * dim, 0.1f));
+    std::array<float*, Optimizer::kSlots.size()> slot_pointers;
+    for (size_t k = 0; k < slot_pointers.size(); ++k) slot_pointers[k] = slots[version][k].data();
+    const uint8_t* flags = with_bad_rows ? bad.data() : nullptr;
+    if (version == 0) {
+      skipped[0] = sce::FusedUpdate<Optimizer>(csr.view, grads.data(), dim, 0.05f, hypers,
+                                               sce::Clip(), tables[0].data(), slot_pointers,
+                                               sce::RunSerially, flags, /*use_avx512=*/false);
+    } else {
+      skipped[1] = ReferenceFusedUpdate<Optimizer>(
+          csr.view, grads.data(), dim, 0.05f, hypers, tables[1].data(),
+          std::vector<float*>(slot_pointers.begin(), slot_pointers.end()), flags);
+    }
+  }
+  bool same = skipped[0] == skipped[1] &&
+              std::memcmp(tables[0].data(), tables[1].data(), tables[0].size() * 4) == 0;
+  for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) {
+    same = same && std::memcmp(slots[0][k].data(), slots[1][k].data(), slots[0][k].size() * 4) == 0;
+  }
+  return same;
+}
+
+void TestFusedUpdateMatchesStableSortReference() {
+  g_test = "fused update: streamed merge of sorted runs and the collect-and-sort fallback give "
+           "the stable-sort reference bit for bit";
+  const float none[1] = {0.0f};
+  const float adam[4] = {0.0f, 0.9f, 0.99f, 1e-3f};
+  // {G, S, M, sorted segments}: 4 and 32 sorted runs (streamed merge), 48 sorted runs and
+  // unsorted segments (fallback).
+  for (const auto& shape : std::vector<std::array<int64_t, 4>>{
+           {1, 4, 1, 1}, {2, 4, 4, 1}, {3, 4, 4, 1}, {1, 4, 2, 0}}) {
+    for (uint32_t seed = 0; seed < 4; ++seed) {
+      RandomCsr csr(seed, shape[0], shape[1], shape[2], 9, 7, shape[3] == 1);
+      CHECK_OK(sce::ValidateCsrView(csr.view));
+      for (int64_t dim : {1, 16, 32, 33, 64}) {
+        for (bool bad_rows : {false, true}) {
+          CHECK(FusedUpdateMatchesReference<sce::SgdOptimizer>(csr, none, dim, seed, bad_rows));
+          CHECK(FusedUpdateMatchesReference<sce::AdagradOptimizer>(csr, none, dim, seed,
+                                                                   bad_rows));
+          CHECK(FusedUpdateMatchesReference<sce::AdamOptimizer>(csr, adam, dim, seed, bad_rows));
+        }
+      }
+    }
+  }
+}
+
+void TestHugePageAdvice() {
+  g_test = "huge pages: large buffers are advised once, small ones never, contents unchanged";
+  CHECK(sce::BackWithHugePages(nullptr, int64_t{1} << 30) == sce::HugePageAdvice::kTooSmall);
+  FloatVec small(1024, 1.0f);
+  CHECK(sce::BackWithHugePages(small.data(), 4096) == sce::HugePageAdvice::kTooSmall);
+  // 16 MiB: at least 7 whole 2 MiB pages inside wherever malloc put it.
+  FloatVec large((size_t{16} << 20) / sizeof(float));
+  for (size_t i = 0; i < large.size(); ++i) large[i] = static_cast<float>(i % 1000);
+  const int64_t bytes = static_cast<int64_t>(large.size() * sizeof(float));
+  const sce::HugePageAdvice first = sce::BackWithHugePages(large.data(), bytes);
+#if defined(__linux__)
+  CHECK(first == sce::HugePageAdvice::kAdvised || first == sce::HugePageAdvice::kDisabled ||
+        first == sce::HugePageAdvice::kUnsupported);
+#else
+  CHECK(first == sce::HugePageAdvice::kUnsupported || first == sce::HugePageAdvice::kDisabled);
+#endif
+  if (first == sce::HugePageAdvice::kAdvised) {
+    CHECK(sce::BackWithHugePages(large.data(), bytes) == sce::HugePageAdvice::kAlreadyDone);
+  }
+  bool unchanged = true;
+  for (size_t i = 0; i < large.size(); ++i) {
+    unchanged = unchanged && large[i] == static_cast<float>(i % 1000);
+  }
+  CHECK(unchanged);
+}
+
 int main() {
   const std::vector<std::function<void()>> tests = {
       TestConvertToCoo,   TestConvertToListOfCoo, TestSortListOfCoo,
@@ -1315,6 +1454,7 @@ int main() {
       TestCheckedMath, TestCsrViewBounds, TestNonFiniteGradients, TestPreprocessingBounds,
       TestRequireFiniteFeatureGradients, TestRaisePartitionLimits,
       TestShardContributionsAreMergedStably, TestFusedUpdateIsaVersionsAgree,
+      TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
