@@ -1,5 +1,6 @@
 #include "cc/core/coo.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "cc/core/checked_math.h"
@@ -77,7 +78,7 @@ Status ComputeRowIds(const IdInput& in, int64_t sample_count, const Context& ctx
                              " but values has ", n, " elements");
     }
     for (int64_t r = 0; r < sample_count; ++r) {
-      for (int32_t i = splits[r]; i < splits[r + 1]; ++i) rows[i] = static_cast<int32_t>(r);
+      std::fill(rows + splits[r], rows + splits[r + 1], static_cast<int32_t>(r));
     }
     return Status::Ok();
   }
@@ -154,15 +155,21 @@ Status BuildEntries(const IdInput& in, int64_t sample_count, Combiner combiner,
   float* out_gains = out->gains.data();
   const bool per_id = in.weights_rank == 1;
   int64_t count = 0;
+  // The previous entry is kept in locals: the int32 stores to the outputs would otherwise force
+  // the compiler to reload it (and the inputs) on every id. Rows are >= 0, so -1 matches nothing.
+  int32_t prev_row = -1, prev_col = -1;
   for (int64_t i = 0; i < n; ++i) {
+    const int32_t row = rows[i], col = in.values[i];
     const float w = per_id ? in.weights[i] : in.weights[0];
-    if (count > 0 && out_rows[count - 1] == rows[i] && out_cols[count - 1] == in.values[i]) {
+    if (row == prev_row && col == prev_col) {
       out_gains[count - 1] += w;
     } else {
-      out_rows[count] = rows[i];
-      out_cols[count] = in.values[i];
+      out_rows[count] = row;
+      out_cols[count] = col;
       out_gains[count] = w;
       ++count;
+      prev_row = row;
+      prev_col = col;
     }
   }
   // Rows are non-decreasing in all three input forms, so each sample's ids (and its merged

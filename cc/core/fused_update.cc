@@ -122,7 +122,8 @@ void CollectShardContributions(const CsrView& view, int64_t p, std::vector<RowCo
   if (sorted) return;
   // A stable radix sort of the concatenation by token.
   thread_local std::vector<int32_t> tokens;
-  thread_local std::vector<uint32_t> order, scratch;
+  thread_local std::vector<uint32_t> order;
+  thread_local std::vector<uint64_t> scratch;
   thread_local std::vector<RowContribution> merged;
   tokens.resize(out->size());
   for (size_t i = 0; i < out->size(); ++i) tokens[i] = (*out)[i].token;

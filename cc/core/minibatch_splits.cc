@@ -1,6 +1,7 @@
 #include "cc/core/minibatch_splits.h"
 
 #include <algorithm>
+#include <climits>
 #include <numeric>
 
 #include "cc/core/checked_math.h"
@@ -140,26 +141,37 @@ struct ScCounts {
 // (row, col) pairs into `kept` and counts ids and unique ids per (shard, division).
 void DedupAndCountSc(const int32_t* rows, const int32_t* cols, const float* gains, int64_t begin,
                      int64_t end, int64_t s, const Geometry& g, std::vector<uint32_t>* order,
-                     std::vector<uint32_t>* scratch, ScCounts* counts, std::vector<Kept>* kept) {
+                     std::vector<uint64_t>* scratch, ScCounts* counts, std::vector<Kept>* kept) {
   // Rows are validated to be sorted, so a stable sort by col orders by (col, row, position).
   StableSortByKey(cols + begin, end - begin, order, scratch);
   std::fill(counts->ids.begin(), counts->ids.end(), 0);
   std::fill(counts->uniques.begin(), counts->uniques.end(), 0);
   kept->reserve(end - begin);
   int32_t prev_row = -1, prev_col = -1;
+  // Cols arrive in increasing order, so the division changes at most D - 1 times: it is
+  // recomputed only when a col reaches the end of the current one.
+  int32_t bucket = 0;
+  int64_t bucket_end = -1;
   for (uint32_t offset : *order) {
+    // Read once into locals: the counter updates below are int32 stores the compiler would
+    // otherwise assume may change the inputs.
     const int64_t i = begin + offset;
-    if (rows[i] == prev_row && cols[i] == prev_col) {
-      kept->back().gain += gains[i];
+    const int32_t row = rows[i], col = cols[i];
+    const float gain = gains[i];
+    if (row == prev_row && col == prev_col) {
+      kept->back().gain += gain;
       continue;
     }
-    const int32_t bucket = g.BucketOf(cols[i]);
-    const int64_t slot = (cols[i] & g.mask) * (g.D + 1) + bucket + 1;
+    if (col >= bucket_end) {
+      bucket = g.BucketOf(col);
+      bucket_end = bucket == g.D - 1 ? INT64_MAX : (bucket + int64_t{1}) * g.division_size;
+    }
+    const int64_t slot = (col & g.mask) * (g.D + 1) + bucket + 1;
     ++counts->ids[slot];
-    if (cols[i] != prev_col) ++counts->uniques[slot];
-    kept->push_back({static_cast<int32_t>(rows[i] - s * g.per_sc), cols[i], bucket, gains[i]});
-    prev_row = rows[i];
-    prev_col = cols[i];
+    if (col != prev_col) ++counts->uniques[slot];
+    kept->push_back({static_cast<int32_t>(row - s * g.per_sc), col, bucket, gain});
+    prev_row = row;
+    prev_col = col;
   }
 }
 
@@ -231,62 +243,77 @@ void SplitPair(const ScCounts& counts, int64_t p, const Geometry& g,
 }
 
 // Writes the kept ids of every SparseCore into the output, grouped by (SC, shard, division).
+// Each SparseCore fills its own part of the output, so they are written in parallel.
 void Scatter(const std::vector<std::vector<Kept>>& kept_per_sc, const Geometry& g,
-             MinibatchSplits* out) {
+             MinibatchSplits* out, const ParallelFor& parallel_for) {
   const int64_t total = out->id_counts.back();
   out->rows.resize(total);
   out->cols.resize(total);
   out->gains.resize(total);
-  std::vector<int64_t> running(g.P * g.D);
-  for (int64_t s = 0; s < g.S; ++s) {
-    std::fill(running.begin(), running.end(), 0);
-    for (const Kept& k : kept_per_sc[s]) {
-      const int64_t p = k.col & g.mask;
-      const int64_t slot =
-          out->id_counts[(s * g.P + p) * g.D + k.bucket] + running[p * g.D + k.bucket]++;
-      out->rows[slot] = k.local_row;
-      out->cols[slot] = k.col >> g.pbits;
-      out->gains[slot] = k.gain;
+  parallel_for(g.S, 20 * (total / g.S + 1), [&](int64_t first, int64_t last) {
+    std::vector<int64_t> running(g.P * g.D);
+    for (int64_t s = first; s < last; ++s) {
+      std::fill(running.begin(), running.end(), 0);
+      for (const Kept& k : kept_per_sc[s]) {
+        const int64_t p = k.col & g.mask;
+        const int64_t slot =
+            out->id_counts[(s * g.P + p) * g.D + k.bucket] + running[p * g.D + k.bucket]++;
+        out->rows[slot] = k.local_row;
+        out->cols[slot] = k.col >> g.pbits;
+        out->gains[slot] = k.gain;
+      }
     }
-  }
+  });
 }
 
 }  // namespace
 
 Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float* gains,
                           int64_t n, int64_t num_cols, int64_t num_gains,
-                          const MinibatchSplitsParams& params, MinibatchSplits* out) {
+                          const MinibatchSplitsParams& params, MinibatchSplits* out,
+                          const ParallelFor& parallel_for) {
   SCE_RETURN_IF_ERROR(Validate(rows, cols, n, num_cols, num_gains, params));
   const Geometry g(params);
-  std::vector<std::vector<Kept>> kept_per_sc(g.S);
   out->id_counts.assign(g.S * g.P * g.D + 1, 0);
   out->max_ids = 0;
   out->max_uniques = 0;
+  // SparseCore s holds the ids [sc_begin[s], sc_begin[s + 1]) (rows are validated sorted).
+  std::vector<int64_t> sc_begin(g.S + 1, n);
+  sc_begin[0] = 0;
+  for (int64_t s = 1; s < g.S; ++s) {
+    sc_begin[s] = std::lower_bound(rows + sc_begin[s - 1], rows + n, s * g.per_sc) - rows;
+  }
+  // The SparseCores' sorts and counts are independent: one unit of work each.
+  std::vector<std::vector<Kept>> kept_per_sc(g.S);
+  std::vector<ScCounts> counts(g.S);
+  parallel_for(g.S, 200 * (n / g.S + 1), [&](int64_t first, int64_t last) {
+    thread_local std::vector<uint32_t> order;
+    thread_local std::vector<uint64_t> scratch;
+    for (int64_t s = first; s < last; ++s) {
+      counts[s].ids.resize(g.P * (g.D + 1));
+      counts[s].uniques.resize(g.P * (g.D + 1));
+      DedupAndCountSc(rows, cols, gains, sc_begin[s], sc_begin[s + 1], s, g, &order, &scratch,
+                      &counts[s], &kept_per_sc[s]);
+    }
+  });
+  // The limits and the split masks, pair by pair in (SparseCore, shard) order: the top-down mask
+  // is shared, so this order is part of the result.
   int64_t pre = 0, after = 0;
-  std::vector<uint32_t> order, scratch;
-  ScCounts counts;
-  counts.ids.resize(g.P * (g.D + 1));
-  counts.uniques.resize(g.P * (g.D + 1));
   Cumulative cum;
   cum.ids.resize(g.D + 1);
   cum.uniques.resize(g.D + 1);
-  int64_t cursor = 0;
   for (int64_t s = 0; s < g.S; ++s) {
-    const int64_t begin = cursor;
-    while (cursor < n && rows[cursor] < (s + 1) * g.per_sc) ++cursor;
-    DedupAndCountSc(rows, cols, gains, begin, cursor, s, g, &order, &scratch, &counts,
-                    &kept_per_sc[s]);
     for (int64_t p = 0; p < g.P; ++p) {
       int64_t pair_ids;
-      SCE_RETURN_IF_ERROR(CountPair(counts, s, p, g, params, out, &pair_ids));
+      SCE_RETURN_IF_ERROR(CountPair(counts[s], s, p, g, params, out, &pair_ids));
       // A pair without ids cannot be too big for any section (the limits are >= 1): it changes
       // neither the maxima nor the split masks. Skipping it keeps a call with many shards and
       // few ids (up to 2^24 id_counts entries) cheap.
       if (pair_ids == 0) continue;
-      SplitPair(counts, p, g, params, &cum, out, &pre, &after);
+      SplitPair(counts[s], p, g, params, &cum, out, &pre, &after);
     }
   }
-  Scatter(kept_per_sc, g, out);
+  Scatter(kept_per_sc, g, out, parallel_for);
   out->splits = after;
   return Status::Ok();
 }

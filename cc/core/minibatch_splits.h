@@ -10,6 +10,7 @@
 
 #include "cc/core/constants.h"
 #include "cc/core/coo_entries.h"
+#include "cc/core/parallel.h"
 #include "cc/core/status.h"
 
 namespace sce {
@@ -41,7 +42,8 @@ Status MinibatchIdCountsSize(const std::string& where, int64_t num_replica,
 
 Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float* gains,
                           int64_t num_rows, int64_t num_cols, int64_t num_gains,
-                          const MinibatchSplitsParams& params, MinibatchSplits* out);
+                          const MinibatchSplitsParams& params, MinibatchSplits* out,
+                          const ParallelFor& parallel_for = RunSerially);
 
 }  // namespace sce
 

@@ -1,4 +1,5 @@
-// Stable sort of positions by a non-negative int32 key (LSD radix sort, 11-bit digits). The hot
+// Stable sort of positions by a non-negative int32 key (LSD radix sort on (key, position) words,
+// digits of at most 11 bits). The hot
 // preprocessing paths sort a few thousand ids per SparseCore, where this is several times faster
 // than a comparison sort, and stability keeps equal ids in input order as the spec requires.
 #ifndef SCE_CORE_RADIX_SORT_H_
@@ -12,7 +13,7 @@ namespace sce {
 // Fills `order` with 0..n-1 sorted stably by keys[i]; every key must be >= 0.
 // `scratch` is reused between calls to avoid allocations.
 void StableSortByKey(const int32_t* keys, int64_t n, std::vector<uint32_t>* order,
-                     std::vector<uint32_t>* scratch);
+                     std::vector<uint64_t>* scratch);
 
 }  // namespace sce
 

@@ -83,7 +83,7 @@ Status GatherGroup(const std::vector<FeatureCooView>& features,
 // order, so gains merge into the first occurrence. With rows already sorted a stable sort by col
 // does it.
 void SortGroup(const CooEntries& group, bool rows_sorted, std::vector<uint32_t>* order,
-               std::vector<uint32_t>* scratch) {
+               std::vector<uint64_t>* scratch) {
   const std::vector<int32_t>& cols = group.cols;
   const std::vector<int32_t>& rows = group.rows;
   if (rows_sorted) {
@@ -136,7 +136,8 @@ Status SortDedupAndCount(const std::vector<FeatureCooView>& features, int64_t nu
     return features[a].col_offset < features[b].col_offset;
   });
   CooEntries group;
-  std::vector<uint32_t> order, scratch;
+  std::vector<uint32_t> order;
+  std::vector<uint64_t> scratch;
   for (size_t g = 0, end = 0; g < order_of_features.size(); g = end) {
     bool rows_sorted;
     SCE_RETURN_IF_ERROR(

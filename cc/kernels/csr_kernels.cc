@@ -160,7 +160,7 @@ class GetMinibatchSplitsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ToTf(sce::GetMinibatchSplits(
                             rows.flat<int32_t>().data(), cols.flat<int32_t>().data(),
                             gains.flat<float>().data(), rows.NumElements(), cols.NumElements(),
-                            gains.NumElements(), params_, &result)));
+                            gains.NumElements(), params_, &result, ThreadPoolFor(ctx))));
     OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, result.rows));
     OP_REQUIRES_OK(ctx, OutputVector(ctx, 1, result.cols));
     OP_REQUIRES_OK(ctx, OutputVector(ctx, 2, result.gains));

@@ -28,6 +28,7 @@
 #include "cc/core/layout.h"
 #include "cc/core/minibatch_splits.h"
 #include "cc/core/online_limits.h"
+#include "cc/core/radix_sort.h"
 #include "cc/core/sort_list.h"
 #include "cc/core/split_encoding.h"
 #include "cc/core/status.h"
@@ -1446,6 +1447,31 @@ void TestHugePageAdvice() {
   CHECK(unchanged);
 }
 
+void TestStableSortByKey() {
+  g_test = "radix sort: the same permutation as std::stable_sort, for any key range and size";
+  uint32_t state = 12345;
+  auto next = [&state]() {
+    state = state * 1664525u + 1013904223u;
+    return state >> 1;
+  };
+  std::vector<uint32_t> order;
+  std::vector<uint64_t> scratch;
+  for (int64_t n : {0, 1, 2, 63, 64, 65, 1000, 40000}) {
+    for (int64_t max_key : {int64_t{1}, int64_t{7}, int64_t{2047}, int64_t{2048},
+                            int64_t{1} << 22, int64_t{18800000}, int64_t{sce::kMaxInt32}}) {
+      IntVec keys(n);
+      for (auto& k : keys) k = static_cast<int32_t>(next() % (max_key + 1));
+      if (n > 2) keys[n / 2] = static_cast<int32_t>(max_key);
+      sce::StableSortByKey(keys.data(), n, &order, &scratch);
+      std::vector<uint32_t> expected(n);
+      for (int64_t i = 0; i < n; ++i) expected[i] = static_cast<uint32_t>(i);
+      std::stable_sort(expected.begin(), expected.end(),
+                       [&keys](uint32_t a, uint32_t b) { return keys[a] < keys[b]; });
+      CHECK(order == expected);
+    }
+  }
+}
+
 int main() {
   const std::vector<std::function<void()>> tests = {
       TestConvertToCoo,   TestConvertToListOfCoo, TestSortListOfCoo,
@@ -1454,7 +1480,7 @@ int main() {
       TestCheckedMath, TestCsrViewBounds, TestNonFiniteGradients, TestPreprocessingBounds,
       TestRequireFiniteFeatureGradients, TestRaisePartitionLimits,
       TestShardContributionsAreMergedStably, TestFusedUpdateIsaVersionsAgree,
-      TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice,
+      TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice, TestStableSortByKey,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
