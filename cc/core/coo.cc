@@ -29,9 +29,10 @@ std::string Context::Describe() const {
 
 namespace {
 
-// Checks shapes and fills `row_of_token` with the sample each id belongs to (docs/preprocessing.md#input-forms).
-Status ComputeRowIds(const IdInput& in, int64_t sample_count, const Context& ctx,
-                     std::vector<int32_t>* row_of_token) {
+// Checks the input's form (docs/preprocessing.md#input-forms): ranks, sizes, and that the sample
+// of every id is known and non-decreasing (row_splits non-decreasing; SparseTensor rows sorted
+// and below sample_count).
+Status ValidateIdInput(const IdInput& in, int64_t sample_count, const Context& ctx) {
   const std::string where = ctx.Describe();
   if (in.values_rank != 1) {
     return InvalidArgument(where, ": values must be rank 1, got rank ", in.values_rank);
@@ -48,14 +49,11 @@ Status ComputeRowIds(const IdInput& in, int64_t sample_count, const Context& ctx
     return InvalidArgument(where, ": sample_count must be in [1, 2^31), got ", sample_count);
   }
   const int64_t n = in.num_values;
-  row_of_token->resize(n);
-  int32_t* rows = row_of_token->data();
   if (in.index_rank == 1 && in.index_dim0 == 0) {  // dense: one id per sample
     if (n != 0 && n != sample_count) {
       return InvalidArgument(where, ": dense input has ", n, " ids but sample_count is ",
                              sample_count);
     }
-    for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>(i);
     return Status::Ok();
   }
   if (in.index_rank == 1) {  // ragged row_splits
@@ -76,9 +74,6 @@ Status ComputeRowIds(const IdInput& in, int64_t sample_count, const Context& ctx
     if (splits[sample_count] != n) {
       return InvalidArgument(where, ": row_splits ends at ", splits[sample_count],
                              " but values has ", n, " elements");
-    }
-    for (int64_t r = 0; r < sample_count; ++r) {
-      std::fill(rows + splits[r], rows + splits[r + 1], static_cast<int32_t>(r));
     }
     return Status::Ok();
   }
@@ -105,13 +100,36 @@ Status ComputeRowIds(const IdInput& in, int64_t sample_count, const Context& ctx
         return InvalidArgument(where, ": sparse index row ", row, " at position ", i,
                                " is not below sample_count ", sample_count);
       }
-      rows[i] = row;
       previous = row;
     }
     return Status::Ok();
   }
   return InvalidArgument(where, ": invalid indices_or_row_splits of rank ", in.index_rank,
                          "; expected rank 1 (row_splits, or empty for dense) or rank 2 (sparse)");
+}
+
+// Calls run(row, begin, end) for each sample with ids, in order: its ids are [begin, end) (all
+// three input forms keep a sample's ids contiguous). `in` must have passed ValidateIdInput.
+template <typename RunFn>
+void ForEachSampleRun(const IdInput& in, RunFn run) {
+  const int64_t n = in.num_values;
+  if (in.index_rank == 1 && in.index_dim0 == 0) {  // dense: one id per sample
+    for (int64_t i = 0; i < n; ++i) run(static_cast<int32_t>(i), i, i + 1);
+  } else if (in.index_rank == 1) {  // ragged row_splits
+    for (int64_t r = 0; r + 1 < in.index_dim0; ++r) {
+      if (in.index_data[r] < in.index_data[r + 1]) {
+        run(static_cast<int32_t>(r), in.index_data[r], in.index_data[r + 1]);
+      }
+    }
+  } else {  // SparseTensor indices [n, 2], rows sorted
+    for (int64_t i = 0; i < n;) {
+      const int32_t row = in.index_data[2 * i];
+      int64_t end = i + 1;
+      while (end < n && in.index_data[2 * end] == row) ++end;
+      run(row, i, end);
+      i = end;
+    }
+  }
 }
 
 Status CheckIds(const IdInput& in, int64_t vocabulary_size, const Context& ctx) {
@@ -139,8 +157,7 @@ inline float CombinerFactor(float s, Combiner combiner) {
 // The shared first half of docs/preprocessing.md#coo-conversion and docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform: validated, merged and normalised entries in input order.
 Status BuildEntries(const IdInput& in, int64_t sample_count, Combiner combiner,
                     int64_t vocabulary_size, const Context& ctx, CooEntries* out) {
-  std::vector<int32_t> rows;
-  SCE_RETURN_IF_ERROR(ComputeRowIds(in, sample_count, ctx, &rows));
+  SCE_RETURN_IF_ERROR(ValidateIdInput(in, sample_count, ctx));
   if (in.num_weights == 0 && in.num_values > 0) {
     return InvalidArgument(ctx.Describe(), ": weights must not be empty");
   }
@@ -155,39 +172,33 @@ Status BuildEntries(const IdInput& in, int64_t sample_count, Combiner combiner,
   float* out_gains = out->gains.data();
   const bool per_id = in.weights_rank == 1;
   int64_t count = 0;
-  // The previous entry is kept in locals: the int32 stores to the outputs would otherwise force
-  // the compiler to reload it (and the inputs) on every id. Rows are >= 0, so -1 matches nothing.
-  int32_t prev_row = -1, prev_col = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t row = rows[i], col = in.values[i];
-    const float w = per_id ? in.weights[i] : in.weights[0];
-    if (row == prev_row && col == prev_col) {
-      out_gains[count - 1] += w;
-    } else {
+  // One sample at a time: its consecutive duplicate ids are merged (gains summed), then, for
+  // mean and sqrtn, its entries are scaled by the combiner factor of all its ids' weights. The
+  // previous id is kept in a local: the int32 stores to the outputs would otherwise force the
+  // compiler to reload it on every id.
+  ForEachSampleRun(in, [&](int32_t row, int64_t begin, int64_t end) {
+    const int64_t first = count;
+    int32_t prev_col = -1;  // ids are >= 0: matches nothing
+    float weight_sum = 0.0f;
+    for (int64_t i = begin; i < end; ++i) {
+      const int32_t col = in.values[i];
+      const float w = per_id ? in.weights[i] : in.weights[0];
+      if (combiner != Combiner::kSum) weight_sum += combiner == Combiner::kMean ? w : w * w;
+      if (col == prev_col) {
+        out_gains[count - 1] += w;
+        continue;
+      }
       out_rows[count] = row;
       out_cols[count] = col;
       out_gains[count] = w;
       ++count;
-      prev_row = row;
       prev_col = col;
     }
-  }
-  // Rows are non-decreasing in all three input forms, so each sample's ids (and its merged
-  // entries) are contiguous: the per-row sums are formed run by run, in input order, with no
-  // sample_count-sized array (sample_count may be up to 2^31 - 1 with a handful of ids).
-  if (combiner != Combiner::kSum) {
-    int64_t k = 0;
-    for (int64_t i = 0; i < n;) {
-      const int32_t row = rows[i];
-      float sum = 0.0f;
-      for (; i < n && rows[i] == row; ++i) {
-        const float w = per_id ? in.weights[i] : in.weights[0];
-        sum += combiner == Combiner::kMean ? w : w * w;
-      }
-      const float factor = CombinerFactor(sum, combiner);
-      for (; k < count && out_rows[k] == row; ++k) out_gains[k] *= factor;
+    if (combiner != Combiner::kSum) {
+      const float factor = CombinerFactor(weight_sum, combiner);
+      for (int64_t k = first; k < count; ++k) out_gains[k] *= factor;
     }
-  }
+  });
   out->rows.resize(count);
   out->cols.resize(count);
   out->gains.resize(count);
