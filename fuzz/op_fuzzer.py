@@ -213,7 +213,13 @@ def make_case(seed, index):
                     grad_nan=rng.random() < 0.2, alias=rng.random() < 3 * NOISE["value"],
                     quantization=a.choice(rng.choice([(0.0, 0.0, 0), (-1.0, 1.0, 4)]),
                                           [(0.0, 0.0, 0), (-1.0, 1.0, 4),
-                                           (-float("inf"), float("inf"), 3), (1.0, 1.0, 2)]))
+                                           (-float("inf"), float("inf"), 3), (1.0, 1.0, 2)]),
+                    # The lookup's feature-major order: none, a valid cut of the samples per
+                    # SparseCore, or sizes that are negative, too many or overflow.
+                    feature_rows=rng.choice([
+                        [], [], [samples_per_sc], [1, max(samples_per_sc - 1, 0)],
+                        [a(2, 4, 0) for _ in range(rng.randint(1, 3))],
+                        [-1, samples_per_sc + 1], [2**62, 2**62, 2**62]]))
     elif op == "finite_check":
         n = rng.randint(0, 4)
         case.update(flags=int_list(rng, n + a.choice(0, [0, 1, -1]), 2),
@@ -337,7 +343,7 @@ def run_case(case):
                 q = case["quantization"]
                 return ops.xla_sparse_dense_matmul_with_csr_input(
                     *buffers, table, minibatches, case["input_size"], q[0], q[1], q[2], T,
-                    **attrs)
+                    feature_rows_per_sc=case["feature_rows"], **attrs)
             rows = max(case["input_size"], 0) if case["input_size"] < 4096 else 3
             grads = rng.normal(size=(rows, case["dim"])).astype(np.float32)
             if case["grad_nan"] and grads.size:

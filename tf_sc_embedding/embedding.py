@@ -554,7 +554,7 @@ class TPUEmbeddingV2(tf.Module):
         self._require_built("dequeue")
         view = collectives.ReplicaView(self._group)
         shards = self._local_parameters(view)
-        stacked_activations = {}
+        stacked_activations, feature_major = {}, set()
         sharded, replicated = self._plan.sharded, self._plan.replicated
         preserved_sharded = preserved_replicated = None
         if sharded is not None and self._exchange == "all_to_all":
@@ -566,8 +566,11 @@ class TPUEmbeddingV2(tf.Module):
             for name, stacked in sharded.stacked_tables.items():
                 csr, num_dropped = all_gather_exchange.pack_and_gather(
                     view, sharded, stacked, preprocessed[name], self._sparse_core_config)
+                rows = enqueue_lib.feature_major_rows(sharded, stacked)
                 stacked_activations[name] = all_gather_exchange.lookup(
-                    view, sharded, stacked, csr, shards[name])
+                    view, sharded, stacked, csr, shards[name], feature_rows_per_sc=rows)
+                if rows is not None:
+                    feature_major.add(name)
                 preserved_sharded[name] = csr
                 dropped.append(tf.cast(num_dropped, tf.int64))
             self._group.counter(view.replica_id, collectives.DROPPED_IDS).assign_add(
@@ -581,7 +584,8 @@ class TPUEmbeddingV2(tf.Module):
         activations_by_path = {}
         for name, stacked in self._plan.stacked_tables.items():
             activations_by_path.update(enqueue_lib.unstack_activations(
-                self._plan, stacked, stacked_activations[name]))
+                self._plan, stacked, stacked_activations[name],
+                feature_major=name in feature_major))
         flat = [activations_by_path[p] for p in self._flat_paths]
         return (tf.nest.pack_sequence_as(self._feature_config, flat),
                 Preserved(preserved_sharded, preserved_replicated))

@@ -187,10 +187,15 @@ def _pack(layout, coo, with_splits):
     return result, maxima
 
 
-def unstack_activations(layout, stacked, activations):
-    """Per feature path, the user's activations (padding columns dropped; docs/lookup.md#unstacking-activations-and-stacking-gradients)."""
+def feature_major_rows(layout, stacked):
+    """Each feature's rows per SparseCore if the lookup can write this stacked table's activations
+    feature-major (docs/lookup.md#activation-row-order), else None.
+
+    It can when the table has several features that tile every SparseCore's block of samples in
+    order and have no padding columns: each feature's activations are then one contiguous block
+    of rows, which unstack_activations splits off without copying.
+    """
     S = layout.sparse_cores_per_replica
-    blocks = tf.reshape(activations, [S, stacked.sample_count // S, stacked.padded_width])
     features = stacked.features
     sizes = [f.sample_count // S for f in features]
     starts = [f.sample_offset // S for f in features]
@@ -198,12 +203,31 @@ def unstack_activations(layout, stacked, activations):
              sum(sizes) == stacked.sample_count // S)
     if len(features) > 1 and tiled and all(f.table.dim == stacked.padded_width
                                            for f in features):
-        # The features tile each SparseCore's block in order and have no padding columns: one
-        # split op (one pass over the activations) instead of a strided slice per feature.
-        parts = tf.split(blocks, sizes, axis=1)
+        return sizes
+    return None
+
+
+def unstack_activations(layout, stacked, activations, feature_major=False):
+    """Per feature path, the user's activations (padding columns dropped;
+    docs/lookup.md#unstacking-activations-and-stacking-gradients).
+
+    feature_major: the rows are in the order feature_major_rows gives the lookup (then each
+    feature's block is split off without a copy); otherwise in the CSR's SparseCore-major order.
+    """
+    S = layout.sparse_cores_per_replica
+    features = stacked.features
+    if feature_major:
+        parts = tf.split(activations, [f.sample_count for f in features], axis=0)
     else:
-        parts = [blocks[:, start:start + size, :f.table.dim]
-                 for f, start, size in zip(features, starts, sizes)]
+        blocks = tf.reshape(activations, [S, stacked.sample_count // S, stacked.padded_width])
+        sizes = [f.sample_count // S for f in features]
+        starts = [f.sample_offset // S for f in features]
+        if feature_major_rows(layout, stacked) is not None:
+            # One split op (one pass over the activations) instead of a slice per feature.
+            parts = tf.split(blocks, sizes, axis=1)
+        else:
+            parts = [blocks[:, start:start + size, :f.table.dim]
+                     for f, start, size in zip(features, starts, sizes)]
     return {f.path: tf.reshape(part, list(f.output_shape) + [f.table.dim])
             for f, part in zip(features, parts)}
 

@@ -74,8 +74,9 @@ def shard_arguments(layout, replica_id):
                 num_local_shards=S)
 
 
-def lookup(view, layout, stacked, csr, table_shard):
-    """This replica's [B_stk, padded_width] activations of one stacked table."""
+def lookup(view, layout, stacked, csr, table_shard, feature_rows_per_sc=None):
+    """This replica's [B_stk, padded_width] activations of one stacked table, in the CSR's row
+    order, or feature-major with feature_rows_per_sc (enqueue.feature_major_rows)."""
     q = stacked.quantization
     partial = ops.xla_sparse_dense_matmul_with_csr_input(
         csr.row_pointers, csr.sorted_sample_ids, csr.sorted_token_ids, csr.sorted_gains,
@@ -83,7 +84,8 @@ def lookup(view, layout, stacked, csr, table_shard):
         quantization_config_low=float(q.lower) if q else 0.0,
         quantization_config_high=float(q.upper) if q else 0.0,
         quantization_config_num_buckets=int(q.num_buckets) if q else 0,
-        table_name=stacked.name, **shard_arguments(layout, view.replica_id))
+        table_name=stacked.name, feature_rows_per_sc=feature_rows_per_sc or (),
+        **shard_arguments(layout, view.replica_id))
     full = view.all_sum(partial)
     start = view.replica_id * stacked.sample_count
     return full[start:start + stacked.sample_count]

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
+
+#include "cc/core/checked_math.h"
 
 namespace sce {
 
@@ -14,6 +17,26 @@ Status ValidateQuantization(const Quantization& q, const std::string& table_name
                            "': quantization needs num_buckets >= 2 and finite low < high; got "
                            "num_buckets ",
                            q.num_buckets, ", low ", q.low, ", high ", q.high);
+  }
+  return Status::Ok();
+}
+
+Status ValidateFeatureRows(const FeatureRowsPerSc& feature_rows_per_sc, const CsrView& view) {
+  if (feature_rows_per_sc.empty()) return Status::Ok();
+  int64_t total = 0;
+  for (int64_t rows : feature_rows_per_sc) {
+    if (rows < 0) {
+      return InvalidArgument("table '", view.table_name,
+                             "': feature_rows_per_sc must hold sizes >= 0, got ", rows);
+    }
+    if (!CheckedAdd(total, rows, &total)) {
+      return InvalidArgument("table '", view.table_name,
+                             "': the sizes in feature_rows_per_sc overflow int64");
+    }
+  }
+  if (total != view.samples_per_sc()) {
+    return InvalidArgument("table '", view.table_name, "': feature_rows_per_sc must sum to the ",
+                           view.samples_per_sc(), " samples per SparseCore, got ", total);
   }
   return Status::Ok();
 }
@@ -30,9 +53,11 @@ inline float Quantize(float v, float low, float high, float quantum) {
 // only). Every version adds the same products in the same order (no FMA contraction), so the
 // activations are bit-identical. Upcoming table rows and activation rows are prefetched: both
 // are read at random (entries are sorted by row, samples are not).
+// Sample i of the segment's source SparseCore goes to row out_rows[i] of `activations`, or to row
+// first_row + i when out_rows is null (SparseCore-major order).
 __attribute__((target_clones("avx512f", "avx2", "default"))) void AccumulateSegment(
     const CsrView& view, int64_t begin, int64_t end, const float* shard, int64_t dim,
-    float* block) {
+    float* activations, int64_t first_row, const int32_t* out_rows) {
   const int64_t lines_per_row = (dim * static_cast<int64_t>(sizeof(float)) + 63) / 64;
   constexpr int64_t kPrefetchDistance = 8;
   for (int64_t i = begin; i < end; ++i) {
@@ -42,8 +67,9 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void AccumulateSegm
         view.sample_ids[i + kPrefetchDistance] != kPad) {
       const char* ahead = reinterpret_cast<const char*>(
           shard + static_cast<int64_t>(view.token_ids[i + kPrefetchDistance]) * dim);
+      const int32_t sample_ahead = view.sample_ids[i + kPrefetchDistance];
       const char* out_ahead = reinterpret_cast<const char*>(
-          block + static_cast<int64_t>(view.sample_ids[i + kPrefetchDistance]) * dim);
+          activations + (out_rows ? out_rows[sample_ahead] : first_row + sample_ahead) * dim);
       for (int64_t line = 0; line < lines_per_row; ++line) {
         __builtin_prefetch(ahead + 64 * line);
         __builtin_prefetch(out_ahead + 64 * line, 1);
@@ -51,32 +77,67 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void AccumulateSegm
     }
     const float gain = view.gains[i];
     const float* row = shard + static_cast<int64_t>(token) * dim;
-    float* out = block + static_cast<int64_t>(sample) * dim;
+    float* out = activations + (out_rows ? out_rows[sample] : first_row + sample) * dim;
     for (int64_t j = 0; j < dim; ++j) out[j] += gain * row[j];
   }
 }
 
 void AccumulateQuantizedSegment(const CsrView& view, int64_t begin, int64_t end,
                                 const float* shard, int64_t dim, const Quantization& q,
-                                float quantum, float* block) {
+                                float quantum, float* activations, int64_t first_row,
+                                const int32_t* out_rows) {
   for (int64_t i = begin; i < end; ++i) {
     const int32_t token = view.token_ids[i], sample = view.sample_ids[i];
     if (token == kPad || sample == kPad) continue;
     const float gain = view.gains[i];
     const float* row = shard + static_cast<int64_t>(token) * dim;
-    float* out = block + static_cast<int64_t>(sample) * dim;
+    float* out = activations + (out_rows ? out_rows[sample] : first_row + sample) * dim;
     for (int64_t j = 0; j < dim; ++j) out[j] += gain * Quantize(row[j], q.low, q.high, quantum);
   }
+}
+
+// For feature-major order: the output row of every (source SparseCore, sample), and per source
+// SparseCore its runs of output rows (first row, count), one per feature.
+struct FeatureMajorRows {
+  std::vector<int32_t> out_row;
+  std::vector<std::pair<int64_t, int64_t>> runs;  // [sc * F + f]
+};
+
+FeatureMajorRows MakeFeatureMajorRows(const CsrView& view, const FeatureRowsPerSc& rows) {
+  FeatureMajorRows result;
+  const int64_t S = view.num_sc_per_device, samples_per_sc = view.samples_per_sc();
+  const int64_t replica_rows = S * samples_per_sc;
+  const int64_t F = static_cast<int64_t>(rows.size());
+  result.out_row.resize(view.input_size);
+  result.runs.resize(view.num_source_sparse_cores() * F);
+  for (int64_t sc = 0; sc < view.num_source_sparse_cores(); ++sc) {
+    const int64_t g = sc / S, s = sc % S;
+    int64_t local = 0;  // first sample of feature f in the SparseCore's block
+    for (int64_t f = 0; f < F; ++f) {
+      const int64_t first = g * replica_rows + S * local + s * rows[f];
+      result.runs[sc * F + f] = {first, rows[f]};
+      for (int64_t j = 0; j < rows[f]; ++j) {
+        result.out_row[sc * samples_per_sc + local + j] = static_cast<int32_t>(first + j);
+      }
+      local += rows[f];
+    }
+  }
+  return result;
 }
 
 }  // namespace
 
 void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
-                       const Quantization& q, float* activations, const ParallelFor& parallel_for) {
+                       const Quantization& q, float* activations, const ParallelFor& parallel_for,
+                       const FeatureRowsPerSc& feature_rows_per_sc) {
   const int64_t samples_per_sc = view.samples_per_sc();
   const int64_t rows_per_shard = view.rows_per_shard();
   const float quantum = q.enabled() ? (q.high - q.low) / static_cast<float>(q.num_buckets - 1) : 0;
-  // Each source SparseCore owns a disjoint block of activation rows, so SCs run in parallel.
+  const bool feature_major = !feature_rows_per_sc.empty();
+  const FeatureMajorRows order =
+      feature_major ? MakeFeatureMajorRows(view, feature_rows_per_sc) : FeatureMajorRows();
+  const int64_t F = static_cast<int64_t>(feature_rows_per_sc.size());
+  // Each source SparseCore owns a disjoint set of activation rows, so SCs run in parallel.
   const int64_t num_sources = view.num_source_sparse_cores();
   parallel_for(num_sources, 64 * view.num_token_ids / num_sources + 1,
                [&](int64_t sc_begin, int64_t sc_end) {
@@ -85,8 +146,16 @@ void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
       // offset nor memset it.
       const int64_t block_elements = samples_per_sc * dim;
       if (block_elements == 0) continue;
-      float* block = activations + s * block_elements;
-      std::memset(block, 0, sizeof(float) * block_elements);
+      const int64_t first_row = s * samples_per_sc;
+      const int32_t* out_rows = feature_major ? order.out_row.data() + first_row : nullptr;
+      if (feature_major) {
+        for (int64_t f = 0; f < F; ++f) {
+          const auto& run = order.runs[s * F + f];
+          std::memset(activations + run.first * dim, 0, sizeof(float) * run.second * dim);
+        }
+      } else {
+        std::memset(activations + first_row * dim, 0, sizeof(float) * block_elements);
+      }
       for (int64_t b = 0; b < view.num_minibatches; ++b) {
         for (int64_t p = 0; p < view.local_shards(); ++p) {
           int64_t begin, end;
@@ -94,9 +163,10 @@ void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
           if (rows_per_shard * dim == 0) continue;  // no rows to read (and no valid ids)
           const float* shard = table + p * rows_per_shard * dim;
           if (q.enabled()) {
-            AccumulateQuantizedSegment(view, begin, end, shard, dim, q, quantum, block);
+            AccumulateQuantizedSegment(view, begin, end, shard, dim, q, quantum, activations,
+                                       first_row, out_rows);
           } else {
-            AccumulateSegment(view, begin, end, shard, dim, block);
+            AccumulateSegment(view, begin, end, shard, dim, activations, first_row, out_rows);
           }
         }
       }

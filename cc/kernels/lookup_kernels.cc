@@ -16,6 +16,7 @@ class SparseDenseMatmulOp : public OpKernel {
   explicit SparseDenseMatmulOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, attrs_.Read(ctx));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("input_size", &input_size_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("feature_rows_per_sc", &feature_rows_per_sc_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("quantization_config_low", &quantization_.low));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("quantization_config_high", &quantization_.high));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("quantization_config_num_buckets", &quantization_.num_buckets));
@@ -36,6 +37,7 @@ class SparseDenseMatmulOp : public OpKernel {
                     table->shape().DebugString())));
     sce::CsrView view;
     OP_REQUIRES_OK(ctx, MakeCsrView(ctx, attrs_, 5, input_size_, table->dim_size(0), &view));
+    OP_REQUIRES_OK(ctx, ToTf(sce::ValidateFeatureRows(feature_rows_per_sc_, view)));
     const int64_t dim = table->dim_size(1);
     // input_size is an attribute: bound the output before allocating it (a TensorShape whose
     // element count overflows would abort the process).
@@ -49,13 +51,15 @@ class SparseDenseMatmulOp : public OpKernel {
     // A table held in a variable is read at random every step: back it with huge pages.
     if (kResource) sce::BackWithHugePages(table->tensor_data().data(), table->TotalBytes());
     sce::SparseDenseMatmul(view, table->flat<float>().data(), dim, quantization_,
-                           activations->flat<float>().data(), ThreadPoolFor(ctx));
+                           activations->flat<float>().data(), ThreadPoolFor(ctx),
+                           feature_rows_per_sc_);
   }
 
  private:
   CsrAttrs attrs_;
   int64_t input_size_;
   sce::Quantization quantization_;
+  sce::FeatureRowsPerSc feature_rows_per_sc_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("SceXlaSparseDenseMatmulWithCsrInput").Device(DEVICE_CPU),

@@ -50,6 +50,8 @@ void RegisterLookupOp(const char* name, const char* table_type,
       .Attr("num_source_replicas: int = 1")
       .Attr("first_local_shard: int = 0")
       .Attr("num_local_shards: int = -1")
+      // Not in TensorFlow's signature: empty keeps its row order (docs/lookup.md#activation-row-order).
+      .Attr("feature_rows_per_sc: list(int) = []")
       .SetShapeFn([table_shape](InferenceContext* c) {
         ShapeHandle table;
         TF_RETURN_IF_ERROR(table_shape(c, &table));

@@ -1472,6 +1472,48 @@ void TestStableSortByKey() {
   }
 }
 
+void TestFeatureMajorActivations() {
+  g_test = "lookup: feature-major activations are the SparseCore-major ones, rows permuted";
+  for (int64_t G : {1, 2}) {
+    for (uint32_t seed = 0; seed < 5; ++seed) {
+      RandomCsr csr(seed, G, 4, 2, 9, 7);
+      CHECK_OK(sce::ValidateCsrView(csr.view));
+      const int64_t dim = 5, rows = csr.view.table_rows;
+      FloatVec table(rows * dim);
+      for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.3f * i + seed);
+      const sce::FeatureRowsPerSc features = {3, 0, 4};
+      CHECK_OK(sce::ValidateFeatureRows(features, csr.view));
+      FloatVec sc_major(csr.view.input_size * dim, -1.0f), feature_major(sc_major.size(), -1.0f);
+      sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(), sc_major.data(),
+                             sce::RunSerially);
+      sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(),
+                             feature_major.data(), sce::RunSerially, features);
+      // Source SparseCore sc = g * 4 + s, sample j of feature f (local = offset_f + j) lands at
+      // g * 28 + 4 * offset_f + s * rows_f + j.
+      bool same = true;
+      for (int64_t sc = 0; sc < G * 4; ++sc) {
+        const int64_t g = sc / 4, s = sc % 4;
+        int64_t offset = 0;
+        for (int64_t rows_f : features) {
+          for (int64_t j = 0; j < rows_f; ++j) {
+            const int64_t from = sc * 7 + offset + j;
+            const int64_t to = g * 28 + 4 * offset + s * rows_f + j;
+            same = same && std::memcmp(&sc_major[from * dim], &feature_major[to * dim],
+                                       dim * sizeof(float)) == 0;
+          }
+          offset += rows_f;
+        }
+      }
+      CHECK(same);
+    }
+  }
+  RandomCsr csr(0, 1, 4, 1, 9, 7);
+  CHECK_OK(sce::ValidateFeatureRows({}, csr.view));
+  CHECK_ERROR(sce::ValidateFeatureRows({3, 3}, csr.view), "must sum to the 7 samples");
+  CHECK_ERROR(sce::ValidateFeatureRows({8, -1}, csr.view), "sizes >= 0");
+  CHECK_ERROR(sce::ValidateFeatureRows({INT64_MAX, 1}, csr.view), "overflow int64");
+}
+
 int main() {
   const std::vector<std::function<void()>> tests = {
       TestConvertToCoo,   TestConvertToListOfCoo, TestSortListOfCoo,
@@ -1481,6 +1523,7 @@ int main() {
       TestRequireFiniteFeatureGradients, TestRaisePartitionLimits,
       TestShardContributionsAreMergedStably, TestFusedUpdateIsaVersionsAgree,
       TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice, TestStableSortByKey,
+      TestFeatureMajorActivations,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

@@ -8,7 +8,7 @@ def xla_sparse_dense_matmul_with_csr_input(
         num_minibatches_per_physical_sparse_core, input_size, quantization_config_low,
         quantization_config_high, quantization_config_num_buckets, table_name,
         num_sparsecores_per_device=-1, num_replica=1, num_source_replicas=1, first_local_shard=0,
-        num_local_shards=-1, name=None):
+        num_local_shards=-1, feature_rows_per_sc=(), name=None):
     """Activations [input_size, dim]: gain-weighted sums of the referenced table rows.
 
     `embedding_table` is the whole stacked table ([num_shards * rows_per_shard, dim]) as a tensor,
@@ -19,6 +19,11 @@ def xla_sparse_dense_matmul_with_csr_input(
     other. A table that holds only shards [first_local_shard, first_local_shard +
     num_local_shards) contributes only the rows it holds; summing the partial activations of all
     shard owners gives the full result.
+
+    `feature_rows_per_sc` (not in TensorFlow's signature) changes the order of the rows: when
+    given, each SparseCore's samples are cut into consecutive features of these sizes and every
+    replica's block is written feature-major, so each feature's rows are contiguous
+    (docs/lookup.md#activation-row-order). Empty keeps TensorFlow's order.
     """
     kwargs = dict(
         row_pointers=row_pointers, sorted_sample_ids=sorted_sample_ids,
@@ -29,7 +34,8 @@ def xla_sparse_dense_matmul_with_csr_input(
         quantization_config_num_buckets=quantization_config_num_buckets, table_name=table_name,
         num_sparsecores_per_device=num_sparsecores_per_device, num_replica=num_replica,
         num_source_replicas=num_source_replicas, first_local_shard=first_local_shard,
-        num_local_shards=num_local_shards, name=name)
+        num_local_shards=num_local_shards, feature_rows_per_sc=list(feature_rows_per_sc),
+        name=name)
     if is_variable(embedding_table):
         return _lib.sce_resource_sparse_dense_matmul_with_csr_input(
             embedding_table=handle_of(embedding_table), **kwargs)
