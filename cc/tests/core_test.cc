@@ -1266,30 +1266,43 @@ void TestShardContributionsAreMergedStably() {
   }
 }
 
+// A table and its slots with the values every fused-update comparison starts from; compared bit
+// for bit. Not copyable: slot_pointers point into slots.
+template <typename Optimizer>
+struct TableAndSlots {
+  FloatVec table;
+  std::vector<FloatVec> slots;
+  std::array<float*, Optimizer::kSlots.size()> slot_pointers;
+  TableAndSlots(int64_t rows, int64_t dim)
+      : table(rows * dim), slots(Optimizer::kSlots.size(), FloatVec(rows * dim, 0.1f)) {
+    for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.11f * i);
+    for (size_t k = 0; k < slot_pointers.size(); ++k) slot_pointers[k] = slots[k].data();
+  }
+  TableAndSlots(const TableAndSlots&) = delete;
+  TableAndSlots& operator=(const TableAndSlots&) = delete;
+  bool SameBits(const TableAndSlots& other) const {
+    bool same = std::memcmp(table.data(), other.table.data(), table.size() * 4) == 0;
+    for (size_t k = 0; k < slots.size(); ++k) {
+      same = same && std::memcmp(slots[k].data(), other.slots[k].data(), slots[k].size() * 4) == 0;
+    }
+    return same;
+  }
+};
+
 template <typename Optimizer>
 void CheckIsaVersionsAgree(const float* hypers, int64_t dim, uint32_t seed) {
   RandomCsr csr(seed, 1, 4, 2, 9, 7);
   const int64_t rows = csr.view.table_rows;
   FloatVec grads(csr.view.input_size * dim);
   for (size_t i = 0; i < grads.size(); ++i) grads[i] = std::sin(0.37f * i + seed) * 0.5f;
-  std::array<FloatVec, 2> tables;
-  std::array<std::vector<FloatVec>, 2> slots;
-  for (int version = 0; version < 2; ++version) {
-    tables[version].assign(rows * dim, 0.0f);
-    for (size_t i = 0; i < tables[version].size(); ++i) tables[version][i] = std::cos(0.11f * i);
-    slots[version].assign(Optimizer::kSlots.size(), FloatVec(rows * dim, 0.1f));
-    std::array<float*, Optimizer::kSlots.size()> slot_pointers;
-    for (size_t k = 0; k < slot_pointers.size(); ++k) slot_pointers[k] = slots[version][k].data();
+  TableAndSlots<Optimizer> baseline(rows, dim), avx512(rows, dim);
+  for (TableAndSlots<Optimizer>* version : {&baseline, &avx512}) {
     sce::FusedUpdate<Optimizer>(csr.view, grads.data(), dim, 0.05f, hypers, sce::Clip(),
-                                tables[version].data(), slot_pointers, sce::RunSerially, nullptr,
-                                /*use_avx512=*/version == 1);
+                                version->table.data(), version->slot_pointers, sce::RunSerially,
+                                nullptr, /*use_avx512=*/version == &avx512);
   }
-  bool same = std::memcmp(tables[0].data(), tables[1].data(), tables[0].size() * 4) == 0;
-  for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) {
-    same = same && std::memcmp(slots[0][k].data(), slots[1][k].data(), slots[0][k].size() * 4) == 0;
-  }
-  CHECK(same);
-  CHECK(!(tables[0] == FloatVec(tables[0].size(), 0.0f)));
+  CHECK(baseline.SameBits(avx512));
+  CHECK(!(baseline.table == FloatVec(baseline.table.size(), 0.0f)));
 }
 
 void TestFusedUpdateIsaVersionsAgree() {
@@ -1369,32 +1382,15 @@ bool FusedUpdateMatchesReference(const RandomCsr& csr, const float* hypers, int6
   if (with_bad_rows) {
     for (size_t r = 0; r < bad.size(); r += 5) bad[r] = 1;
   }
-  std::array<FloatVec, 2> tables;
-  std::array<std::vector<FloatVec>, 2> slots;
-  std::array<int64_t, 2> skipped{};
-  for (int version = 0; version < 2; ++version) {
-    tables[version].assign(rows * dim, 0.0f);
-    for (size_t i = 0; i < tables[version].size(); ++i) tables[version][i] = std::cos(0.11f * i);
-    slots[version].assign(Optimizer::kSlots.size(), FloatVec(rows * dim, 0.1f));
-    std::array<float*, Optimizer::kSlots.size()> slot_pointers;
-    for (size_t k = 0; k < slot_pointers.size(); ++k) slot_pointers[k] = slots[version][k].data();
-    const uint8_t* flags = with_bad_rows ? bad.data() : nullptr;
-    if (version == 0) {
-      skipped[0] = sce::FusedUpdate<Optimizer>(csr.view, grads.data(), dim, 0.05f, hypers,
-                                               sce::Clip(), tables[0].data(), slot_pointers,
-                                               sce::RunSerially, flags, /*use_avx512=*/false);
-    } else {
-      skipped[1] = ReferenceFusedUpdate<Optimizer>(
-          csr.view, grads.data(), dim, 0.05f, hypers, tables[1].data(),
-          std::vector<float*>(slot_pointers.begin(), slot_pointers.end()), flags);
-    }
-  }
-  bool same = skipped[0] == skipped[1] &&
-              std::memcmp(tables[0].data(), tables[1].data(), tables[0].size() * 4) == 0;
-  for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) {
-    same = same && std::memcmp(slots[0][k].data(), slots[1][k].data(), slots[0][k].size() * 4) == 0;
-  }
-  return same;
+  const uint8_t* flags = with_bad_rows ? bad.data() : nullptr;
+  TableAndSlots<Optimizer> kernel(rows, dim), reference(rows, dim);
+  const int64_t kernel_skipped = sce::FusedUpdate<Optimizer>(
+      csr.view, grads.data(), dim, 0.05f, hypers, sce::Clip(), kernel.table.data(),
+      kernel.slot_pointers, sce::RunSerially, flags, /*use_avx512=*/false);
+  const int64_t reference_skipped = ReferenceFusedUpdate<Optimizer>(
+      csr.view, grads.data(), dim, 0.05f, hypers, reference.table.data(),
+      std::vector<float*>(reference.slot_pointers.begin(), reference.slot_pointers.end()), flags);
+  return kernel_skipped == reference_skipped && kernel.SameBits(reference);
 }
 
 void TestFusedUpdateMatchesStableSortReference() {
