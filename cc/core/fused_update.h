@@ -113,6 +113,15 @@ constexpr size_t kRowPrefetchDistance = 24;
 constexpr int64_t kGradientPrefetchRunDistance = 4;
 constexpr int64_t kRowPrefetchRunDistance = 8;
 
+// Prefetches table row `offset / dim` and the same row of every slot.
+template <typename Optimizer>
+__attribute__((always_inline)) inline void PrefetchTableRow(
+    float* table, const std::array<float*, Optimizer::kSlots.size()>& slots, int64_t offset,
+    int64_t row_bytes) {
+  PrefetchRow(table + offset, row_bytes);
+  for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) PrefetchRow(slots[k] + offset, row_bytes);
+}
+
 // Adds one contribution to a row's sum; with kSkipNonFinite, a flagged activation row or a
 // non-finite gain marks the row skipped instead.
 template <bool kSkipNonFinite>
@@ -186,11 +195,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
           const uint32_t ahead = static_cast<uint32_t>(view.token_ids[i + kRowPrefetchRunDistance]);
           if (ahead < rows_per_shard &&
               ahead != static_cast<uint32_t>(view.token_ids[i + kRowPrefetchRunDistance - 1])) {
-            const int64_t offset = (shard_row + ahead) * dim;
-            PrefetchRow(table + offset, row_bytes);
-            for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) {
-              PrefetchRow(slots[k] + offset, row_bytes);
-            }
+            PrefetchTableRow<Optimizer>(table, slots, (shard_row + ahead) * dim, row_bytes);
           }
         }
         AddContribution<kSkipNonFinite>(grads, dim, run.activation_base + view.sample_ids[i],
@@ -228,11 +233,8 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions
       }
       if (i + kRowPrefetchDistance < n &&
           entries[i + kRowPrefetchDistance].token != entries[i + kRowPrefetchDistance - 1].token) {
-        const int64_t offset = (shard_row + entries[i + kRowPrefetchDistance].token) * dim;
-        PrefetchRow(table + offset, row_bytes);
-        for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) {
-          PrefetchRow(slots[k] + offset, row_bytes);
-        }
+        PrefetchTableRow<Optimizer>(
+            table, slots, (shard_row + entries[i + kRowPrefetchDistance].token) * dim, row_bytes);
       }
       AddContribution<kSkipNonFinite>(grads, dim, entries[i].activation, entries[i].gain,
                                       bad_activation_rows, sum, &skip);
