@@ -68,14 +68,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!sce::AllFinite(g, static_cast<int64_t>(grads.size())) ||
       !sce::AllFinite(v.gains, v.num_gains)) {
     sce::NonFiniteContribution first;
-    sce::FindNonFiniteContributions(v, g, dim, &bad, &first);
+    sce::FindNonFiniteContributions(v, sce::GradientRows{g}, dim, &bad, &first);
     if (!first.found) bad.clear();
     if (first.found && !skip) return 0;  // the kernel fails the step here
   }
   const std::vector<float> table_before = table;
   const float hypers[1] = {0.0f};
   const int64_t skipped = sce::FusedUpdate<sce::AdagradOptimizer>(
-      v, g, dim, 0.1f, hypers, sce::Clip(), table.empty() ? nullptr : table.data(),
+      v, sce::GradientRows{g}, dim, 0.1f, hypers, sce::Clip(), table.empty() ? nullptr : table.data(),
       std::array<float*, 1>{accumulator.empty() ? nullptr : accumulator.data()},
       sce::RunSerially, bad.empty() ? nullptr : bad.data());
   SCE_FUZZ_CHECK(skipped >= 0);

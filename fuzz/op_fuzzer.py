@@ -219,7 +219,10 @@ def make_case(seed, index):
                     feature_rows=rng.choice([
                         [], [], [samples_per_sc], [1, max(samples_per_sc - 1, 0)],
                         [a(2, 4, 0) for _ in range(rng.randint(1, 3))],
-                        [-1, samples_per_sc + 1], [2**62, 2**62, 2**62]]))
+                        [-1, samples_per_sc + 1], [2**62, 2**62, 2**62]]),
+                    # The in-place update's gradients per feature (docs/optimizers.md#gradient-order):
+                    # cut at the feature sizes, or at sizes off by one row.
+                    grad_parts=rng.choice([None, None, "exact", "shifted"]))
     elif op == "finite_check":
         n = rng.randint(0, 4)
         case.update(flags=int_list(rng, n + a.choice(0, [0, 1, -1]), 2),
@@ -351,6 +354,15 @@ def run_case(case):
             definition = ops.OPTIMIZERS[case["optimizer"]]
             hypers = {h: (False if kind == "bool" else 0.5) for h, kind in definition.hyperparameters}
             slots = [np.full(table.shape, 0.5, np.float32) for _ in definition.slots]
+            extra = {}
+            if op == "update_in_place" and case["grad_parts"] and case["feature_rows"]:
+                sources = case["num_sc"] * case["num_replica_base"]
+                cuts = [max(min(sources * r, len(grads)), 0) for r in case["feature_rows"]]
+                if case["grad_parts"] == "shifted":
+                    cuts[0] += 1
+                grads = np.split(grads, np.minimum(np.cumsum(cuts)[:-1], len(grads)))
+            if op == "update_in_place" and case["feature_rows"]:
+                extra["feature_rows_per_sc"] = case["feature_rows"]
             if op == "update_in_place":
                 variables = [tf.Variable(x) for x in [table] + slots]
                 if case["alias"] and len(variables) > 1:
@@ -359,7 +371,7 @@ def run_case(case):
             return fused_update_function(case["optimizer"])(
                 *buffers, grads, np.float32(0.1), table, *slots, minibatches, table_name=T,
                 non_finite_gradients=case["non_finite"], return_num_skipped_rows=True,
-                **hypers, **attrs)
+                **hypers, **attrs, **extra)
         if op == "finite_check":
             from tf_sc_embedding.ops import gradient_check  # noqa: PLC0415
             flags = i32(case["flags"])

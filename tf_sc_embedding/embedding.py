@@ -554,7 +554,7 @@ class TPUEmbeddingV2(tf.Module):
         self._require_built("dequeue")
         view = collectives.ReplicaView(self._group)
         shards = self._local_parameters(view)
-        stacked_activations, feature_major = {}, set()
+        stacked_activations = {}
         sharded, replicated = self._plan.sharded, self._plan.replicated
         preserved_sharded = preserved_replicated = None
         if sharded is not None and self._exchange == "all_to_all":
@@ -566,11 +566,9 @@ class TPUEmbeddingV2(tf.Module):
             for name, stacked in sharded.stacked_tables.items():
                 csr, num_dropped = all_gather_exchange.pack_and_gather(
                     view, sharded, stacked, preprocessed[name], self._sparse_core_config)
-                rows = enqueue_lib.feature_major_rows(sharded, stacked)
                 stacked_activations[name] = all_gather_exchange.lookup(
-                    view, sharded, stacked, csr, shards[name], feature_rows_per_sc=rows)
-                if rows is not None:
-                    feature_major.add(name)
+                    view, sharded, stacked, csr, shards[name],
+                    feature_rows_per_sc=self._feature_major_rows(name))
                 preserved_sharded[name] = csr
                 dropped.append(tf.cast(num_dropped, tf.int64))
             self._group.counter(view.replica_id, collectives.DROPPED_IDS).assign_add(
@@ -585,7 +583,7 @@ class TPUEmbeddingV2(tf.Module):
         for name, stacked in self._plan.stacked_tables.items():
             activations_by_path.update(enqueue_lib.unstack_activations(
                 self._plan, stacked, stacked_activations[name],
-                feature_major=name in feature_major))
+                feature_major=self._feature_major_rows(name) is not None))
         flat = [activations_by_path[p] for p in self._flat_paths]
         return (tf.nest.pack_sequence_as(self._feature_config, flat),
                 Preserved(preserved_sharded, preserved_replicated))
@@ -609,7 +607,8 @@ class TPUEmbeddingV2(tf.Module):
                                "embedding_lookup (or build) first")
         flat = self.flatten_features(gradients, "gradients", allow_none=True)
         by_path = dict(zip(self._flat_paths, flat))
-        grads = {name: enqueue_lib.stack_gradients(self._plan, stacked, by_path)
+        grads = {name: enqueue_lib.stack_gradients(self._plan, stacked, by_path,
+                                                   self._gradient_order(name))
                  for name, stacked in self._plan.stacked_tables.items()}
 
         view = collectives.ReplicaView(self._group)
@@ -656,6 +655,25 @@ class TPUEmbeddingV2(tf.Module):
             updates.append(counter.assign_add(tf.add_n(skipped)))
         return updates
 
+    def _feature_major_rows(self, name):
+        """Each feature's rows per SparseCore if the lookup of stacked table `name` writes its
+        activations feature-major and its update reads the gradients in that order
+        (docs/lookup.md#activation-row-order), else None. Only the CSR lookups (one replica, or
+        the all-gather exchange) have that order."""
+        sharded = self._plan.sharded
+        if sharded is None or self._exchange == "all_to_all" or name not in sharded.stacked_tables:
+            return None
+        return enqueue_lib.feature_major_rows(sharded, sharded.stacked_tables[name])
+
+    def _gradient_order(self, name):
+        """How apply_gradients stacks table `name`'s gradients: per feature (no copy) when the
+        update reads them in place (one replica), feature-major when they are all-gathered first,
+        else in the CSR's order."""
+        if self._feature_major_rows(name) is None:
+            return enqueue_lib.SPARSE_CORE_MAJOR
+        return (enqueue_lib.PER_FEATURE if self._exchange == "single"
+                else enqueue_lib.FEATURE_MAJOR)
+
     def apply_pending_gradients(self):
         """Applies the update a pipelined step kept for the next step (docs/pipelining.md).
 
@@ -693,8 +711,11 @@ class TPUEmbeddingV2(tf.Module):
                          if self._exchange == "all_to_all"
                          else all_gather_exchange.shard_arguments(sharded, replica_id))
             for name, (parameters, slots) in self._local_variables(replica_id, sharded).items():
+                rows = self._feature_major_rows(name)
                 targets[(SHARDED, name)] = fused_update.UpdateTarget(
-                    sharded.stacked_tables[name], arguments, parameters, slots, True)
+                    sharded.stacked_tables[name],
+                    arguments if rows is None else dict(arguments, feature_rows_per_sc=rows),
+                    parameters, slots, True)
         if replicated is not None:   # whole tables: every replica updates them alike
             arguments = all_to_all_exchange.owned_rows_arguments(replicated, 0)
             for name, (parameters, slots) in self._local_variables(replica_id,
@@ -739,10 +760,9 @@ class TPUEmbeddingV2(tf.Module):
             [None if g is None else tf.convert_to_tensor(g) for g in flat_gradients])
         agreed = view.all_max(flags)
         tables = [feature.table.name for feature in tf.nest.flatten(self._feature_config)]
-        names = list(stacked_gradients)
         checked = gradient_check.require_finite_gradients(
-            agreed, [stacked_gradients[n] for n in names], self._flat_paths, tables)
-        return dict(zip(names, checked))
+            agreed, tf.nest.flatten(stacked_gradients), self._flat_paths, tables)
+        return tf.nest.pack_sequence_as(stacked_gradients, checked)
 
     @tf.autograph.experimental.do_not_convert
     def _check_preserved(self, preserved):

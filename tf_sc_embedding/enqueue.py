@@ -232,9 +232,24 @@ def unstack_activations(layout, stacked, activations, feature_major=False):
             for f, part in zip(features, parts)}
 
 
-def stack_gradients(layout, stacked, gradients_by_path):
-    """Inverse of unstack_activations; a None gradient becomes zeros (with a warning)."""
+# The orders stack_gradients can give a stacked table's gradients in.
+SPARSE_CORE_MAJOR = "sparse_core_major"   # one tensor in the CSR's order
+FEATURE_MAJOR = "feature_major"           # one tensor, each feature's block in turn
+PER_FEATURE = "per_feature"               # a list: every feature's gradient as it is
+
+
+def stack_gradients(layout, stacked, gradients_by_path, order=SPARSE_CORE_MAJOR):
+    """Inverse of unstack_activations; a None gradient becomes zeros (with a warning).
+
+    order: SPARSE_CORE_MAJOR for an update whose CSR numbers activation rows SparseCore-major;
+    FEATURE_MAJOR or PER_FEATURE (no copy at all) for an update given feature_major_rows as its
+    feature_rows_per_sc (docs/optimizers.md#gradient-order), which needs a table that
+    feature_major_rows allows.
+    """
     S = layout.sparse_cores_per_replica
+    if order != SPARSE_CORE_MAJOR and feature_major_rows(layout, stacked) is None:
+        raise ValueError(f"stacked table '{stacked.name}': its gradients cannot be given "
+                         f"{order} (see feature_major_rows)")
     parts = []
     for feature in stacked.features:
         grad = gradients_by_path[feature.path]
@@ -248,7 +263,14 @@ def stack_gradients(layout, stacked, gradients_by_path):
             raise ValueError(f"feature '{feature.path}': gradient has shape {grad.shape}, "
                              f"expected {expected} (the shape of its activations)")
         grad = tf.reshape(tf.cast(grad, tf.float32), [feature.sample_count, feature.table.dim])
+        if order != SPARSE_CORE_MAJOR:
+            parts.append(grad)
+            continue
         if feature.table.dim != stacked.padded_width:
             grad = tf.pad(grad, [[0, 0], [0, stacked.padded_width - feature.table.dim]])
         parts.append(tf.reshape(grad, [S, feature.sample_count // S, stacked.padded_width]))
+    if order == PER_FEATURE:
+        return parts
+    if order == FEATURE_MAJOR:
+        return tf.concat(parts, axis=0)
     return tf.reshape(tf.concat(parts, axis=1), [stacked.sample_count, stacked.padded_width])

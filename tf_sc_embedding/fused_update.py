@@ -25,6 +25,8 @@ UPDATE_INPUT_DTYPES = collections.OrderedDict([
     ("activation_gradients", tf.float32),
     ("num_minibatches_per_physical_sparse_core", tf.int32),
 ])
+# activation_gradients may also be a list of per-feature tensors when the target's arguments carry
+# feature_rows_per_sc (docs/optimizers.md#gradient-order).
 UpdateInputs = collections.namedtuple("UpdateInputs", list(UPDATE_INPUT_DTYPES))
 
 # stacked: layout.StackedTable; arguments: the op's static shard attributes; parameters and

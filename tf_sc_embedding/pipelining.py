@@ -79,9 +79,13 @@ class UpdateStash:
         return tf.cond(pending.read_value(), run_kept, lambda: tf.constant(0, tf.int64))
 
     def keep(self, replica_id, inputs):
-        """Keeps this step's update inputs ({key: UpdateInputs}) and marks them pending."""
+        """Keeps this step's update inputs ({key: UpdateInputs}) and marks them pending.
+
+        Gradients given per feature are kept as one feature-major tensor, which the update reads
+        with the same feature_rows_per_sc (docs/optimizers.md#gradient-order).
+        """
         kept = self._inputs[replica_id]
-        writes = [variable.assign(value)
+        writes = [variable.assign(tf.concat(value, 0) if isinstance(value, list) else value)
                   for key, values in inputs.items()
                   for variable, value in zip(kept[key], values)]
         with tf.control_dependencies(writes):

@@ -42,12 +42,12 @@ __attribute__((target_clones("avx2", "default"))) bool AllFinite(const float* x,
   return any == 0;
 }
 
-void FindNonFiniteContributions(const CsrView& view, const float* grads, int64_t dim,
+void FindNonFiniteContributions(const CsrView& view, const GradientRows& grads, int64_t dim,
                                 std::vector<uint8_t>* bad_activation_rows,
                                 NonFiniteContribution* first) {
   bad_activation_rows->assign(view.input_size, 0);
   for (int64_t r = 0; r < view.input_size; ++r) {
-    (*bad_activation_rows)[r] = AllFinite(grads + r * dim, dim) ? 0 : 1;
+    (*bad_activation_rows)[r] = AllFinite(GradientRow(grads, r, dim), dim) ? 0 : 1;
   }
   *first = NonFiniteContribution();
   const int64_t samples_per_sc = view.samples_per_sc();

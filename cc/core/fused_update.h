@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/core/activation_rows.h"
 #include "cc/core/checked_math.h"
 #include "cc/core/csr_view.h"
 #include "cc/core/optimizers.h"
@@ -95,7 +96,7 @@ struct NonFiniteContribution {
 // Marks the activation rows holding a non-finite value (one flag per row of grads) and finds the
 // first referenced non-finite contribution. Only called when AllFinite failed on the gradients or
 // the gains, so it is off the hot path. `view` must have passed ValidateCsrView.
-void FindNonFiniteContributions(const CsrView& view, const float* grads, int64_t dim,
+void FindNonFiniteContributions(const CsrView& view, const GradientRows& grads, int64_t dim,
                                 std::vector<uint8_t>* bad_activation_rows,
                                 NonFiniteContribution* first);
 
@@ -125,7 +126,7 @@ __attribute__((always_inline)) inline void PrefetchTableRow(
 // Adds one contribution to a row's sum; with kSkipNonFinite, a flagged activation row or a
 // non-finite gain marks the row skipped instead.
 template <bool kSkipNonFinite>
-__attribute__((always_inline)) inline void AddContribution(const float* grads, int64_t dim,
+__attribute__((always_inline)) inline void AddContribution(const GradientRows& grads, int64_t dim,
                                                            int64_t activation, float gain,
                                                            const uint8_t* bad_activation_rows,
                                                            float* sum, bool* skip) {
@@ -135,7 +136,7 @@ __attribute__((always_inline)) inline void AddContribution(const float* grads, i
       return;
     }
   }
-  AccumulateScaled(sum, grads + activation * dim, gain, dim);
+  AccumulateScaled(sum, GradientRow(grads, activation, dim), gain, dim);
 }
 
 // Applies the optimizer to table row `row` with its summed gradient; returns 1 if it was skipped.
@@ -160,7 +161,8 @@ __attribute__((always_inline)) inline int64_t FinishRow(
 // lives in registers instead of being loaded and stored for every contribution.
 template <typename Optimizer, bool kSkipNonFinite, int64_t kDim>
 __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
-    const CsrView& view, ContributionRun* runs, size_t ways, int64_t shard_row, const float* grads,
+    const CsrView& view, ContributionRun* runs, size_t ways, int64_t shard_row,
+    const GradientRows& grads,
     int64_t runtime_dim, float learning_rate, const float* hypers, const Clip& clip, float* table,
     const std::array<float*, Optimizer::kSlots.size()>& slots, const uint8_t* bad_activation_rows,
     float* runtime_sum) {
@@ -187,7 +189,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
           const uint32_t ahead = static_cast<uint32_t>(
               view.sample_ids[i + kGradientPrefetchRunDistance]);
           if (ahead < samples_per_sc) {
-            PrefetchRow(grads + (run.activation_base + ahead) * dim, row_bytes);
+            PrefetchRow(GradientRow(grads, run.activation_base + ahead, dim), row_bytes);
           }
         }
         // A row's lines are fetched once per run, for its first contribution there.
@@ -214,7 +216,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
 // summed row by row in that order.
 template <typename Optimizer, bool kSkipNonFinite>
 __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions(
-    const std::vector<RowContribution>& entries, int64_t shard_row, const float* grads,
+    const std::vector<RowContribution>& entries, int64_t shard_row, const GradientRows& grads,
     int64_t dim, float learning_rate, const float* hypers, const Clip& clip, float* table,
     const std::array<float*, Optimizer::kSlots.size()>& slots, const uint8_t* bad_activation_rows,
     float* sum) {
@@ -227,8 +229,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions
     bool skip = false;
     for (; i < n && entries[i].token == token; ++i) {
       if (i + kGradientPrefetchDistance < n) {
-        PrefetchRow(grads + static_cast<int64_t>(entries[i + kGradientPrefetchDistance].activation) *
-                                dim,
+        PrefetchRow(GradientRow(grads, entries[i + kGradientPrefetchDistance].activation, dim),
                     row_bytes);
       }
       if (i + kRowPrefetchDistance < n &&
@@ -253,8 +254,8 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions
 // both versions give bit-identical results.
 template <typename Optimizer, bool kSkipNonFinite>
 __attribute__((always_inline)) inline int64_t UpdateShards(
-    const CsrView& view, const float* grads, int64_t dim, float learning_rate, const float* hypers,
-    const Clip& clip, float* table, const std::array<float*, Optimizer::kSlots.size()>& slots,
+    const CsrView& view, const GradientRows& grads, int64_t dim, float learning_rate,
+    const float* hypers, const Clip& clip, float* table, const std::array<float*, Optimizer::kSlots.size()>& slots,
     const uint8_t* bad_activation_rows, int64_t p_begin, int64_t p_end) {
   thread_local std::vector<ContributionRun> runs;
   thread_local std::vector<RowContribution> entries;
@@ -291,7 +292,8 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
 // One out-of-line copy of UpdateShards per instruction set (the same body, compiled for `target`).
 #define SCE_DEFINE_UPDATE_SHARDS(name, target)                                                    \
   template <typename Optimizer, bool kSkipNonFinite>                                             \
-  target int64_t name(const CsrView& view, const float* grads, int64_t dim, float learning_rate,  \
+  target int64_t name(const CsrView& view, const GradientRows& grads, int64_t dim,                \
+                      float learning_rate,                                                       \
                       const float* hypers, const Clip& clip, float* table,                       \
                       const std::array<float*, Optimizer::kSlots.size()>& slots,                 \
                       const uint8_t* bad_activation_rows, int64_t p_begin, int64_t p_end) {      \
@@ -304,8 +306,9 @@ SCE_DEFINE_UPDATE_SHARDS(UpdateShardsAvx512,
 SCE_DEFINE_UPDATE_SHARDS(UpdateShardsBaseline, )
 #undef SCE_DEFINE_UPDATE_SHARDS
 
-// `view` must have passed ValidateCsrView; `grads` is [view.input_size, dim]; `table` and every
-// `slots[i]` are [view.table_rows, dim] and are updated in place.
+// `view` must have passed ValidateCsrView; `grads` gives every activation row's gradient (dim
+// floats; see activation_rows.h); `table` and every `slots[i]` are [view.table_rows, dim] and are
+// updated in place.
 //
 // With `bad_activation_rows` null (every gradient and gain is finite: the normal case) this is the
 // plain fused update. Otherwise a table row that any contribution with a flagged activation row or
@@ -313,7 +316,8 @@ SCE_DEFINE_UPDATE_SHARDS(UpdateShardsBaseline, )
 // returned. `use_avx512` picks the instruction set (default: what the CPU has; the results are the
 // same, see UpdateShards).
 template <typename Optimizer, bool kSkipNonFinite>
-int64_t FusedUpdateImpl(const CsrView& view, const float* grads, int64_t dim, float learning_rate,
+int64_t FusedUpdateImpl(const CsrView& view, const GradientRows& grads, int64_t dim,
+                        float learning_rate,
                         const float* hypers, const Clip& clip, float* table,
                         const std::array<float*, Optimizer::kSlots.size()>& slots,
                         const uint8_t* bad_activation_rows, const ParallelFor& parallel_for,
@@ -338,8 +342,8 @@ int64_t FusedUpdateImpl(const CsrView& view, const float* grads, int64_t dim, fl
 }
 
 template <typename Optimizer>
-int64_t FusedUpdate(const CsrView& view, const float* grads, int64_t dim, float learning_rate,
-                    const float* hypers, const Clip& clip, float* table,
+int64_t FusedUpdate(const CsrView& view, const GradientRows& grads, int64_t dim,
+                    float learning_rate, const float* hypers, const Clip& clip, float* table,
                     const std::array<float*, Optimizer::kSlots.size()>& slots,
                     const ParallelFor& parallel_for,
                     const uint8_t* bad_activation_rows = nullptr,

@@ -21,26 +21,6 @@ Status ValidateQuantization(const Quantization& q, const std::string& table_name
   return Status::Ok();
 }
 
-Status ValidateFeatureRows(const FeatureRowsPerSc& feature_rows_per_sc, const CsrView& view) {
-  if (feature_rows_per_sc.empty()) return Status::Ok();
-  int64_t total = 0;
-  for (int64_t rows : feature_rows_per_sc) {
-    if (rows < 0) {
-      return InvalidArgument("table '", view.table_name,
-                             "': feature_rows_per_sc must hold sizes >= 0, got ", rows);
-    }
-    if (!CheckedAdd(total, rows, &total)) {
-      return InvalidArgument("table '", view.table_name,
-                             "': the sizes in feature_rows_per_sc overflow int64");
-    }
-  }
-  if (total != view.samples_per_sc()) {
-    return InvalidArgument("table '", view.table_name, "': feature_rows_per_sc must sum to the ",
-                           view.samples_per_sc(), " samples per SparseCore, got ", total);
-  }
-  return Status::Ok();
-}
-
 namespace {
 
 inline float Quantize(float v, float low, float high, float quantum) {
@@ -94,35 +74,6 @@ void AccumulateQuantizedSegment(const CsrView& view, int64_t begin, int64_t end,
     float* out = activations + (out_rows ? out_rows[sample] : first_row + sample) * dim;
     for (int64_t j = 0; j < dim; ++j) out[j] += gain * Quantize(row[j], q.low, q.high, quantum);
   }
-}
-
-// For feature-major order: the output row of every (source SparseCore, sample), and per source
-// SparseCore its runs of output rows (first row, count), one per feature.
-struct FeatureMajorRows {
-  std::vector<int32_t> out_row;
-  std::vector<std::pair<int64_t, int64_t>> runs;  // [sc * F + f]
-};
-
-FeatureMajorRows MakeFeatureMajorRows(const CsrView& view, const FeatureRowsPerSc& rows) {
-  FeatureMajorRows result;
-  const int64_t S = view.num_sc_per_device, samples_per_sc = view.samples_per_sc();
-  const int64_t replica_rows = S * samples_per_sc;
-  const int64_t F = static_cast<int64_t>(rows.size());
-  result.out_row.resize(view.input_size);
-  result.runs.resize(view.num_source_sparse_cores() * F);
-  for (int64_t sc = 0; sc < view.num_source_sparse_cores(); ++sc) {
-    const int64_t g = sc / S, s = sc % S;
-    int64_t local = 0;  // first sample of feature f in the SparseCore's block
-    for (int64_t f = 0; f < F; ++f) {
-      const int64_t first = g * replica_rows + S * local + s * rows[f];
-      result.runs[sc * F + f] = {first, rows[f]};
-      for (int64_t j = 0; j < rows[f]; ++j) {
-        result.out_row[sc * samples_per_sc + local + j] = static_cast<int32_t>(first + j);
-      }
-      local += rows[f];
-    }
-  }
-  return result;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cc/core/activation_rows.h"
 #include "cc/core/csr_view.h"
 #include "cc/core/parallel.h"
 
@@ -19,17 +20,6 @@ struct Quantization {
 };
 
 Status ValidateQuantization(const Quantization& q, const std::string& table_name);
-
-// The order of the output's activation rows (docs/lookup.md#activation-row-order). Empty: the
-// CSR's own order, row sc * samples_per_sc + sample (SparseCore-major). Otherwise every
-// SparseCore's block of samples is cut into consecutive feature parts of these sizes, and each
-// source replica's rows are written feature-major: feature 0's rows of SparseCore 0, 1, ..., then
-// feature 1's, and so on. Each feature's activations are then one contiguous block of rows.
-using FeatureRowsPerSc = std::vector<int64_t>;
-
-// The sizes must be >= 0 and sum to the view's samples per SparseCore. `view` must have passed
-// ValidateCsrView.
-Status ValidateFeatureRows(const FeatureRowsPerSc& feature_rows_per_sc, const CsrView& view);
 
 // `view` must have passed ValidateCsrView, `feature_rows_per_sc` ValidateFeatureRows. `table` is
 // [view.table_rows, dim]; `activations` is [view.input_size, dim] and is overwritten.

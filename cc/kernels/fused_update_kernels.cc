@@ -1,7 +1,11 @@
 // Kernels of the fused backward + optimizer ops, one pair per optimizer definition: the functional
 // form updates copies of its inputs, the resource form updates the variables in place. Every input
 // is validated before the first write, so a failing step changes nothing.
+#include <algorithm>
 #include <array>
+#include <atomic>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include "cc/core/checked_math.h"
@@ -16,18 +20,24 @@ namespace tensorflow {
 namespace sce_kernels {
 namespace {
 
+// Inputs: the four CSR buffers, the activation gradients (one tensor in the functional form, N in
+// the resource form), the learning rate, the table and its slots, the minibatch count.
 constexpr int kGradientsInput = 4;
-constexpr int kLearningRateInput = 5;
-constexpr int kTableInput = 6;
 
 template <typename Optimizer, bool kResource>
 class FusedUpdateOp : public OpKernel {
  public:
   static constexpr size_t kNumSlots = Optimizer::kSlots.size();
-  static constexpr int kMinibatchesInput = kTableInput + 1 + static_cast<int>(kNumSlots);
 
   explicit FusedUpdateOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, attrs_.Read(ctx));
+    if (kResource) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &num_gradients_));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("feature_rows_per_sc", &feature_rows_per_sc_));
+    }
+    learning_rate_input_ = kGradientsInput + num_gradients_;
+    table_input_ = learning_rate_input_ + 1;
+    minibatches_input_ = table_input_ + 1 + static_cast<int>(kNumSlots);
     std::string non_finite;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("non_finite_gradients", &non_finite));
     OP_REQUIRES_OK(ctx, ToTf(sce::ParseNonFiniteGradients(non_finite, &non_finite_)));
@@ -52,7 +62,7 @@ class FusedUpdateOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     std::vector<int> variable_inputs;
     std::vector<std::string> variable_names = {"embedding_table"};
-    for (size_t i = 0; i <= kNumSlots; ++i) variable_inputs.push_back(kTableInput + i);
+    for (size_t i = 0; i <= kNumSlots; ++i) variable_inputs.push_back(table_input_ + i);
     for (const char* slot : Optimizer::kSlots) variable_names.push_back(slot);
     LockedVariables locked;
     std::array<const Tensor*, kNumSlots + 1> inputs;
@@ -64,7 +74,7 @@ class FusedUpdateOp : public OpKernel {
       OP_REQUIRES_OK(ctx, locked.RequireDistinct(variable_names, attrs_.table_name));
       for (size_t i = 0; i <= kNumSlots; ++i) inputs[i] = locked.tensor(i);
     } else {
-      for (size_t i = 0; i <= kNumSlots; ++i) inputs[i] = &ctx->input(kTableInput + i);
+      for (size_t i = 0; i <= kNumSlots; ++i) inputs[i] = &ctx->input(table_input_ + i);
     }
     const Tensor& table = *inputs[0];
     OP_REQUIRES(ctx, table.dims() == 2 && table.dtype() == DT_FLOAT,
@@ -78,31 +88,54 @@ class FusedUpdateOp : public OpKernel {
                       "' has shape ", inputs[i + 1]->shape().DebugString(),
                       " but the table has shape ", table.shape().DebugString())));
     }
-    const Tensor& grads = ctx->input(kGradientsInput);
-    OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(1) == table.dim_size(1) &&
-                         grads.dim_size(0) <= sce::kMaxInt32,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "table '", attrs_.table_name,
-                    "': activation_gradients must be a matrix with the table's width ",
-                    table.dim_size(1), ", got shape ", grads.shape().DebugString())));
-    const Tensor& lr = ctx->input(kLearningRateInput);
+    // Every gradient tensor is a matrix of the table's width; their rows add up to the activation
+    // rows the CSR refers to (checked against the CSR below).
+    std::vector<int64_t> part_rows(num_gradients_);
+    std::vector<const float*> parts(num_gradients_);
+    int64_t input_size = 0;
+    for (int i = 0; i < num_gradients_; ++i) {
+      const Tensor& grads = ctx->input(kGradientsInput + i);
+      OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(1) == table.dim_size(1),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "table '", attrs_.table_name, "': activation_gradients",
+                      num_gradients_ > 1 ? absl::StrCat("[", i, "]") : std::string(),
+                      " must be a matrix with the table's width ", table.dim_size(1),
+                      ", got shape ", grads.shape().DebugString())));
+      part_rows[i] = grads.dim_size(0);
+      parts[i] = grads.flat<float>().data();
+      OP_REQUIRES(ctx, sce::CheckedAdd(input_size, part_rows[i], &input_size) &&
+                           input_size <= sce::kMaxInt32,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "table '", attrs_.table_name,
+                      "': activation_gradients hold more than ", sce::kMaxInt32, " rows")));
+    }
+    const Tensor& lr = ctx->input(learning_rate_input_);
     OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(lr.shape()),
                 absl::InvalidArgumentError(absl::StrCat(
                     "table '", attrs_.table_name, "': learning_rate must be a scalar, got shape ",
                     lr.shape().DebugString())));
     sce::CsrView view;
-    OP_REQUIRES_OK(ctx, MakeCsrView(ctx, attrs_, kMinibatchesInput, grads.dim_size(0),
+    OP_REQUIRES_OK(ctx, MakeCsrView(ctx, attrs_, minibatches_input_, input_size,
                                     table.dim_size(0), &view));
+    OP_REQUIRES_OK(ctx, ToTf(sce::ValidateFeatureRows(feature_rows_per_sc_, view)));
+    OP_REQUIRES_OK(ctx, ToTf(sce::ValidateGradientParts(view, feature_rows_per_sc_, part_rows,
+                                                        "activation_gradients")));
+    const int64_t dim = table.dim_size(1);
+    // One buffer in the CSR's order is read directly; any other order through row addresses.
+    std::vector<const float*> row_addresses;
+    sce::GradientRows grads{parts[0], nullptr};
+    if (!feature_rows_per_sc_.empty()) {
+      row_addresses = sce::GradientRowAddresses(view, feature_rows_per_sc_, parts, dim);
+      grads.address = row_addresses.data();
+    }
 
     // Non-finite gradients: one vectorizable pass over the gradients and the gains decides; only
     // when it finds a NaN or Inf are the referenced rows looked at (before any write).
-    const int64_t dim = table.dim_size(1);
-    const float* grad_data = grads.flat<float>().data();
     std::vector<uint8_t> bad_activation_rows;
-    if (!sce::AllFinite(grad_data, grads.NumElements()) ||
+    if (!AllGradientsFinite(ctx, parts, part_rows, dim) ||
         !sce::AllFinite(view.gains, view.num_gains)) {
       sce::NonFiniteContribution first;
-      sce::FindNonFiniteContributions(view, grad_data, dim, &bad_activation_rows, &first);
+      sce::FindNonFiniteContributions(view, grads, dim, &bad_activation_rows, &first);
       if (!first.found) {
         bad_activation_rows.clear();  // only unreferenced rows / padding: nothing to skip
       } else if (non_finite_ == sce::NonFiniteGradients::kError) {
@@ -132,7 +165,7 @@ class FusedUpdateOp : public OpKernel {
       for (size_t i = 0; i <= kNumSlots; ++i) {
         const Tensor* in = inputs[i];
         Tensor* out = nullptr;
-        OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({kTableInput + static_cast<int>(i)},
+        OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({table_input_ + static_cast<int>(i)},
                                                                   i, in->shape(), &out));
         if (out->flat<float>().data() != in->flat<float>().data()) {
           std::copy_n(in->flat<float>().data(), in->NumElements(), out->flat<float>().data());
@@ -143,7 +176,7 @@ class FusedUpdateOp : public OpKernel {
     std::array<float*, kNumSlots> slots;
     for (size_t i = 0; i < kNumSlots; ++i) slots[i] = targets[i + 1];
     const int64_t skipped = sce::FusedUpdate<Optimizer>(
-        view, grad_data, dim, lr.flat<float>()(0), hypers_.data(), clip_, targets[0], slots,
+        view, grads, dim, lr.flat<float>()(0), hypers_.data(), clip_, targets[0], slots,
         ThreadPoolFor(ctx), bad_activation_rows.empty() ? nullptr : bad_activation_rows.data());
     OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, kResource ? 0 : static_cast<int>(kNumSlots) + 1,
                                           skipped));
@@ -154,7 +187,30 @@ class FusedUpdateOp : public OpKernel {
   }
 
  private:
+  // The finiteness pass over all gradient rows, in parallel chunks of about 1 MiB.
+  static bool AllGradientsFinite(OpKernelContext* ctx, const std::vector<const float*>& parts,
+                                 const std::vector<int64_t>& part_rows, int64_t dim) {
+    constexpr int64_t kChunk = int64_t{1} << 18;  // floats
+    std::vector<std::pair<const float*, int64_t>> chunks;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const int64_t n = part_rows[i] * dim;  // fits: a tensor's element count
+      for (int64_t at = 0; at < n; at += kChunk) {
+        chunks.emplace_back(parts[i] + at, std::min(kChunk, n - at));
+      }
+    }
+    std::atomic<bool> finite{true};
+    ThreadPoolFor(ctx)(static_cast<int64_t>(chunks.size()), kChunk, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e && finite.load(std::memory_order_relaxed); ++c) {
+        if (!sce::AllFinite(chunks[c].first, chunks[c].second)) finite = false;
+      }
+    });
+    return finite.load();
+  }
+
   CsrAttrs attrs_;
+  int num_gradients_ = 1;
+  sce::FeatureRowsPerSc feature_rows_per_sc_;
+  int learning_rate_input_ = 0, table_input_ = 0, minibatches_input_ = 0;
   sce::NonFiniteGradients non_finite_ = sce::NonFiniteGradients::kError;
   sce::Clip clip_;
   std::array<float, Optimizer::kHypers.size() + 1> hypers_{};

@@ -13,15 +13,21 @@ namespace {
 
 using shape_inference::InferenceContext;
 
+// The functional form keeps TensorFlow's signature. The resource form (ours) also takes the
+// gradients in the lookup's feature-major order (docs/optimizers.md#gradient-order): one tensor,
+// or one per feature (N of them) so that the embedding needs no concatenation of its features'
+// gradients. feature_rows_per_sc is the lookup's attribute of the same name.
 template <typename Optimizer>
-void AddCommon(register_op::OpDefBuilderWrapper& op, const char* table_type) {
+void AddCommon(register_op::OpDefBuilderWrapper& op, bool resource) {
+  const char* table_type = resource ? "resource" : "float32";
   op.Input("row_pointers: int32")
       .Input("sorted_sample_ids: int32")
       .Input("sorted_token_ids: int32")
       .Input("sorted_gains: float32")
-      .Input("activation_gradients: float32")
+      .Input(resource ? "activation_gradients: N * float32" : "activation_gradients: float32")
       .Input("learning_rate: float32")
       .Input(std::string("embedding_table: ") + table_type);
+  if (resource) op.Attr("N: int >= 1").Attr("feature_rows_per_sc: list(int) = []");
   for (const char* slot : Optimizer::kSlots) op.Input(std::string(slot) + ": " + table_type);
   op.Input("num_minibatches_per_physical_sparse_core: int32");
   for (const sce::HyperSpec& h : Optimizer::kHypers) {
@@ -45,7 +51,7 @@ struct RegisterFusedOps {
     {
       const std::string name = "SceXlaSparseDenseMatmulGradWith" + suffix;
       register_op::OpDefBuilderWrapper op(name.c_str());
-      AddCommon<Optimizer>(op, "float32");
+      AddCommon<Optimizer>(op, /*resource=*/false);
       op.Output("updated_embedding_table: float32");
       for (const char* slot : Optimizer::kSlots) {
         op.Output(std::string("updated_") + slot + ": float32");
@@ -61,7 +67,7 @@ struct RegisterFusedOps {
     {
       const std::string name = "SceResourceSparseDenseMatmulGradWith" + suffix;
       register_op::OpDefBuilderWrapper op(name.c_str());
-      AddCommon<Optimizer>(op, "resource");
+      AddCommon<Optimizer>(op, /*resource=*/true);
       op.Output("num_skipped_rows: int32");
       op.SetShapeFn([](InferenceContext* c) {
         c->set_output(0, c->Scalar());

@@ -933,7 +933,7 @@ void TestNonFiniteGradients() {
   FloatVec grads = {1, 1, 5, 5, nan, 2, 7, 7};  // activation row 2 (SC 1, sample 0) is bad
   std::vector<uint8_t> bad;
   sce::NonFiniteContribution first;
-  sce::FindNonFiniteContributions(v, grads.data(), 2, &bad, &first);
+  sce::FindNonFiniteContributions(v, sce::GradientRows{grads.data()}, 2, &bad, &first);
   CHECK_EQ(Str(std::vector<int>(bad.begin(), bad.end())), std::string("[0,0,1,0]"));
   CHECK(first.found);
   CHECK_EQ(first.activation_row, int64_t{2});
@@ -945,7 +945,7 @@ void TestNonFiniteGradients() {
   const FloatVec table_before = table;
   const float no_hypers[1] = {0.0f};
   const int64_t skipped = sce::FusedUpdate<sce::SgdOptimizer>(
-      v, grads.data(), 2, 0.5f, no_hypers, sce::Clip(), table.data(), {}, sce::RunSerially,
+      v, sce::GradientRows{grads.data()}, 2, 0.5f, no_hypers, sce::Clip(), table.data(), {}, sce::RunSerially,
       bad.data());
   // Row 0 (shard 0) gets SC 0 row 0 (finite) and SC 1 row 2 (NaN): skipped. Row 3 (shard 1,
   // token 1) gets rows 0 and 2 as well: skipped. Rows 1 and 2 are untouched.
@@ -954,10 +954,10 @@ void TestNonFiniteGradients() {
 
   // Only unreferenced rows are bad: nothing is found and the normal update runs.
   FloatVec grads2 = {1, 1, nan, 5, 2, 2, inf, 7};  // rows 1 and 3 (sample 1) are not referenced
-  sce::FindNonFiniteContributions(v, grads2.data(), 2, &bad, &first);
+  sce::FindNonFiniteContributions(v, sce::GradientRows{grads2.data()}, 2, &bad, &first);
   CHECK(!first.found);
   const int64_t none = sce::FusedUpdate<sce::SgdOptimizer>(
-      v, grads2.data(), 2, 0.5f, no_hypers, sce::Clip(), table.data(), {}, sce::RunSerially);
+      v, sce::GradientRows{grads2.data()}, 2, 0.5f, no_hypers, sce::Clip(), table.data(), {}, sce::RunSerially);
   CHECK_EQ(none, int64_t{0});
   // Row 0 (shard 0, token 0) gets rows 0 and 2: 1 - 0.5 * (1 + 2) = -0.5.
   CHECK_EQ(table[0], -0.5f);
@@ -967,7 +967,7 @@ void TestNonFiniteGradients() {
   sce::CsrView v2 = csr2.View(2, 4, 4);
   csr2.gains[0] = inf;
   FloatVec clean(8, 1.0f);
-  sce::FindNonFiniteContributions(v2, clean.data(), 2, &bad, &first);
+  sce::FindNonFiniteContributions(v2, sce::GradientRows{clean.data()}, 2, &bad, &first);
   CHECK(first.found && first.bad_gain && first.position == 0);
 
   sce::NonFiniteGradients mode;
@@ -1297,7 +1297,7 @@ void CheckIsaVersionsAgree(const float* hypers, int64_t dim, uint32_t seed) {
   for (size_t i = 0; i < grads.size(); ++i) grads[i] = std::sin(0.37f * i + seed) * 0.5f;
   TableAndSlots<Optimizer> baseline(rows, dim), avx512(rows, dim);
   for (TableAndSlots<Optimizer>* version : {&baseline, &avx512}) {
-    sce::FusedUpdate<Optimizer>(csr.view, grads.data(), dim, 0.05f, hypers, sce::Clip(),
+    sce::FusedUpdate<Optimizer>(csr.view, sce::GradientRows{grads.data()}, dim, 0.05f, hypers, sce::Clip(),
                                 version->table.data(), version->slot_pointers, sce::RunSerially,
                                 nullptr, /*use_avx512=*/version == &avx512);
   }
@@ -1385,7 +1385,7 @@ bool FusedUpdateMatchesReference(const RandomCsr& csr, const float* hypers, int6
   const uint8_t* flags = with_bad_rows ? bad.data() : nullptr;
   TableAndSlots<Optimizer> kernel(rows, dim), reference(rows, dim);
   const int64_t kernel_skipped = sce::FusedUpdate<Optimizer>(
-      csr.view, grads.data(), dim, 0.05f, hypers, sce::Clip(), kernel.table.data(),
+      csr.view, sce::GradientRows{grads.data()}, dim, 0.05f, hypers, sce::Clip(), kernel.table.data(),
       kernel.slot_pointers, sce::RunSerially, flags, /*use_avx512=*/false);
   const int64_t reference_skipped = ReferenceFusedUpdate<Optimizer>(
       csr.view, grads.data(), dim, 0.05f, hypers, reference.table.data(),
@@ -1510,6 +1510,80 @@ void TestFeatureMajorActivations() {
   CHECK_ERROR(sce::ValidateFeatureRows({INT64_MAX, 1}, csr.view), "overflow int64");
 }
 
+void TestFusedUpdateGradientOrders() {
+  g_test = "fused update: gradients feature-major or per feature give the same update";
+  const sce::FeatureRowsPerSc features = {3, 0, 4};
+  const float none[1] = {0.0f};
+  for (int64_t G : {1, 2}) {
+    for (uint32_t seed = 0; seed < 4; ++seed) {
+      RandomCsr csr(seed, G, 4, 2, 9, 7);
+      CHECK_OK(sce::ValidateCsrView(csr.view));
+      CHECK_OK(sce::ValidateFeatureRows(features, csr.view));
+      const int64_t dim = 5, rows = csr.view.table_rows;
+      FloatVec sc_major(csr.view.input_size * dim);
+      for (size_t i = 0; i < sc_major.size(); ++i) sc_major[i] = std::sin(0.37f * i + seed);
+      // The same rows feature-major (one buffer) and per feature (one buffer each): source
+      // SparseCore sc = g * 4 + s, sample j of feature f lands at g * 28 + 4 * offset_f +
+      // s * rows_f + j, and at row sc * rows_f + j of feature f's buffer.
+      FloatVec feature_major(sc_major.size());
+      std::vector<FloatVec> per_feature;
+      for (int64_t rows_f : features) per_feature.emplace_back(G * 4 * rows_f * dim);
+      for (int64_t sc = 0; sc < G * 4; ++sc) {
+        const int64_t g = sc / 4, s = sc % 4;
+        int64_t offset = 0;
+        for (size_t f = 0; f < features.size(); ++f) {
+          for (int64_t j = 0; j < features[f]; ++j) {
+            const float* from = &sc_major[(sc * 7 + offset + j) * dim];
+            std::copy_n(from, dim,
+                        &feature_major[(g * 28 + 4 * offset + s * features[f] + j) * dim]);
+            std::copy_n(from, dim, &per_feature[f][(sc * features[f] + j) * dim]);
+          }
+          offset += features[f];
+        }
+      }
+      std::vector<const float*> parts;
+      std::vector<int64_t> part_rows;
+      for (size_t f = 0; f < features.size(); ++f) {
+        parts.push_back(per_feature[f].data());
+        part_rows.push_back(G * 4 * features[f]);
+      }
+      CHECK_OK(sce::ValidateGradientParts(csr.view, features, part_rows, "grads"));
+      CHECK_OK(sce::ValidateGradientParts(csr.view, features, {csr.view.input_size}, "grads"));
+      const std::vector<const float*> major_rows =
+          sce::GradientRowAddresses(csr.view, features, {feature_major.data()}, dim);
+      const std::vector<const float*> part_addresses =
+          sce::GradientRowAddresses(csr.view, features, parts, dim);
+      TableAndSlots<sce::AdagradOptimizer> expected(rows, dim), major(rows, dim), split(rows, dim);
+      sce::FusedUpdate<sce::AdagradOptimizer>(csr.view, sce::GradientRows{sc_major.data()}, dim,
+                                              0.05f, none, sce::Clip(), expected.table.data(),
+                                              expected.slot_pointers, sce::RunSerially);
+      sce::FusedUpdate<sce::AdagradOptimizer>(
+          csr.view, sce::GradientRows{nullptr, major_rows.data()}, dim, 0.05f, none, sce::Clip(),
+          major.table.data(), major.slot_pointers, sce::RunSerially);
+      sce::FusedUpdate<sce::AdagradOptimizer>(
+          csr.view, sce::GradientRows{nullptr, part_addresses.data()}, dim, 0.05f, none,
+          sce::Clip(), split.table.data(), split.slot_pointers, sce::RunSerially);
+      CHECK(expected.SameBits(major));
+      CHECK(expected.SameBits(split));
+      // Reading the feature-major buffer as if it were in the CSR's order is another update.
+      TableAndSlots<sce::AdagradOptimizer> misread(rows, dim);
+      sce::FusedUpdate<sce::AdagradOptimizer>(csr.view, sce::GradientRows{feature_major.data()},
+                                              dim, 0.05f, none, sce::Clip(), misread.table.data(),
+                                              misread.slot_pointers, sce::RunSerially);
+      CHECK(!expected.SameBits(misread));
+    }
+  }
+  RandomCsr csr(0, 2, 4, 1, 9, 7);
+  CHECK_OK(sce::ValidateGradientParts(csr.view, features, {24, 0, 32}, "grads"));
+  CHECK_ERROR(sce::ValidateGradientParts(csr.view, features, {25, 0, 31}, "grads"),
+              "grads[0] has 25 rows, expected 8 source SparseCores x 3 rows of feature 0");
+  CHECK_ERROR(sce::ValidateGradientParts(csr.view, features, {24, 0}, "grads"),
+              "grads holds 2 tensors; give one, or one per entry of feature_rows_per_sc (3)");
+  CHECK_ERROR(sce::ValidateGradientParts(csr.view, {}, {28, 28}, "grads"), "holds 2 tensors");
+  CHECK_ERROR(sce::ValidateGradientParts(csr.view, {7}, {55}, "grads"),
+              "grads has 55 rows, expected 56");
+}
+
 int main() {
   const std::vector<std::function<void()>> tests = {
       TestConvertToCoo,   TestConvertToListOfCoo, TestSortListOfCoo,
@@ -1519,7 +1593,7 @@ int main() {
       TestRequireFiniteFeatureGradients, TestRaisePartitionLimits,
       TestShardContributionsAreMergedStably, TestFusedUpdateIsaVersionsAgree,
       TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice, TestStableSortByKey,
-      TestFeatureMajorActivations,
+      TestFeatureMajorActivations, TestFusedUpdateGradientOrders,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

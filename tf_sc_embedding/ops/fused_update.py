@@ -15,6 +15,12 @@ the table), `num_source_replicas` (how many replicas' CSR buffers and activation
 concatenated in the inputs; their contributions to a row are summed before the single update), and
 `first_local_shard` / `num_local_shards` (the shards this table variable holds).
 
+Gradient order (in-place form only, keyword-only `feature_rows_per_sc`; docs/optimizers.md#gradient-order):
+with the lookup's `feature_rows_per_sc`, `activation_gradients` is in the order that lookup wrote
+the activations, either as one tensor or as a list with one tensor per feature (feature f's
+gradient of shape [num_source_replicas * num_sparsecores_per_device * feature_rows_per_sc[f],
+width]), so a stacked table's per-feature gradients need no concatenation.
+
 Non-finite gradients (keyword-only `non_finite_gradients`):
 
 * "error" (the default): if any activation gradient row or gain that contributes to a row of this
@@ -80,6 +86,7 @@ def _signature(definition):
                P("num_source_replicas", P.KEYWORD_ONLY, default=1),
                P("first_local_shard", P.KEYWORD_ONLY, default=0),
                P("num_local_shards", P.KEYWORD_ONLY, default=-1),
+               P("feature_rows_per_sc", P.KEYWORD_ONLY, default=()),
                P("non_finite_gradients", P.KEYWORD_ONLY, default="error"),
                P("return_num_skipped_rows", P.KEYWORD_ONLY, default=False),
                P("name", P.KEYWORD_ONLY, default=None)]
@@ -106,14 +113,23 @@ def _make_op_function(definition):
             raise TypeError(f"table '{arguments['table_name']}': pass the embedding table and all "
                             f"slots ({', '.join(definition.slots) or 'none'}) either as resource "
                             "variables (in-place update) or as tensors (functional form), not mixed")
+        gradients = arguments["activation_gradients"]
         if kinds == {True}:
             for v in variables:
                 arguments[v] = handle_of(arguments[v])
+            arguments["activation_gradients"] = (list(gradients)
+                                                 if isinstance(gradients, (list, tuple))
+                                                 else [gradients])
+            arguments["feature_rows_per_sc"] = [int(r) for r in arguments["feature_rows_per_sc"]]
             num_skipped = in_place(**arguments)
             if return_count:
                 return num_skipped
             # As before the count output existed: None eagerly, the update op in a graph.
             return None if tf.executing_eagerly() else num_skipped.op
+        if isinstance(gradients, (list, tuple)) or len(arguments.pop("feature_rows_per_sc")):
+            raise ValueError(f"table '{arguments['table_name']}': per-feature activation_gradients "
+                             "and feature_rows_per_sc need the in-place form (resource "
+                             "variables); the functional form keeps TensorFlow's signature")
         outputs = functional(**arguments)
         updated, num_skipped = outputs[:-1], outputs[-1]
         updated = updated[0] if len(updated) == 1 else list(updated)
