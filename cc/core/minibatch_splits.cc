@@ -127,7 +127,7 @@ struct Geometry {
 
 // One deduplicated id of a source SparseCore, before it is scattered into the output.
 struct Kept {
-  int32_t local_row, col, bucket;
+  int32_t local_row, col;
   float gain;
 };
 
@@ -137,21 +137,34 @@ struct ScCounts {
   std::vector<int32_t> ids, uniques;
 };
 
-// Sorts the ids [begin, end) of source SparseCore s by col, sums the gains of duplicate
-// (row, col) pairs into `kept` and counts ids and unique ids per (shard, division).
+// Sorts the ids [begin, end) of source SparseCore s by (shard, col), sums the gains of duplicate
+// (row, col) pairs into `kept` and counts ids and unique ids per (shard, division). `kept` is
+// then in output order: by shard, division (a division is a range of cols), col, row.
 void DedupAndCountSc(const int32_t* rows, const int32_t* cols, const float* gains, int64_t begin,
-                     int64_t end, int64_t s, const Geometry& g, std::vector<uint32_t>* order,
-                     std::vector<uint64_t>* scratch, ScCounts* counts, std::vector<Kept>* kept) {
-  // Rows are validated to be sorted, so a stable sort by col orders by (col, row, position).
-  StableSortByKey(cols + begin, end - begin, order, scratch);
+                     int64_t end, int64_t s, const Geometry& g, std::vector<int32_t>* keys,
+                     std::vector<uint32_t>* order, std::vector<uint64_t>* scratch,
+                     ScCounts* counts, std::vector<Kept>* kept) {
+  // The key puts the shard (col & mask) above the shard's row (col >> pbits): a bijection of col,
+  // so equal cols stay adjacent, and the shard's ids come out in col order, hence division by
+  // division. Rows are validated to be sorted, so the stable sort orders ties by (row, position).
+  int32_t max_col = 0;
+  for (int64_t i = begin; i < end; ++i) max_col = std::max(max_col, cols[i]);
+  int shard_row_bits = 0;
+  while (shard_row_bits < 31 && ((max_col >> g.pbits) >> shard_row_bits) != 0) ++shard_row_bits;
+  keys->resize(end - begin);
+  for (int64_t i = begin; i < end; ++i) {
+    const int32_t col = cols[i];
+    (*keys)[i - begin] = ((col & g.mask) << shard_row_bits) | (col >> g.pbits);
+  }
+  StableSortByKey(keys->data(), end - begin, order, scratch);
   std::fill(counts->ids.begin(), counts->ids.end(), 0);
   std::fill(counts->uniques.begin(), counts->uniques.end(), 0);
   kept->reserve(end - begin);
   int32_t prev_row = -1, prev_col = -1;
-  // Cols arrive in increasing order, so the division changes at most D - 1 times: it is
-  // recomputed only when a col reaches the end of the current one.
+  // Within a shard cols arrive in increasing order, so the division changes at most D - 1 times
+  // per shard: it is recomputed only when a col leaves the current one.
   int32_t bucket = 0;
-  int64_t bucket_end = -1;
+  int64_t bucket_begin = 0, bucket_end = -1;
   for (uint32_t offset : *order) {
     // Read once into locals: the counter updates below are int32 stores the compiler would
     // otherwise assume may change the inputs.
@@ -162,14 +175,15 @@ void DedupAndCountSc(const int32_t* rows, const int32_t* cols, const float* gain
       kept->back().gain += gain;
       continue;
     }
-    if (col >= bucket_end) {
+    if (col >= bucket_end || col < bucket_begin) {
       bucket = g.BucketOf(col);
+      bucket_begin = bucket * g.division_size;
       bucket_end = bucket == g.D - 1 ? INT64_MAX : (bucket + int64_t{1}) * g.division_size;
     }
     const int64_t slot = (col & g.mask) * (g.D + 1) + bucket + 1;
     ++counts->ids[slot];
     if (col != prev_col) ++counts->uniques[slot];
-    kept->push_back({static_cast<int32_t>(row - s * g.per_sc), col, bucket, gain});
+    kept->push_back({static_cast<int32_t>(row - s * g.per_sc), col, gain});
     prev_row = row;
     prev_col = col;
   }
@@ -242,25 +256,25 @@ void SplitPair(const ScCounts& counts, int64_t p, const Geometry& g,
   *after |= BucketSplitsToBinary(emitted, g.L);
 }
 
-// Writes the kept ids of every SparseCore into the output, grouped by (SC, shard, division).
-// Each SparseCore fills its own part of the output, so they are written in parallel.
+// Writes the kept ids of every SparseCore into the output, grouped by (SC, shard, division):
+// each SparseCore's kept ids are already in that order (DedupAndCountSc), so SparseCore s's
+// block, which starts at id_counts[s * P * D], is written in one sequential pass. The blocks are
+// disjoint, so they are written in parallel.
 void Scatter(const std::vector<std::vector<Kept>>& kept_per_sc, const Geometry& g,
-             MinibatchSplits* out, const ParallelFor& parallel_for) {
-  const int64_t total = out->id_counts.back();
-  out->rows.resize(total);
-  out->cols.resize(total);
-  out->gains.resize(total);
-  parallel_for(g.S, 20 * (total / g.S + 1), [&](int64_t first, int64_t last) {
-    std::vector<int64_t> running(g.P * g.D);
+             const std::vector<int32_t>& id_counts, const SplitIdBuffers& buffers,
+             const ParallelFor& parallel_for) {
+  const int64_t total = id_counts.back();
+  parallel_for(g.S, 4 * (total / g.S + 1), [&](int64_t first, int64_t last) {
     for (int64_t s = first; s < last; ++s) {
-      std::fill(running.begin(), running.end(), 0);
+      int64_t slot = id_counts[s * g.P * g.D];
+      int32_t* out_rows = buffers.rows;
+      int32_t* out_cols = buffers.cols;
+      float* out_gains = buffers.gains;
       for (const Kept& k : kept_per_sc[s]) {
-        const int64_t p = k.col & g.mask;
-        const int64_t slot =
-            out->id_counts[(s * g.P + p) * g.D + k.bucket] + running[p * g.D + k.bucket]++;
-        out->rows[slot] = k.local_row;
-        out->cols[slot] = k.col >> g.pbits;
-        out->gains[slot] = k.gain;
+        out_rows[slot] = k.local_row;
+        out_cols[slot] = k.col >> g.pbits;
+        out_gains[slot] = k.gain;
+        ++slot;
       }
     }
   });
@@ -271,7 +285,7 @@ void Scatter(const std::vector<std::vector<Kept>>& kept_per_sc, const Geometry& 
 Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float* gains,
                           int64_t n, int64_t num_cols, int64_t num_gains,
                           const MinibatchSplitsParams& params, MinibatchSplits* out,
-                          const ParallelFor& parallel_for) {
+                          const ParallelFor& parallel_for, const SplitIdAllocator& allocate) {
   SCE_RETURN_IF_ERROR(Validate(rows, cols, n, num_cols, num_gains, params));
   const Geometry g(params);
   out->id_counts.assign(g.S * g.P * g.D + 1, 0);
@@ -287,13 +301,14 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
   std::vector<std::vector<Kept>> kept_per_sc(g.S);
   std::vector<ScCounts> counts(g.S);
   parallel_for(g.S, 200 * (n / g.S + 1), [&](int64_t first, int64_t last) {
+    thread_local std::vector<int32_t> keys;
     thread_local std::vector<uint32_t> order;
     thread_local std::vector<uint64_t> scratch;
     for (int64_t s = first; s < last; ++s) {
       counts[s].ids.resize(g.P * (g.D + 1));
       counts[s].uniques.resize(g.P * (g.D + 1));
-      DedupAndCountSc(rows, cols, gains, sc_begin[s], sc_begin[s + 1], s, g, &order, &scratch,
-                      &counts[s], &kept_per_sc[s]);
+      DedupAndCountSc(rows, cols, gains, sc_begin[s], sc_begin[s + 1], s, g, &keys, &order,
+                      &scratch, &counts[s], &kept_per_sc[s]);
     }
   });
   // The limits and the split masks, pair by pair in (SparseCore, shard) order: the top-down mask
@@ -313,7 +328,17 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
       SplitPair(counts[s], p, g, params, &cum, out, &pre, &after);
     }
   }
-  Scatter(kept_per_sc, g, out, parallel_for);
+  const int64_t total = out->id_counts.back();
+  SplitIdBuffers buffers;
+  if (allocate) {
+    SCE_RETURN_IF_ERROR(allocate(total, &buffers));
+  } else {
+    out->rows.resize(total);
+    out->cols.resize(total);
+    out->gains.resize(total);
+    buffers = {out->rows.data(), out->cols.data(), out->gains.data()};
+  }
+  Scatter(kept_per_sc, g, out->id_counts, buffers, parallel_for);
   out->splits = after;
   return Status::Ok();
 }

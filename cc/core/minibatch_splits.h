@@ -5,6 +5,7 @@
 #define SCE_CORE_MINIBATCH_SPLITS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,10 +41,23 @@ struct MinibatchSplits : CooEntries {
 Status MinibatchIdCountsSize(const std::string& where, int64_t num_replica,
                              int64_t num_sc_per_chip, int64_t max_division_level, int64_t* size);
 
+// Where the deduplicated ids go: asked once, with their number, for three buffers of that size
+// (e.g. the op's output tensors, so the ids are written once, in place). A failing status fails
+// the call.
+struct SplitIdBuffers {
+  int32_t* rows = nullptr;
+  int32_t* cols = nullptr;
+  float* gains = nullptr;
+};
+using SplitIdAllocator = std::function<Status(int64_t total, SplitIdBuffers* buffers)>;
+
+// Without `allocate` the ids are written to out->rows / cols / gains; with it, to the buffers it
+// gives (and out's id vectors stay empty).
 Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float* gains,
                           int64_t num_rows, int64_t num_cols, int64_t num_gains,
                           const MinibatchSplitsParams& params, MinibatchSplits* out,
-                          const ParallelFor& parallel_for = RunSerially);
+                          const ParallelFor& parallel_for = RunSerially,
+                          const SplitIdAllocator& allocate = nullptr);
 
 }  // namespace sce
 

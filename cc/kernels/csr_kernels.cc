@@ -157,13 +157,26 @@ class GetMinibatchSplitsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, RequireVector(cols, "col_ids", params_.table_name));
     OP_REQUIRES_OK(ctx, RequireVector(gains, "gains", params_.table_name));
     sce::MinibatchSplits result;
-    OP_REQUIRES_OK(ctx, ToTf(sce::GetMinibatchSplits(
-                            rows.flat<int32_t>().data(), cols.flat<int32_t>().data(),
-                            gains.flat<float>().data(), rows.NumElements(), cols.NumElements(),
-                            gains.NumElements(), params_, &result, ThreadPoolFor(ctx))));
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, result.rows));
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 1, result.cols));
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 2, result.gains));
+    // The deduplicated ids are written straight into the op's outputs. A failed allocation
+    // (out of memory) is reported as TensorFlow gave it.
+    absl::Status allocation = absl::OkStatus();
+    const sce::SplitIdAllocator allocate = [ctx, &allocation](int64_t total,
+                                                              sce::SplitIdBuffers* buffers) {
+      Tensor* out[3];
+      for (int i = 0; i < 3 && allocation.ok(); ++i) {
+        allocation = ctx->allocate_output(i, TensorShape({total}), &out[i]);
+      }
+      if (!allocation.ok()) return sce::FailedPrecondition(allocation.message());
+      *buffers = {out[0]->flat<int32_t>().data(), out[1]->flat<int32_t>().data(),
+                  out[2]->flat<float>().data()};
+      return sce::Status::Ok();
+    };
+    const sce::Status status = sce::GetMinibatchSplits(
+        rows.flat<int32_t>().data(), cols.flat<int32_t>().data(), gains.flat<float>().data(),
+        rows.NumElements(), cols.NumElements(), gains.NumElements(), params_, &result,
+        ThreadPoolFor(ctx), allocate);
+    OP_REQUIRES_OK(ctx, allocation);
+    OP_REQUIRES_OK(ctx, ToTf(status));
     Tensor* splits;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({}), &splits));
     splits->scalar<int64_t>()() = result.splits;

@@ -605,6 +605,35 @@ void TestGetMinibatchSplits() {
   }
   if (!out.id_counts.empty()) CHECK_EQ(out.id_counts[0], 0);
 
+  g_test = "GetMinibatchSplits writes the ids into the buffers its allocator gives";
+  IntVec given_rows, given_cols;
+  FloatVec given_gains;
+  int64_t asked = -1;
+  sce::MinibatchSplits in_place;
+  CHECK_OK(sce::GetMinibatchSplits(
+      kRows9.data(), kCols9.data(), kGains9.data(), 12, 12, 12, Params9(), &in_place,
+      sce::RunSerially, [&](int64_t total, sce::SplitIdBuffers* buffers) {
+        asked = total;
+        given_rows.assign(total, -1);
+        given_cols.assign(total, -1);
+        given_gains.assign(total, -1.0f);
+        *buffers = {given_rows.data(), given_cols.data(), given_gains.data()};
+        return sce::Status::Ok();
+      }));
+  CHECK_EQ(asked, int64_t{11});
+  CHECK_EQ(given_rows, out.rows);
+  CHECK_EQ(given_cols, out.cols);
+  CHECK_EQ(given_gains, out.gains);
+  CHECK(in_place.rows.empty());
+  CHECK(in_place.id_counts == out.id_counts);
+  CHECK_EQ(in_place.splits, out.splits);
+  CHECK_ERROR(sce::GetMinibatchSplits(kRows9.data(), kCols9.data(), kGains9.data(), 12, 12, 12,
+                                      Params9(), &in_place, sce::RunSerially,
+                                      [](int64_t, sce::SplitIdBuffers*) {
+                                        return sce::FailedPrecondition("no memory left");
+                                      }),
+              "no memory left");
+
   g_test = "GetMinibatchSplits errors";
   const IntVec unsorted = {0, 0, 0, 1, 1, 1, 0, 2, 2, 3, 4, 7};
   CHECK_ERROR(sce::GetMinibatchSplits(unsorted.data(), kCols9.data(), kGains9.data(), 12, 12, 12,
