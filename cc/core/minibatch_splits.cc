@@ -26,11 +26,12 @@ Status MinibatchIdCountsSize(const std::string& where, int64_t num_replica,
 
 namespace {
 
-// Every row sorted and within the batch, every id within the vocabulary.
-Status ValidateIds(const int32_t* rows, const int32_t* cols, int64_t n,
-                   const MinibatchSplitsParams& p) {
-  int32_t previous = 0;
-  for (int64_t i = 0; i < n; ++i) {
+// Every row sorted and within the batch, every id within the vocabulary, for positions
+// [begin, end) (the row before `begin` is its predecessor).
+Status ValidateIdRange(const int32_t* rows, const int32_t* cols, int64_t begin, int64_t end,
+                       const MinibatchSplitsParams& p) {
+  int32_t previous = begin > 0 ? rows[begin - 1] : 0;
+  for (int64_t i = begin; i < end; ++i) {
     if (rows[i] < previous || rows[i] >= p.sample_count) {
       return InvalidArgument("table '", p.table_name, "': row_ids must be sorted and in [0, ",
                              p.sample_count, "); got ", rows[i], " at position ", i, " after ",
@@ -45,8 +46,25 @@ Status ValidateIds(const int32_t* rows, const int32_t* cols, int64_t n,
   return Status::Ok();
 }
 
+// ValidateIdRange over all ids, in parallel chunks; the error is the one of the first failing
+// chunk, i.e. the first bad position, as a serial pass would report it.
+Status ValidateIds(const int32_t* rows, const int32_t* cols, int64_t n,
+                   const MinibatchSplitsParams& p, const ParallelFor& parallel_for) {
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<Status> status(chunks);
+  parallel_for(chunks, 4 * kChunk, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      status[c] = ValidateIdRange(rows, cols, c * kChunk, std::min(n, (c + 1) * kChunk), p);
+    }
+  });
+  for (const Status& s : status) SCE_RETURN_IF_ERROR(s);
+  return Status::Ok();
+}
+
 Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num_cols,
-                int64_t num_gains, const MinibatchSplitsParams& p) {
+                int64_t num_gains, const MinibatchSplitsParams& p,
+                const ParallelFor& parallel_for) {
   const std::string& t = p.table_name;
   if (n != num_cols || n != num_gains) {
     return InvalidArgument("table '", t, "': row_ids (", n, "), col_ids (", num_cols,
@@ -85,7 +103,7 @@ Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num
     return InvalidArgument("table '", t,
                            "': max_ids_per_partition and max_unique_ids_per_partition must be >= 1");
   }
-  return ValidateIds(rows, cols, n, p);
+  return ValidateIds(rows, cols, n, p, parallel_for);
 }
 
 // Ids and unique ids of one (source SC, target shard) pair over a range of divisions.
@@ -286,7 +304,7 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
                           int64_t n, int64_t num_cols, int64_t num_gains,
                           const MinibatchSplitsParams& params, MinibatchSplits* out,
                           const ParallelFor& parallel_for, const SplitIdAllocator& allocate) {
-  SCE_RETURN_IF_ERROR(Validate(rows, cols, n, num_cols, num_gains, params));
+  SCE_RETURN_IF_ERROR(Validate(rows, cols, n, num_cols, num_gains, params, parallel_for));
   const Geometry g(params);
   out->id_counts.assign(g.S * g.P * g.D + 1, 0);
   out->max_ids = 0;
