@@ -634,6 +634,32 @@ void TestGetMinibatchSplits() {
                                       }),
               "no memory left");
 
+  g_test = "GetMinibatchSplits reports the first bad id however its chunks are scheduled";
+  {
+    // 3 validation chunks of 2^16 ids; a descent at the first chunk boundary and a bad id in the
+    // last chunk. Chunks run last-first, yet the error names the first bad position.
+    const int64_t n = 3 << 16;
+    IntVec rows(n), cols(n, 1);
+    FloatVec gains(n, 1.0f);
+    for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>(i / 64);
+    rows[1 << 16] = 0;
+    cols[n - 1] = -5;
+    sce::MinibatchSplitsParams big = Params9();
+    big.sample_count = 4096;
+    big.max_ids_per_partition = big.max_unique_ids_per_partition = 1 << 30;
+    const sce::ParallelFor last_first = [](int64_t count, int64_t, const sce::RangeFn& work) {
+      for (int64_t c = count - 1; c >= 0; --c) work(c, c + 1);
+    };
+    sce::MinibatchSplits ignored;
+    CHECK_ERROR(sce::GetMinibatchSplits(rows.data(), cols.data(), gains.data(), n, n, n, big,
+                                        &ignored, last_first),
+                "got 0 at position 65536 after 1023");
+    rows[1 << 16] = 1024;
+    CHECK_ERROR(sce::GetMinibatchSplits(rows.data(), cols.data(), gains.data(), n, n, n, big,
+                                        &ignored, last_first),
+                "id -5 at position 196607");
+  }
+
   g_test = "GetMinibatchSplits errors";
   const IntVec unsorted = {0, 0, 0, 1, 1, 1, 0, 2, 2, 3, 4, 7};
   CHECK_ERROR(sce::GetMinibatchSplits(unsorted.data(), kCols9.data(), kGains9.data(), 12, 12, 12,
