@@ -11,6 +11,8 @@ Phases, each its own `tf.function`:
   ops forward+update  per table: lookup + fused Adagrad on the prepared CSR
   call only           a tf.function taking the same ragged dicts that runs no op: what passing
                       52 RaggedTensors into a tf.function costs in Python, before any op
+  next only           a tf.function that only takes the next batch from the iterator: the input
+                      pipeline's share of the next(iterator)-fed class phases
   class kernels       the kernels the class runs on its stacked tables (stacked COO + splits; CSR
                       + lookup; + fused Adagrad), fed with inputs computed beforehand: the class
                       minus its own graph (input adaptation, unstacking, gradient stacking)
@@ -218,8 +220,15 @@ def main():
         del ids, weights
         return tf.constant(0)
 
+    @tf.function
+    def next_only(iterator):
+        ids, weights, gradients = next(iterator)
+        return tf.add_n([tf.size(t) for t in tf.nest.flatten((ids, weights, gradients),
+                                                              expand_composites=True)])
+
     functions = {
         "tf.function call with the class's ragged inputs, no ops": lambda: call_only(ids, weights),
+        "tf.function taking next(iterator) only, no other op": lambda: next_only(iterator),
         ARGUMENT_FED["enqueue"]: lambda: enqueue(ids, weights),
         ARGUMENT_FED["lookup"]: lambda: lookup(ids, weights),
         ARGUMENT_FED["step"]: lambda: step(ids, weights, gradients),
@@ -291,6 +300,13 @@ def main():
             for phase, theirs in kernels_ms.items():
                 ours = medians[names[phase]]
                 print(f"| {phase} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f} |")
+        pull = medians["tf.function taking next(iterator) only, no other op"]
+        print(f"\nThe next(iterator)-fed class without the input pipeline's {pull:.1f} ms (a "
+              "tf.function that only takes the next batch), against its kernels:\n\n"
+              "| phase | class - next() ms | its kernels ms | ratio |\n|---|---:|---:|---:|")
+        for phase, theirs in kernels_ms.items():
+            ours = medians[ITERATOR_FED[phase]] - pull
+            print(f"| {phase} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f} |")
     if not args.skip_ops:
         print("\nThe class against the per-table op pipeline of bench_ops.py:")
         pre = medians["ops preprocessing (COO -> splits -> CSR)"]
