@@ -155,39 +155,67 @@ struct ScCounts {
   std::vector<int32_t> ids, uniques;
 };
 
+// Bits needed to hold the values 0..x (x >= 0).
+int BitsFor(int64_t x) {
+  int bits = 0;
+  while (bits < 63 && (x >> bits) != 0) ++bits;
+  return bits;
+}
+
 // Sorts the ids [begin, end) of source SparseCore s by (shard, col), sums the gains of duplicate
 // (row, col) pairs into `kept` and counts ids and unique ids per (shard, division). `kept` is
 // then in output order: by shard, division (a division is a range of cols), col, row.
 void DedupAndCountSc(const int32_t* rows, const int32_t* cols, const float* gains, int64_t begin,
-                     int64_t end, int64_t s, const Geometry& g, std::vector<int32_t>* keys,
-                     std::vector<uint32_t>* order, std::vector<uint64_t>* scratch,
+                     int64_t end, int64_t s, const Geometry& g, std::vector<uint64_t>* scratch,
                      ScCounts* counts, std::vector<Kept>* kept) {
+  const int64_t n = end - begin;
   // The key puts the shard (col & mask) above the shard's row (col >> pbits): a bijection of col,
   // so equal cols stay adjacent, and the shard's ids come out in col order, hence division by
   // division. Rows are validated to be sorted, so the stable sort orders ties by (row, position).
+  // Each id travels as one word: key, then (when everything fits in 64 bits) its row inside the
+  // SparseCore, then its position, so the loop below reads rows and cols from the sorted words
+  // and gathers only the gains by position.
   int32_t max_col = 0;
   for (int64_t i = begin; i < end; ++i) max_col = std::max(max_col, cols[i]);
-  int shard_row_bits = 0;
-  while (shard_row_bits < 31 && ((max_col >> g.pbits) >> shard_row_bits) != 0) ++shard_row_bits;
-  keys->resize(end - begin);
-  for (int64_t i = begin; i < end; ++i) {
-    const int32_t col = cols[i];
-    (*keys)[i - begin] = ((col & g.mask) << shard_row_bits) | (col >> g.pbits);
+  const int shard_row_bits = BitsFor(max_col >> g.pbits);
+  const int key_bits = g.pbits + shard_row_bits;
+  const int position_bits = std::max(BitsFor(std::max<int64_t>(n - 1, 0)), 1);
+  const int row_bits = BitsFor(std::max<int64_t>(g.per_sc - 1, 0));
+  const bool rows_in_words = key_bits + row_bits + position_bits <= 64;
+  const int key_shift = rows_in_words ? row_bits + position_bits : 32;
+  const uint64_t position_mask = (uint64_t{1} << position_bits) - 1;
+  const uint64_t row_mask = (uint64_t{1} << row_bits) - 1;
+  const int32_t shard_row_mask = static_cast<int32_t>((int64_t{1} << shard_row_bits) - 1);
+  const int32_t first_row = static_cast<int32_t>(s * g.per_sc);
+  scratch->resize(2 * static_cast<size_t>(n));
+  uint64_t* words = scratch->data();
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t col = cols[begin + i];
+    const uint64_t key = (static_cast<uint64_t>(col & g.mask) << shard_row_bits) |
+                         static_cast<uint64_t>(col >> g.pbits);
+    const uint64_t row = rows_in_words ? static_cast<uint64_t>(rows[begin + i] - first_row)
+                                       : 0;
+    words[i] = (key << key_shift) | (row << position_bits) | static_cast<uint64_t>(i);
   }
-  StableSortByKey(keys->data(), end - begin, order, scratch);
+  const uint64_t* sorted = StableSortWords(words, words + n, n, key_shift, key_bits);
   std::fill(counts->ids.begin(), counts->ids.end(), 0);
   std::fill(counts->uniques.begin(), counts->uniques.end(), 0);
-  kept->reserve(end - begin);
+  kept->reserve(n);
   int32_t prev_row = -1, prev_col = -1;
   // Within a shard cols arrive in increasing order, so the division changes at most D - 1 times
   // per shard: it is recomputed only when a col leaves the current one.
   int32_t bucket = 0;
   int64_t bucket_begin = 0, bucket_end = -1;
-  for (uint32_t offset : *order) {
-    // Read once into locals: the counter updates below are int32 stores the compiler would
+  for (int64_t k = 0; k < n; ++k) {
+    // Decoded into locals: the counter updates below are int32 stores the compiler would
     // otherwise assume may change the inputs.
-    const int64_t i = begin + offset;
-    const int32_t row = rows[i], col = cols[i];
+    const uint64_t word = sorted[k];
+    const int64_t i = begin + static_cast<int64_t>(word & position_mask);
+    const int32_t key = static_cast<int32_t>(word >> key_shift);
+    const int32_t col = ((key & shard_row_mask) << g.pbits) | (key >> shard_row_bits);
+    const int32_t row = rows_in_words
+                            ? static_cast<int32_t>((word >> position_bits) & row_mask)
+                            : rows[i] - first_row;
     const float gain = gains[i];
     if (row == prev_row && col == prev_col) {
       kept->back().gain += gain;
@@ -201,7 +229,7 @@ void DedupAndCountSc(const int32_t* rows, const int32_t* cols, const float* gain
     const int64_t slot = (col & g.mask) * (g.D + 1) + bucket + 1;
     ++counts->ids[slot];
     if (col != prev_col) ++counts->uniques[slot];
-    kept->push_back({static_cast<int32_t>(row - s * g.per_sc), col, gain});
+    kept->push_back({row, col, gain});
     prev_row = row;
     prev_col = col;
   }
@@ -319,14 +347,12 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
   std::vector<std::vector<Kept>> kept_per_sc(g.S);
   std::vector<ScCounts> counts(g.S);
   parallel_for(g.S, 200 * (n / g.S + 1), [&](int64_t first, int64_t last) {
-    thread_local std::vector<int32_t> keys;
-    thread_local std::vector<uint32_t> order;
     thread_local std::vector<uint64_t> scratch;
     for (int64_t s = first; s < last; ++s) {
       counts[s].ids.resize(g.P * (g.D + 1));
       counts[s].uniques.resize(g.P * (g.D + 1));
-      DedupAndCountSc(rows, cols, gains, sc_begin[s], sc_begin[s + 1], s, g, &keys, &order,
-                      &scratch, &counts[s], &kept_per_sc[s]);
+      DedupAndCountSc(rows, cols, gains, sc_begin[s], sc_begin[s + 1], s, g, &scratch,
+                      &counts[s], &kept_per_sc[s]);
     }
   });
   // The limits and the split masks, pair by pair in (SparseCore, shard) order: the top-down mask

@@ -5,47 +5,38 @@
 
 namespace sce {
 
-void StableSortByKey(const int32_t* keys, int64_t n, std::vector<uint32_t>* order,
-                     std::vector<uint64_t>* scratch) {
+const uint64_t* StableSortWords(uint64_t* words, uint64_t* buffer, int64_t n, int shift,
+                                int bits) {
   constexpr int kMaxBits = 11;
-  order->resize(n);
-  std::iota(order->begin(), order->end(), 0u);
-  if (n < 2) return;
-  // Branch-free, so it vectorizes: the largest key and whether any key is below its predecessor.
-  int32_t max_key = keys[0];
-  uint32_t descents = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    max_key = std::max(max_key, keys[i]);
-    descents |= static_cast<uint32_t>(keys[i] < keys[i - 1]);
-  }
-  if (descents == 0) return;
+  if (n < 2 || bits <= 0) return words;
+  const uint64_t key_mask = bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+  auto key_of = [shift, key_mask](uint64_t word) { return (word >> shift) & key_mask; };
   if (n < 64) {
-    std::stable_sort(order->begin(), order->end(),
-                     [keys](uint32_t a, uint32_t b) { return keys[a] < keys[b]; });
-    return;
+    std::stable_sort(words, words + n,
+                     [&](uint64_t a, uint64_t b) { return key_of(a) < key_of(b); });
+    return words;
   }
-  // Each element travels as one word, key above position, so every pass reads its input in
-  // order (no gather through the order array). The passes split the key's significant bits
-  // evenly into digits of at most kMaxBits, and all their histograms come from one read.
-  int bits = 0;
-  while (bits < 31 && (static_cast<uint32_t>(max_key) >> bits) != 0) ++bits;
+  // The passes split the key's bits evenly into digits of at most kMaxBits, and all their
+  // histograms come from one read, which also finds whether the words are sorted already
+  // (branch-free, so it vectorizes).
   const int passes = (bits + kMaxBits - 1) / kMaxBits;
   const int digit = (bits + passes - 1) / passes;
   const uint64_t digit_mask = (uint64_t{1} << digit) - 1;
-  scratch->resize(2 * static_cast<size_t>(n));
-  uint64_t* from = scratch->data();
-  uint64_t* to = from + n;
-  // At most 3 passes (31 bits); 24 KiB on the stack, so a call allocates nothing but scratch.
-  uint32_t counts[3 << kMaxBits];
+  // At most 6 passes (64 bits); 48 KiB on the stack, so a call allocates nothing.
+  uint32_t counts[6 << kMaxBits];
   std::fill(counts, counts + (static_cast<size_t>(passes) << digit), 0u);
+  uint64_t descents = 0, previous = key_of(words[0]);
   for (int64_t i = 0; i < n; ++i) {
-    const uint64_t word = (static_cast<uint64_t>(static_cast<uint32_t>(keys[i])) << 32) |
-                          static_cast<uint32_t>(i);
-    from[i] = word;
+    const uint64_t key = key_of(words[i]);
+    descents |= static_cast<uint64_t>(key < previous);
+    previous = key;
     for (int pass = 0; pass < passes; ++pass) {
-      ++counts[(static_cast<size_t>(pass) << digit) + ((word >> (32 + pass * digit)) & digit_mask)];
+      ++counts[(static_cast<size_t>(pass) << digit) + ((key >> (pass * digit)) & digit_mask)];
     }
   }
+  if (descents == 0) return words;
+  uint64_t* from = words;
+  uint64_t* to = buffer;
   for (int pass = 0; pass < passes; ++pass) {
     uint32_t* c = counts + (static_cast<size_t>(pass) << digit);
     uint32_t total = 0;
@@ -54,11 +45,34 @@ void StableSortByKey(const int32_t* keys, int64_t n, std::vector<uint32_t>* orde
       c[b] = total;
       total += count;
     }
-    const int shift = 32 + pass * digit;
-    for (int64_t i = 0; i < n; ++i) to[c[(from[i] >> shift) & digit_mask]++] = from[i];
+    const int digit_shift = shift + pass * digit;
+    for (int64_t i = 0; i < n; ++i) to[c[(from[i] >> digit_shift) & digit_mask]++] = from[i];
     std::swap(from, to);
   }
-  for (int64_t i = 0; i < n; ++i) (*order)[i] = static_cast<uint32_t>(from[i]);
+  return from;
+}
+
+void StableSortByKey(const int32_t* keys, int64_t n, std::vector<uint32_t>* order,
+                     std::vector<uint64_t>* scratch) {
+  order->resize(n);
+  if (n < 2) {
+    std::iota(order->begin(), order->end(), 0u);
+    return;
+  }
+  // Each element travels as one word, key above position, so every pass reads its input in
+  // order (no gather through the order array).
+  scratch->resize(2 * static_cast<size_t>(n));
+  uint64_t* words = scratch->data();
+  int32_t max_key = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    max_key = std::max(max_key, keys[i]);
+    words[i] = (static_cast<uint64_t>(static_cast<uint32_t>(keys[i])) << 32) |
+               static_cast<uint32_t>(i);
+  }
+  int bits = 0;
+  while (bits < 31 && (static_cast<uint32_t>(max_key) >> bits) != 0) ++bits;
+  const uint64_t* sorted = StableSortWords(words, words + n, n, 32, bits);
+  for (int64_t i = 0; i < n; ++i) (*order)[i] = static_cast<uint32_t>(sorted[i]);
 }
 
 }  // namespace sce

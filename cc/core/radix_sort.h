@@ -10,6 +10,12 @@
 
 namespace sce {
 
+// Sorts words[0, n) stably by their bits [shift, shift + bits) (a key packed into the word
+// together with what travels with it); `buffer` holds n words of scratch. Returns where the
+// sorted words are: `words` or `buffer`.
+const uint64_t* StableSortWords(uint64_t* words, uint64_t* buffer, int64_t n, int shift,
+                                int bits);
+
 // Fills `order` with 0..n-1 sorted stably by keys[i]; every key must be >= 0.
 // `scratch` is reused between calls to avoid allocations.
 void StableSortByKey(const int32_t* keys, int64_t n, std::vector<uint32_t>* order,

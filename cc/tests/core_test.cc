@@ -12,8 +12,11 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <numeric>
+#include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cc/core/checked_math.h"
@@ -679,6 +682,66 @@ void TestGetMinibatchSplits() {
   CHECK_ERROR(sce::GetMinibatchSplits(kRows9.data(), kCols9.data(), kGains9.data(), 12, 12, 12,
                                       odd, &out),
               "multiple");
+}
+
+// The minibatch splits' ids against the obvious computation: per SparseCore, a std::stable_sort by
+// (shard, row inside the shard), duplicates (row, col) merged. One division (level 0), so that is
+// the whole output order. Large vocabularies and batches do not fit (key, row, position) in one
+// sort word and take the other path of DedupAndCountSc.
+void CheckSplitIdsAgainstStableSort(int64_t vocab, int64_t per_sc, int64_t ids_per_sc,
+                                    uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t S = 4, n = S * ids_per_sc;
+  IntVec rows(n), cols(n);
+  FloatVec gains(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t sc = i / ids_per_sc;
+    rows[i] = static_cast<int32_t>(sc * per_sc + (per_sc * (i % ids_per_sc)) / ids_per_sc);
+    // A few repeated ids, so duplicates (same row and col) occur.
+    cols[i] = rng() % 8 == 0 ? 7 : static_cast<int32_t>(rng() % vocab);
+    gains[i] = 0.25f * static_cast<float>(rng() % 8);
+  }
+  sce::MinibatchSplitsParams p;
+  p.sample_count = S * per_sc;
+  p.num_replica = 1;
+  p.num_sc_per_chip = S;
+  p.table_vocab_size = vocab;
+  p.max_ids_per_partition = p.max_unique_ids_per_partition = 1 << 30;
+  p.max_division_level = 0;
+  p.table_name = "t";
+  sce::MinibatchSplits out;
+  CHECK_OK(sce::GetMinibatchSplits(rows.data(), cols.data(), gains.data(), n, n, n, p, &out));
+  IntVec want_rows, want_cols;
+  FloatVec want_gains;
+  for (int64_t sc = 0; sc < S; ++sc) {
+    std::vector<int64_t> order(ids_per_sc);
+    std::iota(order.begin(), order.end(), sc * ids_per_sc);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return std::make_pair(cols[a] % S, cols[a] / S) < std::make_pair(cols[b] % S, cols[b] / S);
+    });
+    for (size_t k = 0; k < order.size(); ++k) {
+      const int64_t i = order[k];
+      if (k > 0 && rows[i] == rows[order[k - 1]] && cols[i] == cols[order[k - 1]]) {
+        want_gains.back() += gains[i];
+        continue;
+      }
+      want_rows.push_back(static_cast<int32_t>(rows[i] - sc * per_sc));
+      want_cols.push_back(cols[i] / S);
+      want_gains.push_back(gains[i]);
+    }
+  }
+  CHECK(out.rows == want_rows);
+  CHECK(out.cols == want_cols);
+  CHECK(out.gains == want_gains);
+}
+
+void TestSplitIdsMatchStableSort() {
+  g_test = "GetMinibatchSplits: ids sorted and merged as a plain stable sort does";
+  for (uint32_t seed = 0; seed < 3; ++seed) {
+    CheckSplitIdsAgainstStableSort(1000, 64, 300, seed);              // words with rows
+    CheckSplitIdsAgainstStableSort(2000000000, 1 << 20, 20000, seed);  // 31 + 20 + 15 bits > 64
+    CheckSplitIdsAgainstStableSort(50, 8, 40, seed);                   // short: std::stable_sort
+  }
 }
 
 void TestPackCsrFromMinibatchSplits() {
@@ -1648,7 +1711,7 @@ int main() {
       TestRequireFiniteFeatureGradients, TestRaisePartitionLimits,
       TestShardContributionsAreMergedStably, TestFusedUpdateIsaVersionsAgree,
       TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice, TestStableSortByKey,
-      TestFeatureMajorActivations, TestFusedUpdateGradientOrders,
+      TestFeatureMajorActivations, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
