@@ -1,6 +1,9 @@
 // libFuzzer target: sce::ValidateCsrView, then (when it accepts) the lookup
 // sce::SparseDenseMatmul and the fused update sce::FusedUpdate (Adagrad), including the
-// non-finite gradient check, over buffers sized like the kernels' input tensors.
+// non-finite gradient check, over buffers sized like the kernels' input tensors; activations
+// and gradients in the CSR's order, feature-major, or (gradients) one buffer per feature, with
+// fuzzed feature sizes that the validation must reject when they do not fit.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -58,24 +61,56 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     q.num_buckets = Attr(in, 8);
     if (!sce::ValidateQuantization(q, "t").ok()) q = sce::Quantization();
   }
+  // The activation row order: the CSR's, or feature-major with fuzzed feature sizes.
+  sce::FeatureRowsPerSc features;
+  if (in.ConsumeBool()) {
+    const int count = in.ConsumeIntegralInRange<int>(1, 3);
+    for (int f = 0; f < count; ++f) features.push_back(in.ConsumeIntegralInRange<int64_t>(-1, 5));
+  }
+  if (!sce::ValidateFeatureRows(features, v).ok()) return 0;
   sce::SparseDenseMatmul(v, table.empty() ? nullptr : table.data(), dim, q,
-                         activations.empty() ? nullptr : activations.data(), sce::RunSerially);
+                         activations.empty() ? nullptr : activations.data(), sce::RunSerially,
+                         features);
 
   std::vector<float> grads = sce_fuzz::Values(in, activations.size());
   const float* g = grads.empty() ? nullptr : grads.data();
+  // Gradients: one buffer, or split into one buffer per feature at fuzzed row counts.
+  sce::GradientRows gradient_rows{g, nullptr};
+  std::vector<const float*> addresses;
+  if (!features.empty()) {
+    std::vector<const float*> parts = {g};
+    std::vector<int64_t> part_rows = {v.input_size};
+    if (in.ConsumeBool()) {
+      parts.clear();
+      part_rows.clear();
+      int64_t used = 0;
+      for (size_t f = 0; f < features.size(); ++f) {
+        const int64_t rows = std::min<int64_t>(
+            v.input_size - used, in.ConsumeBool() ? v.num_source_sparse_cores() * features[f]
+                                                  : in.ConsumeIntegralInRange<int64_t>(0, 8));
+        parts.push_back(g == nullptr ? nullptr : g + used * dim);
+        part_rows.push_back(rows);
+        used += rows;
+      }
+      if (used != v.input_size) return 0;  // the kernel's sum of the parts is the input size
+    }
+    if (!sce::ValidateGradientParts(v, features, part_rows, "grads").ok()) return 0;
+    addresses = sce::GradientRowAddresses(v, features, parts, dim);
+    gradient_rows = sce::GradientRows{nullptr, addresses.data()};
+  }
   std::vector<uint8_t> bad;
   const bool skip = in.ConsumeBool();
   if (!sce::AllFinite(g, static_cast<int64_t>(grads.size())) ||
       !sce::AllFinite(v.gains, v.num_gains)) {
     sce::NonFiniteContribution first;
-    sce::FindNonFiniteContributions(v, sce::GradientRows{g}, dim, &bad, &first);
+    sce::FindNonFiniteContributions(v, gradient_rows, dim, &bad, &first);
     if (!first.found) bad.clear();
     if (first.found && !skip) return 0;  // the kernel fails the step here
   }
   const std::vector<float> table_before = table;
   const float hypers[1] = {0.0f};
   const int64_t skipped = sce::FusedUpdate<sce::AdagradOptimizer>(
-      v, sce::GradientRows{g}, dim, 0.1f, hypers, sce::Clip(), table.empty() ? nullptr : table.data(),
+      v, gradient_rows, dim, 0.1f, hypers, sce::Clip(), table.empty() ? nullptr : table.data(),
       std::array<float*, 1>{accumulator.empty() ? nullptr : accumulator.data()},
       sce::RunSerially, bad.empty() ? nullptr : bad.data());
   SCE_FUZZ_CHECK(skipped >= 0);
