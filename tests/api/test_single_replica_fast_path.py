@@ -207,3 +207,38 @@ def test_stacked_coo_single_feature_values():
     np.testing.assert_array_equal(rows.numpy(), [0, 1, 2, 3])
     np.testing.assert_array_equal(cols.numpy(), [9, 8, 11, 10])
     np.testing.assert_array_equal(gains.numpy(), [1, 1, 1, 1])
+
+
+def test_single_replica_update_takes_each_features_gradient_without_a_copy():
+    """With one replica the fused update reads every feature's gradient where the user's graph
+    left it (docs/optimizers.md#gradient-order): one gradient input per feature, the lookup's
+    feature_rows_per_sc, and no concatenation of gradients in the step."""
+    feature_config = config(dim=8)
+    embedding = sce.TPUEmbeddingV2(feature_config, E.Adagrad(0.1))
+    features, weights = inputs(seed=2)
+    embedding.build(per_replica_batch_size=B)
+
+    @tf.function
+    def step(features, weights):
+        activations, preserved = embedding.embedding_lookup(features, weights)
+        gradients = tf.nest.map_structure(lambda a: 2.0 * a + 1.0, activations)
+        return embedding.apply_gradients(gradients, preserved)
+
+    graph = step.get_concrete_function(features, weights).graph
+    updates = [op for op in graph.get_operations()
+               if op.type == "SceResourceSparseDenseMatmulGradWithAdagradAndCsrInput"]
+    layout = embedding._plan.sharded  # pylint: disable=protected-access
+    assert len(updates) == len(layout.stacked_tables)
+    by_name = {op.get_attr("table_name").decode(): op for op in updates}
+    multi_feature = 0
+    for name, stacked in layout.stacked_tables.items():
+        rows = enqueue_lib.feature_major_rows(layout, stacked)
+        op = by_name[name]
+        if rows is None:
+            assert op.get_attr("N") == 1 and list(op.get_attr("feature_rows_per_sc")) == []
+            continue
+        multi_feature += 1
+        assert op.get_attr("N") == len(stacked.features)
+        assert list(op.get_attr("feature_rows_per_sc")) == list(rows)
+    assert multi_feature >= 1   # table t0 is looked up by features a and d
+    assert "ConcatV2" not in [op.type for op in graph.get_operations()]
