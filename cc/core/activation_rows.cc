@@ -78,24 +78,19 @@ std::vector<const float*> GradientRowAddresses(const CsrView& view,
                                                const FeatureRowsPerSc& feature_rows_per_sc,
                                                const std::vector<const float*>& parts,
                                                int64_t dim) {
-  std::vector<const float*> address(view.input_size);
+  // Feature f's rows of source SparseCore sc start at row runs[sc * F + f].first of the one
+  // feature-major buffer, or at row sc * rows_f of feature f's own buffer.
+  const FeatureMajorRows order = MakeFeatureMajorRows(view, feature_rows_per_sc);
+  const bool per_feature = parts.size() > 1;
+  const int64_t F = static_cast<int64_t>(feature_rows_per_sc.size());
   const int64_t samples_per_sc = view.samples_per_sc();
-  if (parts.size() == 1) {
-    if (feature_rows_per_sc.empty()) {
-      for (int64_t a = 0; a < view.input_size; ++a) address[a] = parts[0] + a * dim;
-    } else {
-      const FeatureMajorRows order = MakeFeatureMajorRows(view, feature_rows_per_sc);
-      for (int64_t a = 0; a < view.input_size; ++a) {
-        address[a] = parts[0] + static_cast<int64_t>(order.out_row[a]) * dim;
-      }
-    }
-    return address;
-  }
+  std::vector<const float*> address(view.input_size);
   for (int64_t sc = 0; sc < view.num_source_sparse_cores(); ++sc) {
     int64_t local = 0;  // first sample of feature f in the SparseCore's block
-    for (size_t f = 0; f < parts.size(); ++f) {
+    for (int64_t f = 0; f < F; ++f) {
       const int64_t rows = feature_rows_per_sc[f];
-      const float* first = parts[f] + sc * rows * dim;
+      const float* first = per_feature ? parts[f] + sc * rows * dim
+                                       : parts[0] + order.runs[sc * F + f].first * dim;
       for (int64_t j = 0; j < rows; ++j) address[sc * samples_per_sc + local + j] = first + j * dim;
       local += rows;
     }

@@ -61,8 +61,9 @@ __attribute__((always_inline)) inline const float* GradientRow(const GradientRow
 Status ValidateGradientParts(const CsrView& view, const FeatureRowsPerSc& feature_rows_per_sc,
                              const std::vector<int64_t>& part_rows, const char* argument);
 
-// The address of every activation row's gradient for gradients validated by
-// ValidateGradientParts (not needed for one buffer in CSR order: GradientRows::data).
+// The address of every activation row's gradient for gradients in a feature-major order
+// (`feature_rows_per_sc` non-empty) validated by ValidateGradientParts. One buffer in the CSR's
+// order needs none: GradientRows::data.
 std::vector<const float*> GradientRowAddresses(const CsrView& view,
                                                const FeatureRowsPerSc& feature_rows_per_sc,
                                                const std::vector<const float*>& parts,

@@ -313,13 +313,10 @@ void Scatter(const std::vector<std::vector<Kept>>& kept_per_sc, const Geometry& 
   parallel_for(g.S, 4 * (total / g.S + 1), [&](int64_t first, int64_t last) {
     for (int64_t s = first; s < last; ++s) {
       int64_t slot = id_counts[s * g.P * g.D];
-      int32_t* out_rows = buffers.rows;
-      int32_t* out_cols = buffers.cols;
-      float* out_gains = buffers.gains;
       for (const Kept& k : kept_per_sc[s]) {
-        out_rows[slot] = k.local_row;
-        out_cols[slot] = k.col >> g.pbits;
-        out_gains[slot] = k.gain;
+        buffers.rows[slot] = k.local_row;
+        buffers.cols[slot] = k.col >> g.pbits;
+        buffers.gains[slot] = k.gain;
         ++slot;
       }
     }
