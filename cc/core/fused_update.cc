@@ -9,13 +9,17 @@
 
 namespace sce {
 
-bool CpuHasAvx512() {
-  static const bool has = [] {
+VectorIsa BestVectorIsa() {
+  static const VectorIsa best = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")) {
+      return VectorIsa::kAvx512;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return VectorIsa::kAvx2;
+    return VectorIsa::kBaseline;
   }();
-  return has;
+  return best;
 }
 
 Status ParseNonFiniteGradients(const std::string& name, NonFiniteGradients* mode) {

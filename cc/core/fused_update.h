@@ -35,8 +35,12 @@ __attribute__((always_inline)) inline void AccumulateScaled(float* sum, const fl
   for (int64_t j = 0; j < dim; ++j) sum[j] += gain * g[j];
 }
 
-// True when the CPU runs the AVX-512 (F, VL, BW, DQ) versions of the hot loops; checked once.
-bool CpuHasAvx512();
+// The instruction sets the update loop is compiled for (see UpdateShards): AVX-512 (F, VL, BW,
+// DQ), AVX2 with FMA (AMD Zen 1-3, Intel Haswell to Alder Lake), and the build's baseline.
+enum class VectorIsa { kBaseline, kAvx2, kAvx512 };
+
+// The widest of those the CPU runs; checked once.
+VectorIsa BestVectorIsa();
 
 // All contributions to shard p (a global shard index), sorted by token (stable, so the summation
 // order is fixed: source SparseCore, minibatch, position). The update's fallback for CSRs whose
@@ -248,7 +252,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions
 
 // The update of local shards [p_begin, p_end): one shard at a time, rows in token order, each
 // row's contributions summed, then one optimizer step per row. Always inlined into one function
-// per instruction set (UpdateShardsAvx512 / UpdateShardsBaseline), so the accumulation and the
+// per instruction set (UpdateShardsAvx512 / UpdateShardsAvx2 / UpdateShardsBaseline), so the accumulation and the
 // optimizer's per-row math are vectorized as widely as the CPU allows; the arithmetic is the
 // same element-wise operations in the same order (no FMA contraction: -ffp-contract=off), so
 // both versions give bit-identical results.
@@ -303,6 +307,7 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
   }
 SCE_DEFINE_UPDATE_SHARDS(UpdateShardsAvx512,
                          __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"))))
+SCE_DEFINE_UPDATE_SHARDS(UpdateShardsAvx2, __attribute__((target("avx2,fma"))))
 SCE_DEFINE_UPDATE_SHARDS(UpdateShardsBaseline, )
 #undef SCE_DEFINE_UPDATE_SHARDS
 
@@ -313,29 +318,38 @@ SCE_DEFINE_UPDATE_SHARDS(UpdateShardsBaseline, )
 // With `bad_activation_rows` null (every gradient and gain is finite: the normal case) this is the
 // plain fused update. Otherwise a table row that any contribution with a flagged activation row or
 // a non-finite gain would touch is left unchanged (table and slots), and the number of such rows is
-// returned. `use_avx512` picks the instruction set (default: what the CPU has; the results are the
-// same, see UpdateShards).
+// returned. `isa` picks the instruction set (default: the widest the CPU has; the results are the
+// same, see UpdateShards); it must be one the CPU runs.
 template <typename Optimizer, bool kSkipNonFinite>
 int64_t FusedUpdateImpl(const CsrView& view, const GradientRows& grads, int64_t dim,
                         float learning_rate,
                         const float* hypers, const Clip& clip, float* table,
                         const std::array<float*, Optimizer::kSlots.size()>& slots,
                         const uint8_t* bad_activation_rows, const ParallelFor& parallel_for,
-                        bool use_avx512) {
+                        VectorIsa isa) {
   std::atomic<int64_t> skipped{0};
   const int64_t cost = SaturatingMul(
       SaturatingMul(200, view.num_token_ids / view.num_shards() + 1), std::max<int64_t>(dim, 1));
   // Shards own disjoint table rows, so they are updated in parallel without locks.
   parallel_for(view.local_shards(), cost, [&](int64_t p_begin, int64_t p_end) {
-    const int64_t local_skipped =
-        use_avx512
-            ? UpdateShardsAvx512<Optimizer, kSkipNonFinite>(view, grads, dim, learning_rate,
-                                                            hypers, clip, table, slots,
-                                                            bad_activation_rows, p_begin, p_end)
-            : UpdateShardsBaseline<Optimizer, kSkipNonFinite>(view, grads, dim, learning_rate,
-                                                              hypers, clip, table, slots,
-                                                              bad_activation_rows, p_begin,
-                                                              p_end);
+    int64_t local_skipped = 0;
+    switch (isa) {
+      case VectorIsa::kAvx512:
+        local_skipped = UpdateShardsAvx512<Optimizer, kSkipNonFinite>(
+            view, grads, dim, learning_rate, hypers, clip, table, slots, bad_activation_rows,
+            p_begin, p_end);
+        break;
+      case VectorIsa::kAvx2:
+        local_skipped = UpdateShardsAvx2<Optimizer, kSkipNonFinite>(
+            view, grads, dim, learning_rate, hypers, clip, table, slots, bad_activation_rows,
+            p_begin, p_end);
+        break;
+      case VectorIsa::kBaseline:
+        local_skipped = UpdateShardsBaseline<Optimizer, kSkipNonFinite>(
+            view, grads, dim, learning_rate, hypers, clip, table, slots, bad_activation_rows,
+            p_begin, p_end);
+        break;
+    }
     if (local_skipped > 0) skipped += local_skipped;
   });
   return skipped.load();
@@ -347,13 +361,13 @@ int64_t FusedUpdate(const CsrView& view, const GradientRows& grads, int64_t dim,
                     const std::array<float*, Optimizer::kSlots.size()>& slots,
                     const ParallelFor& parallel_for,
                     const uint8_t* bad_activation_rows = nullptr,
-                    bool use_avx512 = CpuHasAvx512()) {
+                    VectorIsa isa = BestVectorIsa()) {
   if (bad_activation_rows == nullptr) {
     return FusedUpdateImpl<Optimizer, false>(view, grads, dim, learning_rate, hypers, clip, table,
-                                             slots, nullptr, parallel_for, use_avx512);
+                                             slots, nullptr, parallel_for, isa);
   }
   return FusedUpdateImpl<Optimizer, true>(view, grads, dim, learning_rate, hypers, clip, table,
-                                          slots, bad_activation_rows, parallel_for, use_avx512);
+                                          slots, bad_activation_rows, parallel_for, isa);
 }
 
 }  // namespace sce

@@ -1407,27 +1407,43 @@ struct TableAndSlots {
   }
 };
 
+// The instruction sets this CPU runs, widest last; the baseline always.
+std::vector<sce::VectorIsa> SupportedIsas() {
+  std::vector<sce::VectorIsa> isas = {sce::VectorIsa::kBaseline};
+  if (sce::BestVectorIsa() != sce::VectorIsa::kBaseline) isas.push_back(sce::VectorIsa::kAvx2);
+  if (sce::BestVectorIsa() == sce::VectorIsa::kAvx512) isas.push_back(sce::VectorIsa::kAvx512);
+  return isas;
+}
+
 template <typename Optimizer>
 void CheckIsaVersionsAgree(const float* hypers, int64_t dim, uint32_t seed) {
   RandomCsr csr(seed, 1, 4, 2, 9, 7);
   const int64_t rows = csr.view.table_rows;
   FloatVec grads(csr.view.input_size * dim);
   for (size_t i = 0; i < grads.size(); ++i) grads[i] = std::sin(0.37f * i + seed) * 0.5f;
-  TableAndSlots<Optimizer> baseline(rows, dim), avx512(rows, dim);
-  for (TableAndSlots<Optimizer>* version : {&baseline, &avx512}) {
-    sce::FusedUpdate<Optimizer>(csr.view, sce::GradientRows{grads.data()}, dim, 0.05f, hypers, sce::Clip(),
-                                version->table.data(), version->slot_pointers, sce::RunSerially,
-                                nullptr, /*use_avx512=*/version == &avx512);
-  }
-  CHECK(baseline.SameBits(avx512));
+  TableAndSlots<Optimizer> baseline(rows, dim);
+  sce::FusedUpdate<Optimizer>(csr.view, sce::GradientRows{grads.data()}, dim, 0.05f, hypers,
+                              sce::Clip(), baseline.table.data(), baseline.slot_pointers,
+                              sce::RunSerially, nullptr, sce::VectorIsa::kBaseline);
   CHECK(!(baseline.table == FloatVec(baseline.table.size(), 0.0f)));
+  for (sce::VectorIsa isa : SupportedIsas()) {
+    if (isa == sce::VectorIsa::kBaseline) continue;
+    TableAndSlots<Optimizer> wide(rows, dim);
+    sce::FusedUpdate<Optimizer>(csr.view, sce::GradientRows{grads.data()}, dim, 0.05f, hypers,
+                                sce::Clip(), wide.table.data(), wide.slot_pointers,
+                                sce::RunSerially, nullptr, isa);
+    CHECK(baseline.SameBits(wide));
+  }
 }
 
 void TestFusedUpdateIsaVersionsAgree() {
-  g_test = "fused update: the AVX-512 and baseline versions give bit-identical rows and slots";
-  if (!sce::CpuHasAvx512()) {
-    std::printf("(no AVX-512 on this CPU: ISA comparison skipped)\n");
+  g_test = "fused update: the AVX-512, AVX2 and baseline versions give bit-identical rows and slots";
+  if (SupportedIsas().size() == 1) {
+    std::printf("(no AVX2 or AVX-512 on this CPU: ISA comparison skipped)\n");
     return;
+  }
+  if (sce::BestVectorIsa() != sce::VectorIsa::kAvx512) {
+    std::printf("(no AVX-512 on this CPU: AVX2 compared with the baseline only)\n");
   }
   const float none[1] = {0.0f};
   const float adam[4] = {0.0f, 0.9f, 0.99f, 1e-3f};
@@ -1504,7 +1520,7 @@ bool FusedUpdateMatchesReference(const RandomCsr& csr, const float* hypers, int6
   TableAndSlots<Optimizer> kernel(rows, dim), reference(rows, dim);
   const int64_t kernel_skipped = sce::FusedUpdate<Optimizer>(
       csr.view, sce::GradientRows{grads.data()}, dim, 0.05f, hypers, sce::Clip(), kernel.table.data(),
-      kernel.slot_pointers, sce::RunSerially, flags, /*use_avx512=*/false);
+      kernel.slot_pointers, sce::RunSerially, flags, sce::VectorIsa::kBaseline);
   const int64_t reference_skipped = ReferenceFusedUpdate<Optimizer>(
       csr.view, grads.data(), dim, 0.05f, hypers, reference.table.data(),
       std::vector<float*>(reference.slot_pointers.begin(), reference.slot_pointers.end()), flags);

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/../.."
 out_dir=$(mktemp -d "${TMPDIR:-/tmp}/sce_core_test.XXXXXX")
 trap 'rm -rf "$out_dir"' EXIT
 # -ffp-contract=off as in every build of the library (setup.py, .bazelrc): the tests compare the
-# AVX-512 and baseline kernels bit for bit.
+# AVX-512, AVX2 and baseline kernels bit for bit.
 "${CXX:-g++}" -std=c++17 -O1 -ffp-contract=off -Wall -Wno-sign-compare -I. cc/core/*.cc \
   cc/tests/core_test.cc \
   -o "$out_dir/core_test"
