@@ -116,11 +116,15 @@ def parse_lines(lines, vocabulary_sizes):
     columns = tf.io.decode_csv(lines, defaults, field_delim="\t", use_quote_delim=False)
     labels = tf.reshape(tf.cast(columns[0], tf.float32), [-1, 1])
     dense = transform_integers(tf.stack(columns[1:1 + NUM_INTEGER_FEATURES], axis=1))
+    # Every line has exactly one value per categorical feature, so all 26 ragged tensors share
+    # one row partition [0, 1, ..., n] and are valid by construction: building them unvalidated
+    # keeps the parsing graph small (26 x ~60 assertion ops otherwise, traced per dataset).
+    row_splits = tf.range(tf.size(labels, out_type=tf.int64) + 1, dtype=tf.int64)
     ids = {}
     for name, column, vocabulary in zip(FEATURE_NAMES, columns[1 + NUM_INTEGER_FEATURES:],
                                         vocabulary_sizes):
-        ids[name] = tf.RaggedTensor.from_uniform_row_length(
-            hash_categorical(column, vocabulary), 1)
+        ids[name] = tf.RaggedTensor.from_row_splits(
+            hash_categorical(column, vocabulary), row_splits, validate=False)
     return {"dense": dense, "ids": ids}, labels
 
 
