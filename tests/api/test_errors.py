@@ -477,7 +477,8 @@ def test_non_finite_gradients_of_several_features_are_all_named():
 
 
 @pytest.mark.parametrize("replicas,exchange", [("none", "auto"), (2, "all_to_all"),
-                                               (2, "all_gather")])
+                                               pytest.param(2, "all_gather",
+                                                            marks=pytest.mark.slow)])
 def test_skip_non_finite_gradients_leaves_their_rows_and_counts_them(replicas, exchange):
     """Rows touched by the bad sample keep table and slots; every other row trains as usual."""
     key, sample = "a2", 3

@@ -85,7 +85,7 @@ def test_two_replicas_fit(tmp_path):
     assert model.sparse.embedding._num_replicas == 2  # noqa: SLF001
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_preprocessing_in_tf_data_trains_the_same_model(tmp_path, replicas):
     """The main job preprocesses in tf.data by default; the model is the one preprocessing in the
     step would train (same held-out predictions, hence metrics)."""
@@ -145,6 +145,7 @@ def _event_tags(directory):
     return tags
 
 
+@pytest.mark.slow  # a whole main-job run on files; the file reading itself is in tests/data
 @pytest.mark.filterwarnings("error:.*ran out of data")
 def test_trains_on_criteo_files_and_writes_tensorboard_logs(tmp_path):
     from tf_sc_embedding.data import criteo_files  # pylint: disable=import-outside-toplevel

@@ -134,7 +134,8 @@ def test_replicated_table_over_workers_trains_like_sharded(tmp_path):
         assert held[f"shard_rows/small/parameters/replica_{i}:0"] >= 37, held
 
 
-@pytest.mark.parametrize("replicate", ["", "small"], ids=["sharded", "replicated"])
+@pytest.mark.parametrize("replicate", [pytest.param("", marks=pytest.mark.slow), "small"],
+                         ids=["sharded", "replicated"])
 def test_pipelined_workers_train_like_one_pipelined_process(tmp_path, replicate):
     """Pipelining over 2 workers (each keeps its own replica's update; reading the tables at the
     end applies it) gives the tables of one pipelined process with 2 replicas, which differ
@@ -150,7 +151,8 @@ def test_pipelined_workers_train_like_one_pipelined_process(tmp_path, replicate)
                for k in reference if not k.startswith("shard_rows/"))
 
 
-@pytest.mark.parametrize("replicate", ["", "small"], ids=["sharded", "replicated"])
+@pytest.mark.parametrize("replicate", ["", pytest.param("small", marks=pytest.mark.slow)],
+                         ids=["sharded", "replicated"])
 def test_non_finite_gradient_on_one_worker_fails_the_step_everywhere_and_writes_nothing(
         tmp_path, replicate):
     """Worker 1's gradient of feature 'c' is NaN at step 1: both workers fail that step naming
