@@ -252,10 +252,10 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions
 
 // The update of local shards [p_begin, p_end): one shard at a time, rows in token order, each
 // row's contributions summed, then one optimizer step per row. Always inlined into one function
-// per instruction set (UpdateShardsAvx512 / UpdateShardsAvx2 / UpdateShardsBaseline), so the accumulation and the
-// optimizer's per-row math are vectorized as widely as the CPU allows; the arithmetic is the
-// same element-wise operations in the same order (no FMA contraction: -ffp-contract=off), so
-// both versions give bit-identical results.
+// per instruction set (UpdateShardsAvx512 / UpdateShardsAvx2 / UpdateShardsBaseline), so the
+// accumulation and the optimizer's per-row math are vectorized as widely as the CPU allows; the
+// arithmetic is the same element-wise operations in the same order (no FMA contraction:
+// -ffp-contract=off), so all versions give bit-identical results.
 template <typename Optimizer, bool kSkipNonFinite>
 __attribute__((always_inline)) inline int64_t UpdateShards(
     const CsrView& view, const GradientRows& grads, int64_t dim, float learning_rate,
