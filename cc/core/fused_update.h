@@ -327,29 +327,18 @@ int64_t FusedUpdateImpl(const CsrView& view, const GradientRows& grads, int64_t 
                         const std::array<float*, Optimizer::kSlots.size()>& slots,
                         const uint8_t* bad_activation_rows, const ParallelFor& parallel_for,
                         VectorIsa isa) {
+  // The build of the update loop for `isa` (one function per instruction set, same signature).
+  auto* update_shards = &UpdateShardsBaseline<Optimizer, kSkipNonFinite>;
+  if (isa == VectorIsa::kAvx2) update_shards = &UpdateShardsAvx2<Optimizer, kSkipNonFinite>;
+  if (isa == VectorIsa::kAvx512) update_shards = &UpdateShardsAvx512<Optimizer, kSkipNonFinite>;
   std::atomic<int64_t> skipped{0};
   const int64_t cost = SaturatingMul(
       SaturatingMul(200, view.num_token_ids / view.num_shards() + 1), std::max<int64_t>(dim, 1));
   // Shards own disjoint table rows, so they are updated in parallel without locks.
   parallel_for(view.local_shards(), cost, [&](int64_t p_begin, int64_t p_end) {
-    int64_t local_skipped = 0;
-    switch (isa) {
-      case VectorIsa::kAvx512:
-        local_skipped = UpdateShardsAvx512<Optimizer, kSkipNonFinite>(
-            view, grads, dim, learning_rate, hypers, clip, table, slots, bad_activation_rows,
-            p_begin, p_end);
-        break;
-      case VectorIsa::kAvx2:
-        local_skipped = UpdateShardsAvx2<Optimizer, kSkipNonFinite>(
-            view, grads, dim, learning_rate, hypers, clip, table, slots, bad_activation_rows,
-            p_begin, p_end);
-        break;
-      case VectorIsa::kBaseline:
-        local_skipped = UpdateShardsBaseline<Optimizer, kSkipNonFinite>(
-            view, grads, dim, learning_rate, hypers, clip, table, slots, bad_activation_rows,
-            p_begin, p_end);
-        break;
-    }
+    const int64_t local_skipped =
+        update_shards(view, grads, dim, learning_rate, hypers, clip, table, slots,
+                      bad_activation_rows, p_begin, p_end);
     if (local_skipped > 0) skipped += local_skipped;
   });
   return skipped.load();
