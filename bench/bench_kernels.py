@@ -3,6 +3,10 @@ each alone on inputs computed beforehand, at 1 and 2 intra-op threads (one proce
 count), on the Criteo-like batch (26 tables capped at --vocabulary-cap rows, dim 32, batch 4096,
 weighted ragged ids, combiner sum, 2 stacked tables).
 
+The fused updates run twice: with the gradients stacked into one tensor in the CSR's order,
+and with one gradient tensor per feature as `TPUEmbeddingV2.apply_gradients` passes them with one
+replica (read feature-major, docs/optimizers.md#gradient-order).
+
 Reported per kernel: median wall ms and CPU ms per call, and throughput: ids per second for the
 preprocessing and the forward lookup, distinct rows per second for the fused updates (the rows a
 batch touches; each is updated once), in total and per thread ("per core": divided by the
@@ -41,6 +45,7 @@ def measure(args):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_class_overhead import ClassKernelsAlone, class_functions  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding import collectives, fused_update, sharded_lookup  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding import enqueue as enqueue_lib  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding.data import CriteoLikeWorkload  # pylint: disable=import-outside-toplevel
     E = tf.tpu.experimental.embedding
 
@@ -78,20 +83,36 @@ def measure(args):
             return [sharded_lookup.lookup(view, layout, s, csrs[n], variables[n][0])
                     for n, s in layout.stacked_tables.items()]
 
-        @tf.function
-        def update(csrs=csrs, layout=layout, variables=variables, kernels=kernels):
+        def make_update(per_feature, csrs=csrs, layout=layout, variables=variables,
+                        embedding=embedding, kernels=kernels):
+            """The fused update of every stacked table, its gradients in one tensor in the CSR's
+            order, or (per_feature) as the class passes them with one replica: each feature's
+            [batch, dim] gradient as it is, read feature-major."""
+            plan = embedding._plan  # noqa: SLF001
+            by_path = dict(zip(embedding.feature_paths, tf.nest.flatten(gradients)))
+            grads, arguments = {}, {}
             for n, s in layout.stacked_tables.items():
-                target = fused_update.UpdateTarget(
-                    s, sharded_lookup.shard_arguments(layout, view.replica_id), *variables[n],
-                    True)
-                fused_update.run(target, sharded_lookup.update_inputs(
-                    view, csrs[n], kernels.stacked_gradients[n]))
+                arguments[n] = sharded_lookup.shard_arguments(layout, view.replica_id)
+                grads[n] = kernels.stacked_gradients[n]
+                if per_feature:
+                    arguments[n] = dict(arguments[n], feature_rows_per_sc=enqueue_lib
+                                        .feature_major_rows(layout, s))
+                    grads[n] = enqueue_lib.stack_gradients(plan, s, by_path,
+                                                           enqueue_lib.PER_FEATURE)
+
+            @tf.function
+            def update():
+                for n, s in layout.stacked_tables.items():
+                    target = fused_update.UpdateTarget(s, arguments[n], *variables[n], True)
+                    fused_update.run(target, sharded_lookup.update_inputs(view, csrs[n], grads[n]))
+            return update
 
         if name == "Adagrad":
             functions["preprocessing: stacked COO + minibatch splits"] = kernels.preprocess
             functions["preprocessing: CSR packing"] = pack
             functions["forward lookup"] = forward
-        functions[f"fused {name} update"] = update
+        functions[f"fused {name} update"] = make_update(False)
+        functions[f"fused {name} update, per-feature gradients"] = make_update(True)
 
     results = {}
     for name, fn in functions.items():

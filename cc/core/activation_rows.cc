@@ -1,5 +1,7 @@
 #include "cc/core/activation_rows.h"
 
+#include <algorithm>
+
 #include "cc/core/checked_math.h"
 
 namespace sce {
@@ -24,18 +26,29 @@ Status ValidateFeatureRows(const FeatureRowsPerSc& feature_rows_per_sc, const Cs
   return Status::Ok();
 }
 
+namespace {
+
+// The first row, in a feature-major order, of the `rows_f` samples of source SparseCore `sc`
+// that begin at sample `local` of its block: each source replica's rows are ordered feature by
+// feature, and within a feature SparseCore by SparseCore.
+int64_t FeatureMajorFirstRow(const CsrView& view, int64_t sc, int64_t local, int64_t rows_f) {
+  const int64_t S = view.num_sc_per_device;
+  const int64_t g = sc / S, s = sc % S;
+  return g * S * view.samples_per_sc() + S * local + s * rows_f;
+}
+
+}  // namespace
+
 FeatureMajorRows MakeFeatureMajorRows(const CsrView& view, const FeatureRowsPerSc& rows) {
   FeatureMajorRows result;
-  const int64_t S = view.num_sc_per_device, samples_per_sc = view.samples_per_sc();
-  const int64_t replica_rows = S * samples_per_sc;
+  const int64_t samples_per_sc = view.samples_per_sc();
   const int64_t F = static_cast<int64_t>(rows.size());
   result.out_row.resize(view.input_size);
   result.runs.resize(view.num_source_sparse_cores() * F);
   for (int64_t sc = 0; sc < view.num_source_sparse_cores(); ++sc) {
-    const int64_t g = sc / S, s = sc % S;
     int64_t local = 0;  // first sample of feature f in the SparseCore's block
     for (int64_t f = 0; f < F; ++f) {
-      const int64_t first = g * replica_rows + S * local + s * rows[f];
+      const int64_t first = FeatureMajorFirstRow(view, sc, local, rows[f]);
       result.runs[sc * F + f] = {first, rows[f]};
       for (int64_t j = 0; j < rows[f]; ++j) {
         result.out_row[sc * samples_per_sc + local + j] = static_cast<int32_t>(first + j);
@@ -74,28 +87,46 @@ Status ValidateGradientParts(const CsrView& view, const FeatureRowsPerSc& featur
   return Status::Ok();
 }
 
-std::vector<const float*> GradientRowAddresses(const CsrView& view,
-                                               const FeatureRowsPerSc& feature_rows_per_sc,
-                                               const std::vector<const float*>& parts,
-                                               int64_t dim) {
-  // Feature f's rows of source SparseCore sc start at row runs[sc * F + f].first of the one
-  // feature-major buffer, or at row sc * rows_f of feature f's own buffer.
-  const FeatureMajorRows order = MakeFeatureMajorRows(view, feature_rows_per_sc);
-  const bool per_feature = parts.size() > 1;
-  const int64_t F = static_cast<int64_t>(feature_rows_per_sc.size());
+GradientRows::GradientRows(const CsrView& view, const FeatureRowsPerSc& feature_rows_per_sc,
+                           const std::vector<const float*>& parts, int64_t dim)
+    : num_features_(feature_rows_per_sc.empty()
+                        ? 1
+                        : static_cast<int64_t>(feature_rows_per_sc.size())),
+      row_bytes_(static_cast<uintptr_t>(dim) * sizeof(float)) {
   const int64_t samples_per_sc = view.samples_per_sc();
-  std::vector<const float*> address(view.input_size);
+  const int64_t F = num_features_;
+  const bool per_feature = parts.size() > 1;
+  if (F > 1) {
+    feature_of_sample_.resize(samples_per_sc);
+    int64_t local = 0;
+    for (int64_t f = 0; f < F; ++f) {
+      std::fill_n(feature_of_sample_.begin() + local, feature_rows_per_sc[f],
+                  static_cast<int32_t>(f));
+      local += feature_rows_per_sc[f];
+    }
+  }
+  origin_.resize(view.num_source_sparse_cores() * F);
   for (int64_t sc = 0; sc < view.num_source_sparse_cores(); ++sc) {
     int64_t local = 0;  // first sample of feature f in the SparseCore's block
     for (int64_t f = 0; f < F; ++f) {
-      const int64_t rows = feature_rows_per_sc[f];
-      const float* first = per_feature ? parts[f] + sc * rows * dim
-                                       : parts[0] + order.runs[sc * F + f].first * dim;
-      for (int64_t j = 0; j < rows; ++j) address[sc * samples_per_sc + local + j] = first + j * dim;
-      local += rows;
+      // Sample `local` of the pair is at row `first` of buffer `base`.
+      int64_t first;
+      uintptr_t base;
+      if (feature_rows_per_sc.empty()) {
+        first = sc * samples_per_sc;
+        base = reinterpret_cast<uintptr_t>(parts[0]);
+      } else if (per_feature) {
+        first = sc * feature_rows_per_sc[f];
+        base = reinterpret_cast<uintptr_t>(parts[f]);
+      } else {
+        first = FeatureMajorFirstRow(view, sc, local, feature_rows_per_sc[f]);
+        base = reinterpret_cast<uintptr_t>(parts[0]);
+      }
+      origin_[sc * F + f] = base + static_cast<uintptr_t>(first) * row_bytes_ -
+                            static_cast<uintptr_t>(local) * row_bytes_;
+      if (!feature_rows_per_sc.empty()) local += feature_rows_per_sc[f];
     }
   }
-  return address;
 }
 
 }  // namespace sce

@@ -37,18 +37,6 @@ struct FeatureMajorRows {
 };
 FeatureMajorRows MakeFeatureMajorRows(const CsrView& view, const FeatureRowsPerSc& rows);
 
-// Where the fused update reads the gradient of activation row a (CSR numbering, a in
-// [0, view.input_size)): at data + a * dim, or, when `address` is set, at address[a].
-struct GradientRows {
-  const float* data = nullptr;
-  const float* const* address = nullptr;
-};
-
-__attribute__((always_inline)) inline const float* GradientRow(const GradientRows& g, int64_t a,
-                                                               int64_t dim) {
-  return g.address != nullptr ? g.address[a] : g.data + a * dim;
-}
-
 // The gradients of one update may come as
 //  * one buffer of view.input_size rows: in CSR order when `feature_rows_per_sc` is empty, else
 //    in feature-major order;
@@ -61,13 +49,49 @@ __attribute__((always_inline)) inline const float* GradientRow(const GradientRow
 Status ValidateGradientParts(const CsrView& view, const FeatureRowsPerSc& feature_rows_per_sc,
                              const std::vector<int64_t>& part_rows, const char* argument);
 
-// The address of every activation row's gradient for gradients in a feature-major order
-// (`feature_rows_per_sc` non-empty) validated by ValidateGradientParts. One buffer in the CSR's
-// order needs none: GradientRows::data.
-std::vector<const float*> GradientRowAddresses(const CsrView& view,
-                                               const FeatureRowsPerSc& feature_rows_per_sc,
-                                               const std::vector<const float*>& parts,
-                                               int64_t dim);
+
+// Where the fused update reads the gradient of sample `sample` of source SparseCore `sc`
+// (activation row sc * samples_per_sc + sample in the CSR's numbering). In every order the
+// gradients can come in (see ValidateGradientParts), each (source SparseCore, feature) pair's
+// rows are consecutive rows of one buffer, so a row's address is that pair's origin plus
+// sample * row bytes, and the feature is a function of the sample alone (the same for every
+// SparseCore). The update reads two small tables per row: the feature of each sample
+// (samples_per_sc entries, not built when there is one feature) and the origins
+// (num_source_sparse_cores * F entries). One address per activation row instead would be a table
+// as large as the activations' row count, read at random, and it does not stay in cache.
+class GradientRows {
+ public:
+  // The gradients in `parts` (see ValidateGradientParts, which they must have passed): one buffer
+  // in the CSR's order when `feature_rows_per_sc` is empty, else feature-major (one buffer, or
+  // one per feature). `view` must have passed ValidateCsrView and `feature_rows_per_sc`
+  // ValidateFeatureRows. The buffers are not copied: they must outlive this object.
+  GradientRows(const CsrView& view, const FeatureRowsPerSc& feature_rows_per_sc,
+               const std::vector<const float*>& parts, int64_t dim);
+
+  // One buffer of view.input_size rows in the CSR's order.
+  static GradientRows InCsrOrder(const CsrView& view, const float* data, int64_t dim) {
+    return GradientRows(view, FeatureRowsPerSc(), {data}, dim);
+  }
+
+  // The origins of source SparseCore `sc`'s features, to pass to Row.
+  const uintptr_t* OriginsOf(int64_t sc) const { return origin_.data() + sc * num_features_; }
+
+  // The gradient row of sample `sample` of the source SparseCore whose origins are `origins`.
+  // Unsigned arithmetic: an origin may lie before its buffer (it stands for sample 0), so only
+  // the sum is an address.
+  __attribute__((always_inline)) const float* Row(const uintptr_t* origins, int64_t sample) const {
+    const int64_t f = num_features_ == 1 ? 0 : feature_of_sample_[sample];
+    return reinterpret_cast<const float*>(origins[f] +
+                                          static_cast<uintptr_t>(sample) * row_bytes_);
+  }
+  const float* Row(int64_t sc, int64_t sample) const { return Row(OriginsOf(sc), sample); }
+
+ private:
+  int64_t num_features_ = 1;
+  uintptr_t row_bytes_ = 0;
+  std::vector<int32_t> feature_of_sample_;  // [samples_per_sc] when num_features_ > 1
+  std::vector<uintptr_t> origin_;           // [num_source_sparse_cores * num_features_]
+};
 
 }  // namespace sce
 

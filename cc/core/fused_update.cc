@@ -50,11 +50,14 @@ void FindNonFiniteContributions(const CsrView& view, const GradientRows& grads, 
                                 std::vector<uint8_t>* bad_activation_rows,
                                 NonFiniteContribution* first) {
   bad_activation_rows->assign(view.input_size, 0);
-  for (int64_t r = 0; r < view.input_size; ++r) {
-    (*bad_activation_rows)[r] = AllFinite(GradientRow(grads, r, dim), dim) ? 0 : 1;
+  const int64_t samples_per_sc = view.samples_per_sc();
+  for (int64_t s = 0; s < view.num_source_sparse_cores(); ++s) {
+    for (int64_t sample = 0; sample < samples_per_sc; ++sample) {
+      (*bad_activation_rows)[s * samples_per_sc + sample] =
+          AllFinite(grads.Row(s, sample), dim) ? 0 : 1;
+    }
   }
   *first = NonFiniteContribution();
-  const int64_t samples_per_sc = view.samples_per_sc();
   const int64_t rows_per_shard = view.rows_per_shard();
   for (int64_t p = 0; p < view.local_shards(); ++p) {
     const int64_t shard = view.first_local_shard + p;
@@ -90,6 +93,7 @@ bool FindSortedRuns(const CsrView& view, int64_t p, std::vector<ContributionRun>
     for (int64_t b = 0; b < view.num_minibatches; ++b) {
       ContributionRun run;
       view.Segment(s, b, p, &run.next, &run.end);
+      run.source_sc = s;
       run.activation_base = s * samples_per_sc;
       SkipPadding(view, &run);
       if (run.head_token == kPad) continue;  // no valid entry
@@ -119,7 +123,8 @@ void CollectShardContributions(const CsrView& view, int64_t p, std::vector<RowCo
         const int32_t token = view.token_ids[i], sample = view.sample_ids[i];
         if (token == kPad || sample == kPad) continue;
         if (!out->empty() && out->back().token > token) sorted = false;
-        out->push_back({token, static_cast<int32_t>(s * samples_per_sc + sample), view.gains[i]});
+        out->push_back({token, static_cast<int32_t>(s * samples_per_sc + sample), view.gains[i],
+                        static_cast<int32_t>(s)});
       }
     }
   }

@@ -24,8 +24,9 @@ namespace sce {
 // One gradient contribution to a row of a shard.
 struct RowContribution {
   int32_t token;        // row inside the shard
-  int32_t activation;   // row of the activation gradient
+  int32_t activation;   // activation row (CSR numbering: source_sc * samples_per_sc + sample)
   float gain;
+  int32_t source_sc;    // the source SparseCore whose sample it is
 };
 
 // sum[0:dim] += gain * g[0:dim]. Always inlined, so it is vectorized for the ISA of the update
@@ -53,6 +54,7 @@ void CollectShardContributions(const CsrView& view, int64_t p, std::vector<RowCo
 struct ContributionRun {
   int64_t next = 0;
   int64_t end = 0;
+  int64_t source_sc = 0;
   int64_t activation_base = 0;  // activation row of sample 0 of the run's source SparseCore
   int32_t head_token = kPad;
 };
@@ -127,10 +129,11 @@ __attribute__((always_inline)) inline void PrefetchTableRow(
   for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) PrefetchRow(slots[k] + offset, row_bytes);
 }
 
-// Adds one contribution to a row's sum; with kSkipNonFinite, a flagged activation row or a
-// non-finite gain marks the row skipped instead.
+// Adds one contribution (gradient row `gradient` of activation row `activation`) to a row's sum;
+// with kSkipNonFinite, a flagged activation row or a non-finite gain marks the row skipped
+// instead.
 template <bool kSkipNonFinite>
-__attribute__((always_inline)) inline void AddContribution(const GradientRows& grads, int64_t dim,
+__attribute__((always_inline)) inline void AddContribution(const float* gradient, int64_t dim,
                                                            int64_t activation, float gain,
                                                            const uint8_t* bad_activation_rows,
                                                            float* sum, bool* skip) {
@@ -140,7 +143,7 @@ __attribute__((always_inline)) inline void AddContribution(const GradientRows& g
       return;
     }
   }
-  AccumulateScaled(sum, GradientRow(grads, activation, dim), gain, dim);
+  AccumulateScaled(sum, gradient, gain, dim);
 }
 
 // Applies the optimizer to table row `row` with its summed gradient; returns 1 if it was skipped.
@@ -185,6 +188,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
     bool skip = false;
     for (size_t w = 0; w < ways; ++w) {
       ContributionRun& run = runs[w];
+      const uintptr_t* origins = grads.OriginsOf(run.source_sc);
       while (run.head_token == token) {
         const int64_t i = run.next;
         // Prefetch addresses come from entries not yet validated as non-padding: only in-range
@@ -193,7 +197,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
           const uint32_t ahead = static_cast<uint32_t>(
               view.sample_ids[i + kGradientPrefetchRunDistance]);
           if (ahead < samples_per_sc) {
-            PrefetchRow(GradientRow(grads, run.activation_base + ahead, dim), row_bytes);
+            PrefetchRow(grads.Row(origins, ahead), row_bytes);
           }
         }
         // A row's lines are fetched once per run, for its first contribution there.
@@ -204,8 +208,10 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
             PrefetchTableRow<Optimizer>(table, slots, (shard_row + ahead) * dim, row_bytes);
           }
         }
-        AddContribution<kSkipNonFinite>(grads, dim, run.activation_base + view.sample_ids[i],
-                                        view.gains[i], bad_activation_rows, sum, &skip);
+        const int32_t sample = view.sample_ids[i];
+        AddContribution<kSkipNonFinite>(grads.Row(origins, sample), dim,
+                                        run.activation_base + sample, view.gains[i],
+                                        bad_activation_rows, sum, &skip);
         ++run.next;
         SkipPadding(view, &run);
       }
@@ -216,12 +222,20 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
   return skipped;
 }
 
+// The gradient row of a collected contribution.
+__attribute__((always_inline)) inline const float* ContributionGradient(const GradientRows& grads,
+                                                                       int64_t samples_per_sc,
+                                                                       const RowContribution& e) {
+  return grads.Row(e.source_sc, e.activation - int64_t{e.source_sc} * samples_per_sc);
+}
+
 // The fallback: the shard's contributions collected and sorted (CollectShardContributions), then
 // summed row by row in that order.
 template <typename Optimizer, bool kSkipNonFinite>
 __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions(
     const std::vector<RowContribution>& entries, int64_t shard_row, const GradientRows& grads,
-    int64_t dim, float learning_rate, const float* hypers, const Clip& clip, float* table,
+    int64_t samples_per_sc, int64_t dim, float learning_rate, const float* hypers,
+    const Clip& clip, float* table,
     const std::array<float*, Optimizer::kSlots.size()>& slots, const uint8_t* bad_activation_rows,
     float* sum) {
   const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(float));
@@ -233,15 +247,17 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions
     bool skip = false;
     for (; i < n && entries[i].token == token; ++i) {
       if (i + kGradientPrefetchDistance < n) {
-        PrefetchRow(GradientRow(grads, entries[i + kGradientPrefetchDistance].activation, dim),
-                    row_bytes);
+        PrefetchRow(
+            ContributionGradient(grads, samples_per_sc, entries[i + kGradientPrefetchDistance]),
+            row_bytes);
       }
       if (i + kRowPrefetchDistance < n &&
           entries[i + kRowPrefetchDistance].token != entries[i + kRowPrefetchDistance - 1].token) {
         PrefetchTableRow<Optimizer>(
             table, slots, (shard_row + entries[i + kRowPrefetchDistance].token) * dim, row_bytes);
       }
-      AddContribution<kSkipNonFinite>(grads, dim, entries[i].activation, entries[i].gain,
+      AddContribution<kSkipNonFinite>(ContributionGradient(grads, samples_per_sc, entries[i]),
+                                      dim, entries[i].activation, entries[i].gain,
                                       bad_activation_rows, sum, &skip);
     }
     skipped += FinishRow<Optimizer, kSkipNonFinite>(shard_row + token, sum, skip, dim,
@@ -286,8 +302,8 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
     } else {
       CollectShardContributions(view, shard, &entries);
       skipped += UpdateShardFromSortedContributions<Optimizer, kSkipNonFinite>(
-          entries, shard_row, grads, dim, learning_rate, hypers, clip, table, slots,
-          bad_activation_rows, sum.data());
+          entries, shard_row, grads, view.samples_per_sc(), dim, learning_rate, hypers, clip,
+          table, slots, bad_activation_rows, sum.data());
     }
   }
   return skipped;

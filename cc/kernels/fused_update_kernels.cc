@@ -121,13 +121,7 @@ class FusedUpdateOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ToTf(sce::ValidateGradientParts(view, feature_rows_per_sc_, part_rows,
                                                         "activation_gradients")));
     const int64_t dim = table.dim_size(1);
-    // One buffer in the CSR's order is read directly; any other order through row addresses.
-    std::vector<const float*> row_addresses;
-    sce::GradientRows grads{parts[0], nullptr};
-    if (!feature_rows_per_sc_.empty()) {
-      row_addresses = sce::GradientRowAddresses(view, feature_rows_per_sc_, parts, dim);
-      grads.address = row_addresses.data();
-    }
+    const sce::GradientRows grads(view, feature_rows_per_sc_, parts, dim);
 
     // Non-finite gradients: one vectorizable pass over the gradients and the gains decides; only
     // when it finds a NaN or Inf are the referenced rows looked at (before any write).

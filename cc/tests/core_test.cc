@@ -1051,7 +1051,8 @@ void TestNonFiniteGradients() {
   FloatVec grads = {1, 1, 5, 5, nan, 2, 7, 7};  // activation row 2 (SC 1, sample 0) is bad
   std::vector<uint8_t> bad;
   sce::NonFiniteContribution first;
-  sce::FindNonFiniteContributions(v, sce::GradientRows{grads.data()}, 2, &bad, &first);
+  sce::FindNonFiniteContributions(v, sce::GradientRows::InCsrOrder(v, grads.data(), 2), 2, &bad,
+                                  &first);
   CHECK_EQ(Str(std::vector<int>(bad.begin(), bad.end())), std::string("[0,0,1,0]"));
   CHECK(first.found);
   CHECK_EQ(first.activation_row, int64_t{2});
@@ -1063,8 +1064,8 @@ void TestNonFiniteGradients() {
   const FloatVec table_before = table;
   const float no_hypers[1] = {0.0f};
   const int64_t skipped = sce::FusedUpdate<sce::SgdOptimizer>(
-      v, sce::GradientRows{grads.data()}, 2, 0.5f, no_hypers, sce::Clip(), table.data(), {}, sce::RunSerially,
-      bad.data());
+      v, sce::GradientRows::InCsrOrder(v, grads.data(), 2), 2, 0.5f, no_hypers, sce::Clip(),
+      table.data(), {}, sce::RunSerially, bad.data());
   // Row 0 (shard 0) gets SC 0 row 0 (finite) and SC 1 row 2 (NaN): skipped. Row 3 (shard 1,
   // token 1) gets rows 0 and 2 as well: skipped. Rows 1 and 2 are untouched.
   CHECK_EQ(skipped, int64_t{2});
@@ -1072,10 +1073,12 @@ void TestNonFiniteGradients() {
 
   // Only unreferenced rows are bad: nothing is found and the normal update runs.
   FloatVec grads2 = {1, 1, nan, 5, 2, 2, inf, 7};  // rows 1 and 3 (sample 1) are not referenced
-  sce::FindNonFiniteContributions(v, sce::GradientRows{grads2.data()}, 2, &bad, &first);
+  sce::FindNonFiniteContributions(v, sce::GradientRows::InCsrOrder(v, grads2.data(), 2), 2, &bad,
+                                  &first);
   CHECK(!first.found);
   const int64_t none = sce::FusedUpdate<sce::SgdOptimizer>(
-      v, sce::GradientRows{grads2.data()}, 2, 0.5f, no_hypers, sce::Clip(), table.data(), {}, sce::RunSerially);
+      v, sce::GradientRows::InCsrOrder(v, grads2.data(), 2), 2, 0.5f, no_hypers, sce::Clip(),
+      table.data(), {}, sce::RunSerially);
   CHECK_EQ(none, int64_t{0});
   // Row 0 (shard 0, token 0) gets rows 0 and 2: 1 - 0.5 * (1 + 2) = -0.5.
   CHECK_EQ(table[0], -0.5f);
@@ -1085,7 +1088,8 @@ void TestNonFiniteGradients() {
   sce::CsrView v2 = csr2.View(2, 4, 4);
   csr2.gains[0] = inf;
   FloatVec clean(8, 1.0f);
-  sce::FindNonFiniteContributions(v2, sce::GradientRows{clean.data()}, 2, &bad, &first);
+  sce::FindNonFiniteContributions(v2, sce::GradientRows::InCsrOrder(v2, clean.data(), 2), 2, &bad,
+                                  &first);
   CHECK(first.found && first.bad_gain && first.position == 0);
 
   sce::NonFiniteGradients mode;
@@ -1422,14 +1426,16 @@ void CheckIsaVersionsAgree(const float* hypers, int64_t dim, uint32_t seed) {
   FloatVec grads(csr.view.input_size * dim);
   for (size_t i = 0; i < grads.size(); ++i) grads[i] = std::sin(0.37f * i + seed) * 0.5f;
   TableAndSlots<Optimizer> baseline(rows, dim);
-  sce::FusedUpdate<Optimizer>(csr.view, sce::GradientRows{grads.data()}, dim, 0.05f, hypers,
+  sce::FusedUpdate<Optimizer>(csr.view, sce::GradientRows::InCsrOrder(csr.view, grads.data(), dim),
+                              dim, 0.05f, hypers,
                               sce::Clip(), baseline.table.data(), baseline.slot_pointers,
                               sce::RunSerially, nullptr, sce::VectorIsa::kBaseline);
   CHECK(!(baseline.table == FloatVec(baseline.table.size(), 0.0f)));
   for (sce::VectorIsa isa : SupportedIsas()) {
     if (isa == sce::VectorIsa::kBaseline) continue;
     TableAndSlots<Optimizer> wide(rows, dim);
-    sce::FusedUpdate<Optimizer>(csr.view, sce::GradientRows{grads.data()}, dim, 0.05f, hypers,
+    sce::FusedUpdate<Optimizer>(csr.view, sce::GradientRows::InCsrOrder(csr.view, grads.data(), dim),
+                              dim, 0.05f, hypers,
                                 sce::Clip(), wide.table.data(), wide.slot_pointers,
                                 sce::RunSerially, nullptr, isa);
     CHECK(baseline.SameBits(wide));
@@ -1519,7 +1525,8 @@ bool FusedUpdateMatchesReference(const RandomCsr& csr, const float* hypers, int6
   const uint8_t* flags = with_bad_rows ? bad.data() : nullptr;
   TableAndSlots<Optimizer> kernel(rows, dim), reference(rows, dim);
   const int64_t kernel_skipped = sce::FusedUpdate<Optimizer>(
-      csr.view, sce::GradientRows{grads.data()}, dim, 0.05f, hypers, sce::Clip(), kernel.table.data(),
+      csr.view, sce::GradientRows::InCsrOrder(csr.view, grads.data(), dim), dim, 0.05f, hypers,
+      sce::Clip(), kernel.table.data(),
       kernel.slot_pointers, sce::RunSerially, flags, sce::VectorIsa::kBaseline);
   const int64_t reference_skipped = ReferenceFusedUpdate<Optimizer>(
       csr.view, grads.data(), dim, 0.05f, hypers, reference.table.data(),
@@ -1644,67 +1651,112 @@ void TestFeatureMajorActivations() {
   CHECK_ERROR(sce::ValidateFeatureRows({INT64_MAX, 1}, csr.view), "overflow int64");
 }
 
+// The same gradients in the CSR's order, feature-major (one buffer) and per feature (one buffer
+// each), for `features` rows per SparseCore of 4 SparseCores per replica: source SparseCore
+// sc = g * 4 + s, sample j of feature f lands at g * 4 * B + 4 * offset_f + s * rows_f + j of the
+// feature-major buffer (B samples per SparseCore), and at row sc * rows_f + j of feature f's.
+struct GradientLayouts {
+  FloatVec sc_major, feature_major;
+  std::vector<FloatVec> per_feature;
+  std::vector<const float*> parts;
+  GradientLayouts(const FloatVec& csr_order, const sce::FeatureRowsPerSc& features,
+                  int64_t num_sources, int64_t dim)
+      : sc_major(csr_order), feature_major(csr_order.size()) {
+    int64_t samples_per_sc = 0;
+    for (int64_t rows_f : features) samples_per_sc += rows_f;
+    for (int64_t rows_f : features) per_feature.emplace_back(num_sources * rows_f * dim);
+    for (int64_t sc = 0; sc < num_sources; ++sc) {
+      const int64_t g = sc / 4, s = sc % 4;
+      int64_t offset = 0;
+      for (size_t f = 0; f < features.size(); ++f) {
+        for (int64_t j = 0; j < features[f]; ++j) {
+          const float* from = &sc_major[(sc * samples_per_sc + offset + j) * dim];
+          std::copy_n(from, dim, &feature_major[(g * 4 * samples_per_sc + 4 * offset +
+                                                 s * features[f] + j) * dim]);
+          std::copy_n(from, dim, &per_feature[f][(sc * features[f] + j) * dim]);
+        }
+        offset += features[f];
+      }
+    }
+    for (const FloatVec& part : per_feature) parts.push_back(part.data());
+  }
+};
+
 void TestFusedUpdateGradientOrders() {
   g_test = "fused update: gradients feature-major or per feature give the same update";
   const sce::FeatureRowsPerSc features = {3, 0, 4};
   const float none[1] = {0.0f};
-  for (int64_t G : {1, 2}) {
-    for (uint32_t seed = 0; seed < 4; ++seed) {
-      RandomCsr csr(seed, G, 4, 2, 9, 7);
-      CHECK_OK(sce::ValidateCsrView(csr.view));
-      CHECK_OK(sce::ValidateFeatureRows(features, csr.view));
-      const int64_t dim = 5, rows = csr.view.table_rows;
-      FloatVec sc_major(csr.view.input_size * dim);
-      for (size_t i = 0; i < sc_major.size(); ++i) sc_major[i] = std::sin(0.37f * i + seed);
-      // The same rows feature-major (one buffer) and per feature (one buffer each): source
-      // SparseCore sc = g * 4 + s, sample j of feature f lands at g * 28 + 4 * offset_f +
-      // s * rows_f + j, and at row sc * rows_f + j of feature f's buffer.
-      FloatVec feature_major(sc_major.size());
-      std::vector<FloatVec> per_feature;
-      for (int64_t rows_f : features) per_feature.emplace_back(G * 4 * rows_f * dim);
-      for (int64_t sc = 0; sc < G * 4; ++sc) {
-        const int64_t g = sc / 4, s = sc % 4;
-        int64_t offset = 0;
-        for (size_t f = 0; f < features.size(); ++f) {
-          for (int64_t j = 0; j < features[f]; ++j) {
-            const float* from = &sc_major[(sc * 7 + offset + j) * dim];
-            std::copy_n(from, dim,
-                        &feature_major[(g * 28 + 4 * offset + s * features[f] + j) * dim]);
-            std::copy_n(from, dim, &per_feature[f][(sc * features[f] + j) * dim]);
+  // G = 5: 40 runs per shard, more than kMaxStreamedRuns; unsorted segments: both take the
+  // update's fallback (collected contributions) instead of the streamed merge.
+  for (int64_t G : {1, 2, 5}) {
+    for (bool sorted : {true, false}) {
+      for (uint32_t seed = 0; seed < 4; ++seed) {
+        RandomCsr csr(seed, G, 4, 2, 9, 7, sorted);
+        CHECK_OK(sce::ValidateCsrView(csr.view));
+        CHECK_OK(sce::ValidateFeatureRows(features, csr.view));
+        const int64_t dim = 5, rows = csr.view.table_rows;
+        const int64_t num_sources = csr.view.num_source_sparse_cores();
+        FloatVec csr_order(csr.view.input_size * dim);
+        for (size_t i = 0; i < csr_order.size(); ++i) csr_order[i] = std::sin(0.37f * i + seed);
+        const GradientLayouts layouts(csr_order, features, num_sources, dim);
+        std::vector<int64_t> part_rows;
+        for (int64_t rows_f : features) part_rows.push_back(num_sources * rows_f);
+        CHECK_OK(sce::ValidateGradientParts(csr.view, features, part_rows, "grads"));
+        CHECK_OK(sce::ValidateGradientParts(csr.view, features, {csr.view.input_size}, "grads"));
+        const sce::GradientRows in_csr_order =
+            sce::GradientRows::InCsrOrder(csr.view, layouts.sc_major.data(), dim);
+        const sce::GradientRows major(csr.view, features, {layouts.feature_major.data()}, dim);
+        const sce::GradientRows split(csr.view, features, layouts.parts, dim);
+        TableAndSlots<sce::AdagradOptimizer> expected(rows, dim);
+        sce::FusedUpdate<sce::AdagradOptimizer>(csr.view, in_csr_order, dim, 0.05f, none,
+                                                sce::Clip(), expected.table.data(),
+                                                expected.slot_pointers, sce::RunSerially);
+        for (const sce::GradientRows* grads : {&major, &split}) {
+          TableAndSlots<sce::AdagradOptimizer> got(rows, dim);
+          sce::FusedUpdate<sce::AdagradOptimizer>(csr.view, *grads, dim, 0.05f, none,
+                                                  sce::Clip(), got.table.data(),
+                                                  got.slot_pointers, sce::RunSerially);
+          CHECK(expected.SameBits(got));
+        }
+        // Reading the feature-major buffer as if it were in the CSR's order is another update.
+        TableAndSlots<sce::AdagradOptimizer> misread(rows, dim);
+        sce::FusedUpdate<sce::AdagradOptimizer>(
+            csr.view, sce::GradientRows::InCsrOrder(csr.view, layouts.feature_major.data(), dim),
+            dim, 0.05f, none, sce::Clip(), misread.table.data(), misread.slot_pointers,
+            sce::RunSerially);
+        CHECK(!expected.SameBits(misread));
+        // A NaN in one activation row is flagged at that row (CSR numbering) in every order, and
+        // the skipping update leaves the same rows unchanged.
+        FloatVec with_nan = csr_order;
+        const int64_t nan_row = (seed * 11 + G) % csr.view.input_size;
+        with_nan[nan_row * dim + seed % dim] = std::nanf("");
+        const GradientLayouts nan_layouts(with_nan, features, num_sources, dim);
+        const sce::GradientRows nan_grads[] = {
+            sce::GradientRows::InCsrOrder(csr.view, nan_layouts.sc_major.data(), dim),
+            sce::GradientRows(csr.view, features, {nan_layouts.feature_major.data()}, dim),
+            sce::GradientRows(csr.view, features, nan_layouts.parts, dim)};
+        std::vector<uint8_t> expected_bad(csr.view.input_size, 0);
+        expected_bad[nan_row] = 1;
+        TableAndSlots<sce::AdagradOptimizer> skipped_first(rows, dim);
+        int64_t first_skipped = -1;
+        for (const sce::GradientRows& grads : nan_grads) {
+          std::vector<uint8_t> bad;
+          sce::NonFiniteContribution first;
+          sce::FindNonFiniteContributions(csr.view, grads, dim, &bad, &first);
+          CHECK(bad == expected_bad);
+          TableAndSlots<sce::AdagradOptimizer> got(rows, dim);
+          const int64_t skipped = sce::FusedUpdate<sce::AdagradOptimizer>(
+              csr.view, grads, dim, 0.05f, none, sce::Clip(), got.table.data(),
+              got.slot_pointers, sce::RunSerially, bad.data());
+          if (first_skipped < 0) {
+            first_skipped = skipped;
+            skipped_first.table = got.table;
+            skipped_first.slots = got.slots;
           }
-          offset += features[f];
+          CHECK_EQ(skipped, first_skipped);
+          CHECK(skipped_first.SameBits(got));
         }
       }
-      std::vector<const float*> parts;
-      std::vector<int64_t> part_rows;
-      for (size_t f = 0; f < features.size(); ++f) {
-        parts.push_back(per_feature[f].data());
-        part_rows.push_back(G * 4 * features[f]);
-      }
-      CHECK_OK(sce::ValidateGradientParts(csr.view, features, part_rows, "grads"));
-      CHECK_OK(sce::ValidateGradientParts(csr.view, features, {csr.view.input_size}, "grads"));
-      const std::vector<const float*> major_rows =
-          sce::GradientRowAddresses(csr.view, features, {feature_major.data()}, dim);
-      const std::vector<const float*> part_addresses =
-          sce::GradientRowAddresses(csr.view, features, parts, dim);
-      TableAndSlots<sce::AdagradOptimizer> expected(rows, dim), major(rows, dim), split(rows, dim);
-      sce::FusedUpdate<sce::AdagradOptimizer>(csr.view, sce::GradientRows{sc_major.data()}, dim,
-                                              0.05f, none, sce::Clip(), expected.table.data(),
-                                              expected.slot_pointers, sce::RunSerially);
-      sce::FusedUpdate<sce::AdagradOptimizer>(
-          csr.view, sce::GradientRows{nullptr, major_rows.data()}, dim, 0.05f, none, sce::Clip(),
-          major.table.data(), major.slot_pointers, sce::RunSerially);
-      sce::FusedUpdate<sce::AdagradOptimizer>(
-          csr.view, sce::GradientRows{nullptr, part_addresses.data()}, dim, 0.05f, none,
-          sce::Clip(), split.table.data(), split.slot_pointers, sce::RunSerially);
-      CHECK(expected.SameBits(major));
-      CHECK(expected.SameBits(split));
-      // Reading the feature-major buffer as if it were in the CSR's order is another update.
-      TableAndSlots<sce::AdagradOptimizer> misread(rows, dim);
-      sce::FusedUpdate<sce::AdagradOptimizer>(csr.view, sce::GradientRows{feature_major.data()},
-                                              dim, 0.05f, none, sce::Clip(), misread.table.data(),
-                                              misread.slot_pointers, sce::RunSerially);
-      CHECK(!expected.SameBits(misread));
     }
   }
   RandomCsr csr(0, 2, 4, 1, 9, 7);

@@ -95,7 +95,8 @@ int main() {
     if (!sce::ValidateCsrView(w.view).ok()) return 1;
     const float hypers[1] = {0.0f};
     auto update = [&] {
-      sce::FusedUpdate<sce::AdagradOptimizer>(w.view, sce::GradientRows{w.grads.data()}, dim, 1e-6f, hypers,
+      sce::FusedUpdate<sce::AdagradOptimizer>(w.view, sce::GradientRows::InCsrOrder(w.view, w.grads.data(), dim),
+                                              dim, 1e-6f, hypers,
                                               sce::Clip(), w.table.data(),
                                               std::array<float*, 1>{w.accumulator.data()},
                                               sce::RunSerially);
