@@ -75,10 +75,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<float> grads = sce_fuzz::Values(in, activations.size());
   const float* g = grads.empty() ? nullptr : grads.data();
   // Gradients: one buffer, or split into one buffer per feature at fuzzed row counts.
-  sce::GradientRows gradient_rows{g, nullptr};
-  std::vector<const float*> addresses;
+  std::vector<const float*> parts = {g};
   if (!features.empty()) {
-    std::vector<const float*> parts = {g};
     std::vector<int64_t> part_rows = {v.input_size};
     if (in.ConsumeBool()) {
       parts.clear();
@@ -95,9 +93,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (used != v.input_size) return 0;  // the kernel's sum of the parts is the input size
     }
     if (!sce::ValidateGradientParts(v, features, part_rows, "grads").ok()) return 0;
-    addresses = sce::GradientRowAddresses(v, features, parts, dim);
-    gradient_rows = sce::GradientRows{nullptr, addresses.data()};
   }
+  const sce::GradientRows gradient_rows(v, features, parts, dim);
   std::vector<uint8_t> bad;
   const bool skip = in.ConsumeBool();
   if (!sce::AllFinite(g, static_cast<int64_t>(grads.size())) ||
