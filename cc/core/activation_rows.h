@@ -49,7 +49,6 @@ FeatureMajorRows MakeFeatureMajorRows(const CsrView& view, const FeatureRowsPerS
 Status ValidateGradientParts(const CsrView& view, const FeatureRowsPerSc& feature_rows_per_sc,
                              const std::vector<int64_t>& part_rows, const char* argument);
 
-
 // Where the fused update reads the gradient of sample `sample` of source SparseCore `sc`
 // (activation row sc * samples_per_sc + sample in the CSR's numbering). In every order the
 // gradients can come in (see ValidateGradientParts), each (source SparseCore, feature) pair's
