@@ -164,8 +164,10 @@ __attribute__((always_inline)) inline int64_t FinishRow(
 // done while reading. The smallest head token is the next row; its contributions are summed run
 // by run, each run's in position order, which is exactly the order of a stable sort of the runs'
 // concatenation, so the result is bit-identical to the fallback below. Nothing is copied.
-// kDim > 0 fixes the row width at compile time (it must equal `runtime_dim`): the row's sum then
-// lives in registers instead of being loaded and stored for every contribution.
+// kDim > 0 fixes the row width at compile time (it must equal `runtime_dim`): the sum is then a
+// fixed-size array on the stack and the row loops have no remainder. (GCC 12 still loads and
+// stores that array for every contribution rather than keeping it in registers; the loop waits
+// on its gradient-row loads, and whether registers would help has not been measured.)
 template <typename Optimizer, bool kSkipNonFinite, int64_t kDim>
 __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
     const CsrView& view, ContributionRun* runs, size_t ways, int64_t shard_row,
