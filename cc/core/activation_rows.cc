@@ -89,42 +89,32 @@ Status ValidateGradientParts(const CsrView& view, const FeatureRowsPerSc& featur
 
 GradientRows::GradientRows(const CsrView& view, const FeatureRowsPerSc& feature_rows_per_sc,
                            const std::vector<const float*>& parts, int64_t dim)
-    : num_features_(feature_rows_per_sc.empty()
-                        ? 1
-                        : static_cast<int64_t>(feature_rows_per_sc.size())),
-      row_bytes_(static_cast<uintptr_t>(dim) * sizeof(float)) {
-  const int64_t samples_per_sc = view.samples_per_sc();
+    : row_bytes_(static_cast<uintptr_t>(dim) * sizeof(float)) {
+  // The CSR's order is the feature-major order of a single feature that spans every sample.
+  const FeatureRowsPerSc rows =
+      feature_rows_per_sc.empty() ? FeatureRowsPerSc{view.samples_per_sc()} : feature_rows_per_sc;
+  num_features_ = static_cast<int64_t>(rows.size());
   const int64_t F = num_features_;
   const bool per_feature = parts.size() > 1;
   if (F > 1) {
-    feature_of_sample_.resize(samples_per_sc);
+    feature_of_sample_.resize(view.samples_per_sc());
     int64_t local = 0;
     for (int64_t f = 0; f < F; ++f) {
-      std::fill_n(feature_of_sample_.begin() + local, feature_rows_per_sc[f],
-                  static_cast<int32_t>(f));
-      local += feature_rows_per_sc[f];
+      std::fill_n(feature_of_sample_.begin() + local, rows[f], static_cast<int32_t>(f));
+      local += rows[f];
     }
   }
   origin_.resize(view.num_source_sparse_cores() * F);
   for (int64_t sc = 0; sc < view.num_source_sparse_cores(); ++sc) {
     int64_t local = 0;  // first sample of feature f in the SparseCore's block
     for (int64_t f = 0; f < F; ++f) {
-      // Sample `local` of the pair is at row `first` of buffer `base`.
-      int64_t first;
-      uintptr_t base;
-      if (feature_rows_per_sc.empty()) {
-        first = sc * samples_per_sc;
-        base = reinterpret_cast<uintptr_t>(parts[0]);
-      } else if (per_feature) {
-        first = sc * feature_rows_per_sc[f];
-        base = reinterpret_cast<uintptr_t>(parts[f]);
-      } else {
-        first = FeatureMajorFirstRow(view, sc, local, feature_rows_per_sc[f]);
-        base = reinterpret_cast<uintptr_t>(parts[0]);
-      }
+      // Sample `local` of the pair is at row `first` of its buffer.
+      const int64_t first = per_feature ? sc * rows[f]
+                                        : FeatureMajorFirstRow(view, sc, local, rows[f]);
+      const uintptr_t base = reinterpret_cast<uintptr_t>(parts[per_feature ? f : 0]);
       origin_[sc * F + f] = base + static_cast<uintptr_t>(first) * row_bytes_ -
                             static_cast<uintptr_t>(local) * row_bytes_;
-      if (!feature_rows_per_sc.empty()) local += feature_rows_per_sc[f];
+      local += rows[f];
     }
   }
 }

@@ -94,7 +94,6 @@ bool FindSortedRuns(const CsrView& view, int64_t p, std::vector<ContributionRun>
       ContributionRun run;
       view.Segment(s, b, p, &run.next, &run.end);
       run.source_sc = s;
-      run.activation_base = s * samples_per_sc;
       SkipPadding(view, &run);
       if (run.head_token == kPad) continue;  // no valid entry
       int32_t previous = run.head_token;

@@ -54,8 +54,7 @@ void CollectShardContributions(const CsrView& view, int64_t p, std::vector<RowCo
 struct ContributionRun {
   int64_t next = 0;
   int64_t end = 0;
-  int64_t source_sc = 0;
-  int64_t activation_base = 0;  // activation row of sample 0 of the run's source SparseCore
+  int64_t source_sc = 0;  // its activation rows are source_sc * samples_per_sc + sample
   int32_t head_token = kPad;
 };
 
@@ -212,7 +211,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
         }
         const int32_t sample = view.sample_ids[i];
         AddContribution<kSkipNonFinite>(grads.Row(origins, sample), dim,
-                                        run.activation_base + sample, view.gains[i],
+                                        run.source_sc * samples_per_sc + sample, view.gains[i],
                                         bad_activation_rows, sum, &skip);
         ++run.next;
         SkipPadding(view, &run);
