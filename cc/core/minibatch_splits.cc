@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <memory>
 #include <numeric>
 
 #include "cc/core/checked_math.h"
@@ -149,6 +150,13 @@ struct Kept {
   float gain;
 };
 
+// A SparseCore's deduplicated ids in output order. A plain array written through a pointer: a
+// std::vector's push_back keeps its end pointer in memory and checks capacity on every id.
+struct KeptIds {
+  std::unique_ptr<Kept[]> data;  // default-initialized: nothing is written twice
+  int64_t size = 0;
+};
+
 // Per (shard, division) counts of one SparseCore; at most n <= 2^31 - 1 ids, so int32 (these
 // arrays have up to 2^24 entries). Slot p * (D + 1) + d + 1 counts shard p, division d.
 struct ScCounts {
@@ -167,7 +175,7 @@ int BitsFor(int64_t x) {
 // then in output order: by shard, division (a division is a range of cols), col, row.
 void DedupAndCountSc(const int32_t* rows, const int32_t* cols, const float* gains, int64_t begin,
                      int64_t end, int64_t s, const Geometry& g, std::vector<uint64_t>* scratch,
-                     ScCounts* counts, std::vector<Kept>* kept) {
+                     ScCounts* counts, KeptIds* kept) {
   const int64_t n = end - begin;
   // The key puts the shard (col & mask) above the shard's row (col >> pbits): a bijection of col,
   // so equal cols stay adjacent, and the shard's ids come out in col order, hence division by
@@ -200,15 +208,22 @@ void DedupAndCountSc(const int32_t* rows, const int32_t* cols, const float* gain
   const uint64_t* sorted = StableSortWords(words, words + n, n, key_shift, key_bits);
   std::fill(counts->ids.begin(), counts->ids.end(), 0);
   std::fill(counts->uniques.begin(), counts->uniques.end(), 0);
-  kept->reserve(n);
+  kept->data.reset(new Kept[std::max<int64_t>(n, 1)]);
+  Kept* out = kept->data.get();
+  int64_t size = 0;
   int32_t prev_row = -1, prev_col = -1;
   // Within a shard cols arrive in increasing order, so the division changes at most D - 1 times
   // per shard: it is recomputed only when a col leaves the current one.
   int32_t bucket = 0;
   int64_t bucket_begin = 0, bucket_end = -1;
+  // The counts of the current (shard, division) slot are kept in registers and stored when the
+  // slot changes (at most P * D times): incrementing the same memory word for every id makes
+  // each id wait for the previous id's store.
+  int64_t run_slot = 0;
+  int32_t run_ids = 0, run_uniques = 0;
+  int32_t* ids = counts->ids.data();
+  int32_t* uniques = counts->uniques.data();
   for (int64_t k = 0; k < n; ++k) {
-    // Decoded into locals: the counter updates below are int32 stores the compiler would
-    // otherwise assume may change the inputs.
     const uint64_t word = sorted[k];
     const int64_t i = begin + static_cast<int64_t>(word & position_mask);
     const int32_t key = static_cast<int32_t>(word >> key_shift);
@@ -218,7 +233,7 @@ void DedupAndCountSc(const int32_t* rows, const int32_t* cols, const float* gain
                             : rows[i] - first_row;
     const float gain = gains[i];
     if (row == prev_row && col == prev_col) {
-      kept->back().gain += gain;
+      out[size - 1].gain += gain;
       continue;
     }
     if (col >= bucket_end || col < bucket_begin) {
@@ -227,12 +242,23 @@ void DedupAndCountSc(const int32_t* rows, const int32_t* cols, const float* gain
       bucket_end = bucket == g.D - 1 ? INT64_MAX : (bucket + int64_t{1}) * g.division_size;
     }
     const int64_t slot = (col & g.mask) * (g.D + 1) + bucket + 1;
-    ++counts->ids[slot];
-    if (col != prev_col) ++counts->uniques[slot];
-    kept->push_back({row, col, gain});
+    if (slot != run_slot) {
+      ids[run_slot] += run_ids;
+      uniques[run_slot] += run_uniques;
+      run_slot = slot;
+      run_ids = 0;
+      run_uniques = 0;
+    }
+    ++run_ids;
+    run_uniques += col != prev_col;
+    out[size++] = {row, col, gain};
     prev_row = row;
     prev_col = col;
   }
+  // Slot 0 is never a (shard, division) slot: the first flush adds zeros to it.
+  ids[run_slot] += run_ids;
+  uniques[run_slot] += run_uniques;
+  kept->size = size;
 }
 
 // Checks every division of pair (s, p) against the limits and writes its id_counts prefix sums;
@@ -306,14 +332,16 @@ void SplitPair(const ScCounts& counts, int64_t p, const Geometry& g,
 // each SparseCore's kept ids are already in that order (DedupAndCountSc), so SparseCore s's
 // block, which starts at id_counts[s * P * D], is written in one sequential pass. The blocks are
 // disjoint, so they are written in parallel.
-void Scatter(const std::vector<std::vector<Kept>>& kept_per_sc, const Geometry& g,
+void Scatter(const std::vector<KeptIds>& kept_per_sc, const Geometry& g,
              const std::vector<int32_t>& id_counts, const SplitIdBuffers& buffers,
              const ParallelFor& parallel_for) {
   const int64_t total = id_counts.back();
   parallel_for(g.S, 4 * (total / g.S + 1), [&](int64_t first, int64_t last) {
     for (int64_t s = first; s < last; ++s) {
       int64_t slot = id_counts[s * g.P * g.D];
-      for (const Kept& k : kept_per_sc[s]) {
+      const KeptIds& kept = kept_per_sc[s];
+      for (int64_t j = 0; j < kept.size; ++j) {
+        const Kept& k = kept.data[j];
         buffers.rows[slot] = k.local_row;
         buffers.cols[slot] = k.col >> g.pbits;
         buffers.gains[slot] = k.gain;
@@ -341,7 +369,7 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
     sc_begin[s] = std::lower_bound(rows + sc_begin[s - 1], rows + n, s * g.per_sc) - rows;
   }
   // The SparseCores' sorts and counts are independent: one unit of work each.
-  std::vector<std::vector<Kept>> kept_per_sc(g.S);
+  std::vector<KeptIds> kept_per_sc(g.S);
   std::vector<ScCounts> counts(g.S);
   parallel_for(g.S, 200 * (n / g.S + 1), [&](int64_t first, int64_t last) {
     thread_local std::vector<uint64_t> scratch;

@@ -1,5 +1,5 @@
 // Stable sort of positions by a non-negative int32 key (LSD radix sort on (key, position) words,
-// digits of at most 11 bits). The hot
+// digits of at most 12 bits). The hot
 // preprocessing paths sort a few thousand ids per SparseCore, where this is several times faster
 // than a comparison sort, and stability keeps equal ids in input order as the spec requires.
 #ifndef SCE_CORE_RADIX_SORT_H_
