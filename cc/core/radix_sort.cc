@@ -8,8 +8,8 @@ namespace sce {
 namespace {
 
 // One read of the words: the histogram of every pass's digit (pass p's at counts + (p << digit))
-// and whether any key is smaller than the one before it (branch-free, so it vectorizes). kPasses
-// is the pass count when it is a compile-time constant, 0 when `passes` gives it.
+// and whether any key is smaller than the one before it (checked without a branch). kPasses is
+// the pass count when it is a compile-time constant, 0 when `passes` gives it.
 template <int kPasses>
 uint64_t CountDigits(const uint64_t* words, int64_t n, int shift, uint64_t key_mask, int digit,
                      uint32_t* counts, int passes = kPasses) {
@@ -69,7 +69,11 @@ const uint64_t* StableSortWords(uint64_t* words, uint64_t* buffer, int64_t n, in
       total += count;
     }
     const int digit_shift = shift + pass * digit;
-    for (int64_t i = 0; i < n; ++i) to[c[(from[i] >> digit_shift) & digit_mask]++] = from[i];
+    // The last digit may reach past the key (passes * digit >= bits): it keeps only the key's
+    // bits, as the counting read did, whatever the word holds above them.
+    const int pass_bits = std::min(digit, bits - pass * digit);  // <= kMaxBits
+    const uint64_t pass_mask = (uint64_t{1} << pass_bits) - 1;
+    for (int64_t i = 0; i < n; ++i) to[c[(from[i] >> digit_shift) & pass_mask]++] = from[i];
     std::swap(from, to);
   }
   return from;

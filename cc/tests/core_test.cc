@@ -1609,6 +1609,36 @@ void TestStableSortByKey() {
   }
 }
 
+void TestStableSortWords() {
+  g_test = "radix sort of words: stable by the key bits, for keys of 1 to 64 bits (1 to 6 passes)";
+  uint64_t state = 99;
+  auto next = [&state]() {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return state;
+  };
+  for (int64_t n : {2, 63, 64, 5000}) {
+    for (int bits : {1, 12, 13, 24, 25, 36, 37, 48, 49, 60, 64}) {
+      for (int shift : {0, 64 - bits}) {
+        const uint64_t mask = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+        std::vector<uint64_t> words(n), buffer(n);
+        // Few distinct keys, so that stability is tested: the low 8 bits of each key vary, the
+        // others are the same for half of the words.
+        for (auto& w : words) {
+          const uint64_t key = (next() & 1 ? next() : uint64_t{0xff} << 8 | (next() & 0xff)) & mask;
+          const uint64_t other = next() & ~(mask << shift);
+          w = (key << shift) | other;
+        }
+        std::vector<uint64_t> expected = words;
+        std::stable_sort(expected.begin(), expected.end(), [&](uint64_t a, uint64_t b) {
+          return ((a >> shift) & mask) < ((b >> shift) & mask);
+        });
+        const uint64_t* sorted = sce::StableSortWords(words.data(), buffer.data(), n, shift, bits);
+        CHECK(std::equal(expected.begin(), expected.end(), sorted));
+      }
+    }
+  }
+}
+
 void TestFeatureMajorActivations() {
   g_test = "lookup: feature-major activations are the SparseCore-major ones, rows permuted";
   for (int64_t G : {1, 2}) {
@@ -1779,6 +1809,7 @@ int main() {
       TestRequireFiniteFeatureGradients, TestRaisePartitionLimits,
       TestShardContributionsAreMergedStably, TestFusedUpdateIsaVersionsAgree,
       TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice, TestStableSortByKey,
+      TestStableSortWords,
       TestFeatureMajorActivations, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
   };
   for (const auto& test : tests) test();
