@@ -224,6 +224,8 @@ void DedupAndCountSc(const int32_t* rows, const int32_t* cols, const float* gain
   int32_t* ids = counts->ids.data();
   int32_t* uniques = counts->uniques.data();
   for (int64_t k = 0; k < n; ++k) {
+    // Decoded into locals: the int32 stores into `out` below would otherwise make the compiler
+    // assume that the inputs may have changed.
     const uint64_t word = sorted[k];
     const int64_t i = begin + static_cast<int64_t>(word & position_mask);
     const int32_t key = static_cast<int32_t>(word >> key_shift);
