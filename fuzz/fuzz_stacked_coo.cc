@@ -1,13 +1,17 @@
-// libFuzzer target: sce::ConvertFeaturesToStackedCoo + sce::WriteStackedCoo
-// (docs/preprocessing.md), differentially: whenever the stacked conversion succeeds, its output
-// must equal every feature's ConvertToListOfCoo lists concatenated in SparseCore-major order.
+// libFuzzer target: sce::ConvertFeaturesToStackedCoo + sce::WriteStackedCoo and
+// sce::GetStackedMinibatchSplits (docs/preprocessing.md), differentially: whenever the stacked
+// conversion succeeds, its output must equal every feature's ConvertToListOfCoo lists
+// concatenated in SparseCore-major order; and the one-call splits must succeed exactly when the
+// stacked conversion followed by GetMinibatchSplits does, with the same outputs.
 #include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "cc/core/coo.h"
+#include "cc/core/minibatch_splits.h"
 #include "cc/core/stacked_coo.h"
+#include "cc/core/stacked_splits.h"
 #include "fuzz/fuzz_common.h"
 
 namespace {
@@ -63,12 +67,47 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t stacked = in.ConsumeBool() ? offset : Attr(in, 64);
   for (sce::StackedFeature& f : features) f.transform.stacked_table_sample_count = stacked;
 
+  sce::MinibatchSplitsParams params;
+  params.sample_count = stacked;
+  params.num_sc_per_chip = features.empty() ? sc : features[0].transform.num_sc_per_chip;
+  params.num_replica = in.ConsumeBool() ? 1 : Attr(in, 4);
+  params.table_vocab_size = in.ConsumeBool() ? 64 * (num_features + 1) : Attr(in, 512);
+  params.max_ids_per_partition = in.ConsumeBool() ? 256 : Attr(in, 16);
+  params.max_unique_ids_per_partition = in.ConsumeBool() ? 256 : Attr(in, 16);
+  params.max_division_level = in.ConsumeBool() ? 6 : static_cast<int>(Attr(in, 7));
+  params.table_name = "stacked";
+  sce::MinibatchSplits fused;
+  const sce::Status fused_status =
+      sce::GetStackedMinibatchSplits(features, params, &fused, sce::RunSerially);
+
   sce::StackedCooParts parts;
-  if (!sce::ConvertFeaturesToStackedCoo(features, sce::RunSerially, &parts).ok()) return 0;
+  if (!sce::ConvertFeaturesToStackedCoo(features, sce::RunSerially, &parts).ok()) {
+    SCE_FUZZ_CHECK(!fused_status.ok());
+    return 0;
+  }
   std::vector<int32_t> rows(parts.total), cols(parts.total);
   std::vector<float> gains(parts.total);
   const sce::Status written = sce::WriteStackedCoo(features, parts, rows.data(), cols.data(),
                                                    gains.data(), sce::RunSerially);
+  // The one-call splits against the two steps.
+  sce::MinibatchSplits two_step;
+  const bool two_step_ok =
+      written.ok() && params.num_sc_per_chip == parts.num_sc &&
+      sce::GetMinibatchSplits(rows.data(), cols.data(), gains.data(), parts.total, parts.total,
+                              parts.total, params, &two_step)
+          .ok();
+  SCE_FUZZ_CHECK(fused_status.ok() == two_step_ok);
+  if (two_step_ok) {
+    SCE_FUZZ_CHECK(fused.rows == two_step.rows && fused.cols == two_step.cols);
+    SCE_FUZZ_CHECK(fused.gains.size() == two_step.gains.size());
+    for (size_t i = 0; i < fused.gains.size(); ++i) {
+      SCE_FUZZ_CHECK(fused.gains[i] == two_step.gains[i] ||
+                     (fused.gains[i] != fused.gains[i] && two_step.gains[i] != two_step.gains[i]));
+    }
+    SCE_FUZZ_CHECK(fused.id_counts == two_step.id_counts && fused.splits == two_step.splits);
+    SCE_FUZZ_CHECK(fused.max_ids == two_step.max_ids &&
+                   fused.max_uniques == two_step.max_uniques);
+  }
   // The oracle: one ConvertToListOfCoo per feature, concatenated SparseCore-major.
   std::vector<std::vector<sce::CooEntries>> lists(num_features);
   bool all_ok = true;

@@ -29,7 +29,8 @@ I32 = 2**31 - 1
 I64 = 2**63 - 1
 PAD = 2**31 - 1
 OPS = ("coo", "list_of_coo", "sort", "stats", "splits", "csr_wrapped", "minibatches_in_csr",
-       "lookup", "update", "update_in_place", "stacker", "finite_check", "raise_limits", "stacked_coo")
+       "lookup", "update", "update_in_place", "stacker", "finite_check", "raise_limits", "stacked_coo",
+       "stacked_splits")
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
 
 
@@ -228,7 +229,7 @@ def make_case(seed, index):
         case.update(flags=int_list(rng, n + a.choice(0, [0, 1, -1]), 2),
                     flag_rank=a.choice(1, [0, 1, 2]), names=n,
                     values=[float_list(rng, rng.randint(0, 3)) for _ in range(rng.randint(0, 2))])
-    elif op == "stacked_coo":
+    elif op in ("stacked_coo", "stacked_splits"):
         n = rng.randint(1, 3)
         sc = a(4, 4, 1)
         per = []
@@ -245,6 +246,9 @@ def make_case(seed, index):
             offset += max(samples, 0)
         case.update(features=per, sc=sc, shards=a(8, 8, 1), stacked=a.choice(offset, [offset, 0, 4, I32]),
                     short_list=rng.random() < 3 * NOISE["value"])
+        if op == "stacked_splits":
+            case.update(replicas=a(2, 4, 1), vocab=a(128, 512, 1), max_ids=a(64, 16, 1),
+                        max_uniques=a(64, 16, 1), level=a(6, 7, 0))
     elif op == "raise_limits":
         tables = rng.randint(0, 3)
         rows = tables + a.choice(0, [0, 1, -1]) if tables else a.choice(0, [0, 1])
@@ -381,7 +385,7 @@ def run_case(case):
             names = [f"f{i}" for i in range(case["names"])]
             return gradient_check.require_finite_gradients(
                 flags, [f32(v) for v in case["values"]], names, [T] * len(names))
-        if op == "stacked_coo":
+        if op in ("stacked_coo", "stacked_splits"):
             fs = case["features"]
             lists = dict(sample_counts=[f["sample_count"] for f in fs],
                          row_offsets=[f["row_offset"] for f in fs],
@@ -392,10 +396,19 @@ def run_case(case):
                          feature_names=[f"f{i}" for i in range(len(fs))])
             if case["short_list"]:
                 lists["col_offsets"] = lists["col_offsets"][:-1]
+            inputs = ([i32(f["splits"]) for f in fs], [i32(f["values"]) for f in fs],
+                      [f32(f["weights"]) for f in fs])
+            stacking = dict(num_sc_per_chip=case["sc"], num_sc_shards=case["shards"],
+                            stacked_table_sample_count=case["stacked"])
+            if op == "stacked_splits":
+                return ops.preprocessing.convert_features_to_minibatch_splits(
+                    *inputs, **stacking, **lists, num_replica=case["replicas"],
+                    table_vocab_size=case["vocab"], table_name=T,
+                    max_ids_per_partition=case["max_ids"],
+                    max_unique_ids_per_partition=case["max_uniques"],
+                    max_division_level=case["level"])
             return ops.preprocessing.convert_features_to_stacked_coo_tensor(
-                [i32(f["splits"]) for f in fs], [i32(f["values"]) for f in fs],
-                [f32(f["weights"]) for f in fs], num_sc_per_chip=case["sc"],
-                num_sc_shards=case["shards"], stacked_table_sample_count=case["stacked"], **lists)
+                *inputs, **stacking, **lists)
         if op == "raise_limits":
             from tf_sc_embedding.ops.online_limits import raise_sparse_core_limits  # noqa
             shape = [len(case["limits"]), 2]

@@ -5,7 +5,8 @@ transform (sample offset, row offset, rotation); per stacked table the features'
 concatenated in SparseCore-major order and `get_minibatch_splits_with_physical_replica` sorts,
 deduplicates and buckets them and proposes minibatch splits. When the per-feature lists are not
 needed otherwise (they are for the partition statistics of the all-to-all exchange), one
-`SceConvertFeaturesToStackedCooTensor` per stacked table makes the same concatenation directly.
+`SceConvertFeaturesToMinibatchSplits` per stacked table does all of this (or, without splits,
+one `SceConvertFeaturesToStackedCooTensor` makes the concatenation).
 Packing into CSR buffers waits for the replicas to agree on the splits (see `lookup.py`).
 Everything here is plain TensorFlow ops on the host, so it also runs inside
 `tf.data.Dataset.map`.
@@ -100,10 +101,9 @@ def feature_coo_lists(layout, flat_features, flat_weights):
     return lists
 
 
-def stacked_coo(layout, flat_features, flat_weights):
-    """Per stacked table name, its COO (rows, cols, gains) in SparseCore-major order: the
-    concatenation of feature_coo_lists, made by one op per stacked table."""
-    S = layout.sparse_cores_per_replica
+def _stacked_table_inputs(layout, flat_features, flat_weights):
+    """Per stacked table name, the arguments that its features give the ops taking all features
+    of a stacked table: the input lists and the per-feature attributes, in feature order."""
     inputs = {}
     for placement, ids, weights in zip(layout.features, flat_features, flat_weights):
         indices, values, gains, _ = feature_as_id_input(ids, weights, placement.path)
@@ -112,19 +112,47 @@ def stacked_coo(layout, flat_features, flat_weights):
     result = {}
     for name, stacked in layout.stacked_tables.items():
         features = inputs[name]
-        result[name] = ops_preprocessing.convert_features_to_stacked_coo_tensor(
-            [f[1] for f in features], [f[2] for f in features], [f[3] for f in features],
-            sample_counts=[p.sample_count for p, *_ in features],
-            row_offsets=[p.sample_offset for p, *_ in features],
-            col_offsets=[p.table.col_offset for p, *_ in features],
-            col_shifts=[p.table.layout.sparse_core_shard_rotation for p, *_ in features],
-            vocabulary_sizes=[p.table.vocabulary_size for p, *_ in features],
-            combiners=[p.table.combiner for p, *_ in features],
-            table_names=[p.table.name for p, *_ in features],
-            feature_names=[p.path for p, *_ in features], num_sc_per_chip=S,
+        placements = [f[0] for f in features]
+        result[name] = dict(
+            indices_or_row_splits_list=[f[1] for f in features],
+            values_list=[f[2] for f in features], weights_list=[f[3] for f in features],
+            sample_counts=[p.sample_count for p in placements],
+            row_offsets=[p.sample_offset for p in placements],
+            col_offsets=[p.table.col_offset for p in placements],
+            col_shifts=[p.table.layout.sparse_core_shard_rotation for p in placements],
+            vocabulary_sizes=[p.table.vocabulary_size for p in placements],
+            combiners=[p.table.combiner for p in placements],
+            table_names=[p.table.name for p in placements],
+            feature_names=[p.path for p in placements],
+            num_sc_per_chip=layout.sparse_cores_per_replica,
             num_sc_shards=layout.num_sparse_cores,
             stacked_table_sample_count=stacked.sample_count)
     return result
+
+
+def stacked_coo(layout, flat_features, flat_weights):
+    """Per stacked table name, its COO (rows, cols, gains) in SparseCore-major order: the
+    concatenation of feature_coo_lists, made by one op per stacked table."""
+    return {name: ops_preprocessing.convert_features_to_stacked_coo_tensor(**arguments)
+            for name, arguments in _stacked_table_inputs(
+                layout, flat_features, flat_weights).items()}
+
+
+def stacked_splits(layout, flat_features, flat_weights):
+    """(per stacked table name its PreprocessedTable, per stacked table the (max ids, max unique
+    ids) per partition): stacked_coo followed by the minibatch-splits op, made by one op per
+    stacked table (docs/preprocessing.md#one-call-per-stacked-table)."""
+    result, maxima = {}, {}
+    for name, arguments in _stacked_table_inputs(layout, flat_features, flat_weights).items():
+        stacked = layout.stacked_tables[name]
+        splits = ops_preprocessing.convert_features_to_minibatch_splits(
+            **arguments, num_replica=layout.num_replicas, table_vocab_size=stacked.total_rows,
+            table_name=name, max_ids_per_partition=stacked.max_ids_per_partition,
+            max_unique_ids_per_partition=stacked.max_unique_ids_per_partition)
+        result[name] = PreprocessedTable(splits.sorted_row_ids, splits.sorted_col_ids,
+                                         splits.sorted_gains, splits.splits, splits.id_counts)
+        maxima[name] = (splits.max_ids, splits.max_uniques)
+    return result, maxima
 
 
 def _concatenated_coo(layout, lists):
@@ -150,16 +178,18 @@ def preprocess(layout, flat_features, flat_weights, with_splits=True, observe_co
     op makes anyway; otherwise observe_coo is called with {stacked table name:
     [(FeaturePlacement, per-SparseCore COO lists)]}, which are counted by extra ops.
     """
-    if with_splits and (observe_coo is None or observe_maxima is not None):
-        # No per-feature lists needed: one COO op per stacked table.
-        coo = stacked_coo(layout, flat_features, flat_weights)
-    else:
+    if observe_coo is not None and (not with_splits or observe_maxima is None):
+        # The statistics need every feature's per-SparseCore lists.
         observed = feature_coo_lists(layout, flat_features, flat_weights)
-        if observe_coo is not None:
-            observe_coo(observed)   # stateful: runs in tf.function without a dependency
+        observe_coo(observed)   # stateful: runs in tf.function without a dependency
         coo = _concatenated_coo(layout, {name: [per_sc for _, per_sc in observed.get(name, [])]
                                          for name in layout.stacked_tables})
-    result, maxima = _pack(layout, coo, with_splits)
+        result, maxima = _pack(layout, coo, with_splits)
+    elif with_splits:
+        # No per-feature lists needed: one op per stacked table, from the ids to the splits.
+        result, maxima = stacked_splits(layout, flat_features, flat_weights)
+    else:
+        result, maxima = _pack(layout, stacked_coo(layout, flat_features, flat_weights), False)
     if with_splits and observe_maxima is not None:
         observe_maxima(maxima)   # stateful: runs in tf.function without a dependency
     return result

@@ -63,14 +63,10 @@ Status ValidateIds(const int32_t* rows, const int32_t* cols, int64_t n,
   return Status::Ok();
 }
 
-Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num_cols,
-                int64_t num_gains, const MinibatchSplitsParams& p,
-                const ParallelFor& parallel_for) {
+}  // namespace
+
+Status ValidateMinibatchSplitsParams(const MinibatchSplitsParams& p) {
   const std::string& t = p.table_name;
-  if (n != num_cols || n != num_gains) {
-    return InvalidArgument("table '", t, "': row_ids (", n, "), col_ids (", num_cols,
-                           ") and gains (", num_gains, ") must have the same length");
-  }
   if (p.num_sc_per_chip < 1 || p.num_replica < 1) {
     return InvalidArgument("table '", t, "': num_sc_per_chip and num_replica must be >= 1");
   }
@@ -88,9 +84,6 @@ Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num
   int64_t id_counts_size;  // also checks max_division_level
   SCE_RETURN_IF_ERROR(MinibatchIdCountsSize(where, p.num_replica, p.num_sc_per_chip,
                                             p.max_division_level, &id_counts_size));
-  if (n > kMaxInt32) {
-    return InvalidArgument(where, ": ", n, " ids do not fit the int32 buffer formats");
-  }
   if (p.sample_count < 1 || p.sample_count > kMaxInt32 || p.sample_count % p.num_sc_per_chip != 0) {
     return InvalidArgument("table '", t, "': sample_count (", p.sample_count,
                            ") must be a positive multiple of num_sc_per_chip (", p.num_sc_per_chip,
@@ -104,8 +97,10 @@ Status Validate(const int32_t* rows, const int32_t* cols, int64_t n, int64_t num
     return InvalidArgument("table '", t,
                            "': max_ids_per_partition and max_unique_ids_per_partition must be >= 1");
   }
-  return ValidateIds(rows, cols, n, p, parallel_for);
+  return Status::Ok();
 }
+
+namespace {
 
 // Ids and unique ids of one (source SC, target shard) pair over a range of divisions.
 struct Cumulative {
@@ -170,42 +165,59 @@ int BitsFor(int64_t x) {
   return bits;
 }
 
-// Sorts the ids [begin, end) of source SparseCore s by (shard, col), sums the gains of duplicate
-// (row, col) pairs into `kept` and counts ids and unique ids per (shard, division). `kept` is
-// then in output order: by shard, division (a division is a range of cols), col, row.
-void DedupAndCountSc(const int32_t* rows, const int32_t* cols, const float* gains, int64_t begin,
-                     int64_t end, int64_t s, const Geometry& g, std::vector<uint64_t>* scratch,
-                     ScCounts* counts, KeptIds* kept) {
-  const int64_t n = end - begin;
-  // The key puts the shard (col & mask) above the shard's row (col >> pbits): a bijection of col,
-  // so equal cols stay adjacent, and the shard's ids come out in col order, hence division by
-  // division. Rows are validated to be sorted, so the stable sort orders ties by (row, position).
-  // Each id travels as one word: key, then (when everything fits in 64 bits) its row inside the
-  // SparseCore, then its position, so the loop below reads rows and cols from the sorted words
-  // and gathers only the gains by position.
-  int32_t max_col = 0;
-  for (int64_t i = begin; i < end; ++i) max_col = std::max(max_col, cols[i]);
-  const int shard_row_bits = BitsFor(max_col >> g.pbits);
-  const int key_bits = g.pbits + shard_row_bits;
-  const int position_bits = std::max(BitsFor(std::max<int64_t>(n - 1, 0)), 1);
-  const int row_bits = BitsFor(std::max<int64_t>(g.per_sc - 1, 0));
-  const bool rows_in_words = key_bits + row_bits + position_bits <= 64;
-  const int key_shift = rows_in_words ? row_bits + position_bits : 32;
-  const uint64_t position_mask = (uint64_t{1} << position_bits) - 1;
-  const uint64_t row_mask = (uint64_t{1} << row_bits) - 1;
-  const int32_t shard_row_mask = static_cast<int32_t>((int64_t{1} << shard_row_bits) - 1);
-  const int32_t first_row = static_cast<int32_t>(s * g.per_sc);
-  scratch->resize(2 * static_cast<size_t>(n));
-  uint64_t* words = scratch->data();
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t col = cols[begin + i];
-    const uint64_t key = (static_cast<uint64_t>(col & g.mask) << shard_row_bits) |
-                         static_cast<uint64_t>(col >> g.pbits);
-    const uint64_t row = rows_in_words ? static_cast<uint64_t>(rows[begin + i] - first_row)
-                                       : 0;
-    words[i] = (key << key_shift) | (row << position_bits) | static_cast<uint64_t>(i);
+// The word format of a SparseCore with n ids and cols up to max_col. The key puts the shard
+// (col & mask) above the shard's row (col >> pbits): a bijection of col, so equal cols stay
+// adjacent, and the shard's ids come out in col order, hence division by division. Rows are
+// sorted, so the stable sort orders ties by (row, position). Each id travels as one word: key,
+// then (when everything fits in 64 bits) its row inside the SparseCore, then its position, so the
+// merge reads rows and cols from the sorted words and gathers only the gains by position.
+SortWordFormat FormatFor(int64_t n, int32_t max_col, const Geometry& g) {
+  SortWordFormat f;
+  f.pbits = g.pbits;
+  f.shard_mask = g.mask;
+  f.shard_row_bits = BitsFor(max_col >> g.pbits);
+  f.key_bits = g.pbits + f.shard_row_bits;
+  f.position_bits = std::max(BitsFor(std::max<int64_t>(n - 1, 0)), 1);
+  f.row_bits = BitsFor(std::max<int64_t>(g.per_sc - 1, 0));
+  f.rows_in_words = f.key_bits + f.row_bits + f.position_bits <= 64;
+  f.key_shift = f.rows_in_words ? f.row_bits + f.position_bits : 32;
+  f.row_mask = f.rows_in_words ? ~uint64_t{0} : 0;
+  return f;
+}
+
+// One thread's buffers for a SparseCore's ids, kept between calls and grown, never shrunk
+// (default-initialized: the source writes every entry it reads back).
+struct ScScratch {
+  std::unique_ptr<uint64_t[]> words;  // 2 n: the sort's two buffers
+  std::unique_ptr<float[]> gains;
+  std::unique_ptr<int32_t[]> rows;
+  int64_t capacity = 0;
+  void Reserve(int64_t n) {
+    if (n <= capacity) return;
+    capacity = n;
+    words.reset(new uint64_t[2 * n]);
+    gains.reset(new float[n]);
+    rows.reset(new int32_t[n]);
   }
-  const uint64_t* sorted = StableSortWords(words, words + n, n, key_shift, key_bits);
+};
+
+// Sorts the ids of source SparseCore s by (shard, col), sums the gains of duplicate (row, col)
+// pairs into `kept` and counts ids and unique ids per (shard, division). `kept` is then in output
+// order: by shard, division (a division is a range of cols), col, row.
+Status DedupAndCountSc(const SplitsIdSource& source, int64_t s, const Geometry& g,
+                       ScScratch* scratch, ScCounts* counts, KeptIds* kept) {
+  const int64_t n = source.Count(s);
+  const SortWordFormat f = FormatFor(n, source.MaxCol(s), g);
+  const uint64_t position_mask = (uint64_t{1} << f.position_bits) - 1;
+  const uint64_t row_mask = (uint64_t{1} << f.row_bits) - 1;
+  const int32_t shard_row_mask = static_cast<int32_t>((int64_t{1} << f.shard_row_bits) - 1);
+  scratch->Reserve(std::max<int64_t>(n, 1));
+  uint64_t* words = scratch->words.get();
+  const float* gains = nullptr;
+  const int32_t* rows = scratch->rows.get();  // read only without rows_in_words
+  SCE_RETURN_IF_ERROR(
+      source.Fill(s, f, words, scratch->gains.get(), scratch->rows.get(), &gains));
+  const uint64_t* sorted = StableSortWords(words, words + n, n, f.key_shift, f.key_bits);
   std::fill(counts->ids.begin(), counts->ids.end(), 0);
   std::fill(counts->uniques.begin(), counts->uniques.end(), 0);
   kept->data.reset(new Kept[std::max<int64_t>(n, 1)]);
@@ -223,16 +235,19 @@ void DedupAndCountSc(const int32_t* rows, const int32_t* cols, const float* gain
   int32_t run_ids = 0, run_uniques = 0;
   int32_t* ids = counts->ids.data();
   int32_t* uniques = counts->uniques.data();
+  const bool rows_in_words = f.rows_in_words;
+  const int key_shift = f.key_shift, position_bits = f.position_bits;
+  const int shard_row_bits = f.shard_row_bits;
   for (int64_t k = 0; k < n; ++k) {
     // Decoded into locals: the int32 stores into `out` below would otherwise make the compiler
     // assume that the inputs may have changed.
     const uint64_t word = sorted[k];
-    const int64_t i = begin + static_cast<int64_t>(word & position_mask);
+    const int64_t i = static_cast<int64_t>(word & position_mask);
     const int32_t key = static_cast<int32_t>(word >> key_shift);
     const int32_t col = ((key & shard_row_mask) << g.pbits) | (key >> shard_row_bits);
     const int32_t row = rows_in_words
                             ? static_cast<int32_t>((word >> position_bits) & row_mask)
-                            : rows[i] - first_row;
+                            : rows[i];
     const float gain = gains[i];
     if (row == prev_row && col == prev_col) {
       out[size - 1].gain += gain;
@@ -261,6 +276,7 @@ void DedupAndCountSc(const int32_t* rows, const int32_t* cols, const float* gain
   ids[run_slot] += run_ids;
   uniques[run_slot] += run_uniques;
   kept->size = size;
+  return Status::Ok();
 }
 
 // Checks every division of pair (s, p) against the limits and writes its id_counts prefix sums;
@@ -355,33 +371,33 @@ void Scatter(const std::vector<KeptIds>& kept_per_sc, const Geometry& g,
 
 }  // namespace
 
-Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float* gains,
-                          int64_t n, int64_t num_cols, int64_t num_gains,
-                          const MinibatchSplitsParams& params, MinibatchSplits* out,
-                          const ParallelFor& parallel_for, const SplitIdAllocator& allocate) {
-  SCE_RETURN_IF_ERROR(Validate(rows, cols, n, num_cols, num_gains, params, parallel_for));
+Status GetMinibatchSplitsFrom(const SplitsIdSource& source, const MinibatchSplitsParams& params,
+                              MinibatchSplits* out, const ParallelFor& parallel_for,
+                              const SplitIdAllocator& allocate) {
   const Geometry g(params);
+  int64_t n = 0;
+  for (int64_t s = 0; s < g.S; ++s) {
+    if (!CheckedAdd(n, source.Count(s), &n) || n > kMaxInt32) {
+      return InvalidArgument("table '", params.table_name,
+                             "': more than 2^31 - 1 ids do not fit the int32 buffer formats");
+    }
+  }
   out->id_counts.assign(g.S * g.P * g.D + 1, 0);
   out->max_ids = 0;
   out->max_uniques = 0;
-  // SparseCore s holds the ids [sc_begin[s], sc_begin[s + 1]) (rows are validated sorted).
-  std::vector<int64_t> sc_begin(g.S + 1, n);
-  sc_begin[0] = 0;
-  for (int64_t s = 1; s < g.S; ++s) {
-    sc_begin[s] = std::lower_bound(rows + sc_begin[s - 1], rows + n, s * g.per_sc) - rows;
-  }
   // The SparseCores' sorts and counts are independent: one unit of work each.
   std::vector<KeptIds> kept_per_sc(g.S);
   std::vector<ScCounts> counts(g.S);
+  std::vector<Status> status(g.S);
   parallel_for(g.S, 200 * (n / g.S + 1), [&](int64_t first, int64_t last) {
-    thread_local std::vector<uint64_t> scratch;
+    thread_local ScScratch scratch;
     for (int64_t s = first; s < last; ++s) {
       counts[s].ids.resize(g.P * (g.D + 1));
       counts[s].uniques.resize(g.P * (g.D + 1));
-      DedupAndCountSc(rows, cols, gains, sc_begin[s], sc_begin[s + 1], s, g, &scratch,
-                      &counts[s], &kept_per_sc[s]);
+      status[s] = DedupAndCountSc(source, s, g, &scratch, &counts[s], &kept_per_sc[s]);
     }
   });
+  for (const Status& st : status) SCE_RETURN_IF_ERROR(st);
   // The limits and the split masks, pair by pair in (SparseCore, shard) order: the top-down mask
   // is shared, so this order is part of the result.
   int64_t pre = 0, after = 0;
@@ -412,6 +428,76 @@ Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float*
   Scatter(kept_per_sc, g, out->id_counts, buffers, parallel_for);
   out->splits = after;
   return Status::Ok();
+}
+
+namespace {
+
+// The op's input: one concatenated COO (rows validated sorted, so SparseCore s's ids are one
+// range, found by binary search).
+class CooArraySource : public SplitsIdSource {
+ public:
+  CooArraySource(const int32_t* rows, const int32_t* cols, const float* gains, int64_t n,
+                 int64_t num_sc, int64_t per_sc)
+      : rows_(rows), cols_(cols), gains_(gains), begin_(num_sc + 1, n) {
+    begin_[0] = 0;
+    for (int64_t s = 1; s < num_sc; ++s) {
+      begin_[s] = std::lower_bound(rows + begin_[s - 1], rows + n, s * per_sc) - rows;
+    }
+    per_sc_ = per_sc;
+  }
+  int64_t Count(int64_t s) const override { return begin_[s + 1] - begin_[s]; }
+  int32_t MaxCol(int64_t s) const override {
+    int32_t max_col = 0;
+    for (int64_t i = begin_[s]; i < begin_[s + 1]; ++i) max_col = std::max(max_col, cols_[i]);
+    return max_col;
+  }
+  Status Fill(int64_t s, const SortWordFormat& format, uint64_t* words, float* /*gain_scratch*/,
+              int32_t* row_scratch, const float** gains) const override {
+    // A local copy: stores into `words` would otherwise make the compiler reload its fields for
+    // every id.
+    const SortWordFormat f = format;
+    const int64_t begin = begin_[s], n = begin_[s + 1] - begin;
+    const int32_t first_row = static_cast<int32_t>(s * per_sc_);
+    const int32_t* rows = rows_ + begin;
+    const int32_t* cols = cols_ + begin;
+    for (int64_t i = 0; i < n; ++i) {
+      words[i] = f.Pack(static_cast<uint64_t>(cols[i]),
+                        static_cast<uint64_t>(rows[i] - first_row), static_cast<uint64_t>(i));
+    }
+    if (!f.rows_in_words) {
+      for (int64_t i = 0; i < n; ++i) row_scratch[i] = rows[i] - first_row;
+    }
+    *gains = gains_ + begin;
+    return Status::Ok();
+  }
+
+ private:
+  const int32_t* rows_;
+  const int32_t* cols_;
+  const float* gains_;
+  std::vector<int64_t> begin_;
+  int64_t per_sc_ = 0;
+};
+
+}  // namespace
+
+Status GetMinibatchSplits(const int32_t* rows, const int32_t* cols, const float* gains,
+                          int64_t n, int64_t num_cols, int64_t num_gains,
+                          const MinibatchSplitsParams& params, MinibatchSplits* out,
+                          const ParallelFor& parallel_for, const SplitIdAllocator& allocate) {
+  if (n != num_cols || n != num_gains) {
+    return InvalidArgument("table '", params.table_name, "': row_ids (", n, "), col_ids (",
+                           num_cols, ") and gains (", num_gains, ") must have the same length");
+  }
+  SCE_RETURN_IF_ERROR(ValidateMinibatchSplitsParams(params));
+  if (n > kMaxInt32) {
+    return InvalidArgument("table '", params.table_name, "': ", n,
+                           " ids do not fit the int32 buffer formats");
+  }
+  SCE_RETURN_IF_ERROR(ValidateIds(rows, cols, n, params, parallel_for));
+  const CooArraySource source(rows, cols, gains, n, params.num_sc_per_chip,
+                              params.sample_count / params.num_sc_per_chip);
+  return GetMinibatchSplitsFrom(source, params, out, parallel_for, allocate);
 }
 
 }  // namespace sce

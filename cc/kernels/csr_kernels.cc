@@ -139,14 +139,8 @@ class GetMinibatchSplitsOp : public OpKernel {
  public:
   explicit GetMinibatchSplitsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("sample_count", &params_.sample_count));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_replica", &params_.num_replica));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_vocab_size", &params_.table_vocab_size));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_sc_per_chip", &params_.num_sc_per_chip));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &params_.table_name));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_ids_per_partition", &params_.max_ids_per_partition));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_unique_ids_per_partition",
-                                     &params_.max_unique_ids_per_partition));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_division_level", &params_.max_division_level));
+    OP_REQUIRES_OK(ctx, ReadSplitsAttrs(ctx, &params_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -157,32 +151,14 @@ class GetMinibatchSplitsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, RequireVector(cols, "col_ids", params_.table_name));
     OP_REQUIRES_OK(ctx, RequireVector(gains, "gains", params_.table_name));
     sce::MinibatchSplits result;
-    // The deduplicated ids are written straight into the op's outputs. A failed allocation
-    // (out of memory) is reported as TensorFlow gave it.
     absl::Status allocation = absl::OkStatus();
-    const sce::SplitIdAllocator allocate = [ctx, &allocation](int64_t total,
-                                                              sce::SplitIdBuffers* buffers) {
-      Tensor* out[3];
-      for (int i = 0; i < 3 && allocation.ok(); ++i) {
-        allocation = ctx->allocate_output(i, TensorShape({total}), &out[i]);
-      }
-      if (!allocation.ok()) return sce::FailedPrecondition(allocation.message());
-      *buffers = {out[0]->flat<int32_t>().data(), out[1]->flat<int32_t>().data(),
-                  out[2]->flat<float>().data()};
-      return sce::Status::Ok();
-    };
     const sce::Status status = sce::GetMinibatchSplits(
         rows.flat<int32_t>().data(), cols.flat<int32_t>().data(), gains.flat<float>().data(),
         rows.NumElements(), cols.NumElements(), gains.NumElements(), params_, &result,
-        ThreadPoolFor(ctx), allocate);
+        ThreadPoolFor(ctx), SplitIdOutputs(ctx, &allocation));
     OP_REQUIRES_OK(ctx, allocation);
     OP_REQUIRES_OK(ctx, ToTf(status));
-    Tensor* splits;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({}), &splits));
-    splits->scalar<int64_t>()() = result.splits;
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 4, result.id_counts));
-    OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, 5, result.max_ids));
-    OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, 6, result.max_uniques));
+    OP_REQUIRES_OK(ctx, OutputSplitsSummary(ctx, result));
   }
 
  private:

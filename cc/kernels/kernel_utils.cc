@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cc/core/constants.h"
+#include "cc/core/split_encoding.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 
@@ -58,6 +59,45 @@ absl::Status OutputInt32Scalar(OpKernelContext* ctx, int index, int64_t value) {
   TF_RETURN_IF_ERROR(ctx->allocate_output(index, TensorShape({}), &out));
   out->scalar<int32_t>()() = static_cast<int32_t>(value);
   return absl::OkStatus();
+}
+
+absl::Status ReadSplitsAttrs(OpKernelConstruction* ctx, sce::MinibatchSplitsParams* params) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr("num_replica", &params->num_replica));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("table_vocab_size", &params->table_vocab_size));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("table_name", &params->table_name));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("max_ids_per_partition", &params->max_ids_per_partition));
+  TF_RETURN_IF_ERROR(
+      ctx->GetAttr("max_unique_ids_per_partition", &params->max_unique_ids_per_partition));
+  // Read as int64 and checked here: read as int, a value beyond int32 fails in TensorFlow with
+  // a message that does not name the table.
+  int64_t level;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("max_division_level", &level));
+  TF_RETURN_IF_ERROR(
+      ToTf(sce::CheckDivisionLevel("table '" + params->table_name + "'", level)));
+  params->max_division_level = static_cast<int>(level);
+  return absl::OkStatus();
+}
+
+sce::SplitIdAllocator SplitIdOutputs(OpKernelContext* ctx, absl::Status* allocation) {
+  return [ctx, allocation](int64_t total, sce::SplitIdBuffers* buffers) {
+    Tensor* out[3];
+    for (int i = 0; i < 3 && allocation->ok(); ++i) {
+      *allocation = ctx->allocate_output(i, TensorShape({total}), &out[i]);
+    }
+    if (!allocation->ok()) return sce::FailedPrecondition(allocation->message());
+    *buffers = {out[0]->flat<int32_t>().data(), out[1]->flat<int32_t>().data(),
+                out[2]->flat<float>().data()};
+    return sce::Status::Ok();
+  };
+}
+
+absl::Status OutputSplitsSummary(OpKernelContext* ctx, const sce::MinibatchSplits& result) {
+  Tensor* splits;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(3, TensorShape({}), &splits));
+  splits->scalar<int64_t>()() = result.splits;
+  TF_RETURN_IF_ERROR(OutputVector(ctx, 4, result.id_counts));
+  TF_RETURN_IF_ERROR(OutputInt32Scalar(ctx, 5, result.max_ids));
+  return OutputInt32Scalar(ctx, 6, result.max_uniques);
 }
 
 absl::Status CsrAttrs::Read(OpKernelConstruction* ctx) {

@@ -7,6 +7,7 @@
 
 #include "cc/core/coo.h"
 #include "cc/core/csr_view.h"
+#include "cc/core/minibatch_splits.h"
 #include "cc/core/parallel.h"
 #include "cc/core/status.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -39,6 +40,18 @@ absl::Status OutputVector(OpKernelContext* ctx, int index, const std::vector<T>&
 }
 
 absl::Status OutputInt32Scalar(OpKernelContext* ctx, int index, int64_t value);
+
+// The attributes of the minibatch-splits kernels besides the batch (sample_count) and the
+// SparseCores: num_replica, table_vocab_size, table_name, the two limits and max_division_level.
+absl::Status ReadSplitsAttrs(OpKernelConstruction* ctx, sce::MinibatchSplitsParams* params);
+
+// Outputs 0-2 (sorted_row_ids, sorted_col_ids, sorted_gains) of the minibatch-splits kernels as
+// the core's SplitIdAllocator, so the deduplicated ids are written once, in place. A failed
+// allocation (out of memory) is kept in *allocation, to be reported as TensorFlow gave it.
+sce::SplitIdAllocator SplitIdOutputs(OpKernelContext* ctx, absl::Status* allocation);
+
+// Outputs 3-6 (splits, id_counts, max_ids, max_uniques) of the minibatch-splits kernels.
+absl::Status OutputSplitsSummary(OpKernelContext* ctx, const sce::MinibatchSplits& result);
 
 // Attributes shared by the lookup and fused-update kernels.
 struct CsrAttrs {

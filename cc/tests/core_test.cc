@@ -34,6 +34,8 @@
 #include "cc/core/radix_sort.h"
 #include "cc/core/sort_list.h"
 #include "cc/core/split_encoding.h"
+#include "cc/core/stacked_coo.h"
+#include "cc/core/stacked_splits.h"
 #include "cc/core/status.h"
 
 namespace {
@@ -230,6 +232,30 @@ void TestConvertToCoo() {
   CHECK_ERROR(sce::ConvertToCoo(Ragged({0, 2, 3}, {1, 4, 2}, {1.0f}), 2, sce::Combiner::kSum, 4,
                                 ctx, &out),
               "out of range");
+  // The sum combiner's one-pass conversion flags bad ids as it merges: negative ids fail against
+  // any vocabulary (also one beyond 2^32), in every input form, with the first bad position.
+  for (int64_t vocabulary : {int64_t{-1}, int64_t{8}, int64_t{1} << 40}) {
+    CHECK_ERROR(sce::ConvertToCoo(Ragged({0, 2, 3}, {1, -1, -4}, {1.0f, 1.0f, 1.0f}), 2,
+                                  sce::Combiner::kSum, vocabulary, ctx, &out),
+                "id -1 at position 1");
+    CHECK_ERROR(sce::ConvertToCoo(Sparse({0, 0, 0, 1, 1, 0}, {1, 2, -3}, {1.0f}), 2,
+                                  sce::Combiner::kSum, vocabulary, ctx, &out),
+                "id -3 at position 2");
+    CHECK_ERROR(sce::ConvertToCoo(Dense({-2, 1}, {1.0f}), 2, sce::Combiner::kSum, vocabulary, ctx,
+                                  &out),
+                "id -2 at position 0");
+  }
+  CHECK_ERROR(sce::ConvertToCoo(Ragged({0, 2, 3}, {7, 8, 9}, {1.0f}), 2, sce::Combiner::kSum, 8,
+                                ctx, &out),
+              "id 8 at position 1 is out of range [0, 8)");
+  CHECK_OK(sce::ConvertToCoo(Ragged({0, 2, 3}, {7, 2147483647, 9}, {1.0f}), 2,
+                             sce::Combiner::kSum, int64_t{1} << 40, ctx, &out));
+  // Empty samples anywhere (first, between, last) leave the samples of the others unchanged.
+  CHECK_OK(sce::ConvertToCoo(Ragged({0, 0, 2, 2, 2, 5, 5}, {3, 3, 1, 1, 2}, {1.0f}), 6,
+                             sce::Combiner::kSum, -1, ctx, &out));
+  CHECK_EQ(out.rows, (IntVec{1, 4, 4}));
+  CHECK_EQ(out.cols, (IntVec{3, 1, 2}));
+  CHECK_EQ(out.gains, (FloatVec{2, 2, 1}));
   CHECK_ERROR(sce::ConvertToCoo(Ragged({0, 3, 2, 4}, {1, 2, 3, 4}, {1.0f}), 3, sce::Combiner::kSum,
                                 -1, ctx, &out),
               "non-decreasing");
@@ -1639,6 +1665,222 @@ void TestStableSortWords() {
   }
 }
 
+// Ragged inputs of one stacked table's features, kept alive for the StackedFeatures that view them.
+struct StackedInputs {
+  std::vector<IntVec> splits, values;
+  std::vector<FloatVec> weights;
+  std::vector<sce::StackedFeature> features;
+};
+
+// `samples[f]` samples of feature f, every `every`-th with 0-4 ids below vocab[f] (the others
+// empty), features placed one after another in the stacked batch (S SparseCores) and the stacked
+// vocabulary (64 rows apart).
+StackedInputs RandomStackedFeatures(const std::vector<int64_t>& samples, const IntVec& vocab,
+                                    const std::vector<sce::Combiner>& combiners, int64_t sc,
+                                    int64_t shards, uint64_t seed, int64_t every = 1) {
+  std::mt19937_64 rng(seed);
+  StackedInputs in;
+  const size_t n = samples.size();
+  in.splits.resize(n);
+  in.values.resize(n);
+  in.weights.resize(n);
+  in.features.resize(n);
+  int64_t offset = 0, total = 0;
+  for (int64_t s : samples) total += s;
+  for (size_t f = 0; f < n; ++f) {
+    in.splits[f] = {0};
+    for (int64_t r = 0; r < samples[f]; ++r) {
+      const int count = r % every == 0 ? static_cast<int>(rng() % 5) : 0;
+      for (int k = 0; k < count; ++k) {
+        // Few distinct ids, so that samples repeat ids (adjacent and not).
+        in.values[f].push_back(static_cast<int32_t>(rng() % std::min<uint64_t>(vocab[f], 6)));
+        in.weights[f].push_back(0.25f * static_cast<float>(1 + rng() % 8));
+      }
+      in.splits[f].push_back(static_cast<int32_t>(in.values[f].size()));
+    }
+    sce::StackedFeature& x = in.features[f];
+    x.input.index_data = in.splits[f].data();
+    x.input.index_dim0 = static_cast<int64_t>(in.splits[f].size());
+    x.input.values = in.values[f].data();
+    x.input.num_values = static_cast<int64_t>(in.values[f].size());
+    x.input.weights = in.weights[f].data();
+    x.input.weights_rank = 1;
+    x.input.num_weights = static_cast<int64_t>(in.weights[f].size());
+    x.sample_count = samples[f];
+    x.combiner = combiners[f];
+    x.vocabulary_size = vocab[f];
+    x.transform.num_sc_per_chip = sc;
+    x.transform.row_offset = offset;
+    x.transform.col_offset = 64 * static_cast<int64_t>(f);
+    x.transform.col_shift = static_cast<int64_t>(f);
+    x.transform.num_sc_shards = shards;
+    x.transform.stacked_table_sample_count = total;
+    x.context = sce::Context{"t" + std::to_string(f), "f" + std::to_string(f)};
+    offset += samples[f];
+  }
+  return in;
+}
+
+// WriteStackedCoo followed by GetMinibatchSplits: what GetStackedMinibatchSplits must equal.
+sce::Status TwoStepSplits(const std::vector<sce::StackedFeature>& features,
+                          const sce::MinibatchSplitsParams& params, sce::MinibatchSplits* out) {
+  sce::StackedCooParts parts;
+  SCE_RETURN_IF_ERROR(sce::ConvertFeaturesToStackedCoo(features, sce::RunSerially, &parts));
+  IntVec rows(parts.total), cols(parts.total);
+  FloatVec gains(parts.total);
+  SCE_RETURN_IF_ERROR(sce::WriteStackedCoo(features, parts, rows.data(), cols.data(),
+                                           gains.data(), sce::RunSerially));
+  return sce::GetMinibatchSplits(rows.data(), cols.data(), gains.data(), parts.total,
+                                 parts.total, parts.total, params, out);
+}
+
+void CheckSameSplits(const sce::MinibatchSplits& got, const sce::MinibatchSplits& want) {
+  CHECK_EQ(got.rows, want.rows);
+  CHECK_EQ(got.cols, want.cols);
+  CHECK_EQ(got.gains, want.gains);
+  CHECK(got.id_counts == want.id_counts);
+  CHECK_EQ(got.splits, want.splits);
+  CHECK_EQ(got.max_ids, want.max_ids);
+  CHECK_EQ(got.max_uniques, want.max_uniques);
+}
+
+void TestStackedMinibatchSplits() {
+  g_test = "GetStackedMinibatchSplits equals WriteStackedCoo + GetMinibatchSplits";
+  const std::vector<sce::Combiner> combiners = {sce::Combiner::kSum, sce::Combiner::kMean,
+                                                sce::Combiner::kSqrtn};
+  int compared = 0;
+  for (int64_t sc : {1, 2, 4}) {
+    for (int64_t replicas : {1, 2}) {
+      for (int64_t limit : {3, 1000}) {
+        for (uint64_t seed = 1; seed <= 3; ++seed) {
+          StackedInputs in = RandomStackedFeatures({8 * sc, 4 * sc, 12 * sc}, {50, 7, 64},
+                                                   combiners, sc, sc * replicas, seed);
+          sce::MinibatchSplitsParams p;
+          p.sample_count = 24 * sc;
+          p.num_replica = replicas;
+          p.num_sc_per_chip = sc;
+          p.table_vocab_size = 3 * 64;
+          p.max_ids_per_partition = limit;
+          p.max_unique_ids_per_partition = limit;
+          p.max_division_level = 3;
+          p.table_name = "stacked";
+          sce::MinibatchSplits fused, two_step;
+          const sce::Status want = TwoStepSplits(in.features, p, &two_step);
+          const sce::Status got = sce::GetStackedMinibatchSplits(in.features, p, &fused);
+          CHECK_EQ(got.ok(), want.ok());
+          if (got.ok() && want.ok()) {
+            CheckSameSplits(fused, two_step);
+            ++compared;
+          }
+          // In parallel (the thread pool's ranges) the result is the same.
+          sce::MinibatchSplits parallel;
+          const sce::ParallelFor one_at_a_time = [](int64_t n, int64_t, const sce::RangeFn& w) {
+            for (int64_t i = 0; i < n; ++i) w(i, i + 1);
+          };
+          CHECK_EQ(sce::GetStackedMinibatchSplits(in.features, p, &parallel, one_at_a_time).ok(),
+                   want.ok());
+          if (want.ok()) CheckSameSplits(parallel, two_step);
+        }
+      }
+    }
+  }
+  CHECK(compared >= 18);  // the limit of 1000 always fits
+
+  g_test = "GetStackedMinibatchSplits: words without rows (31-bit keys, 2^20 rows, 2^14 ids)";
+  {
+    // Every 32nd of 2^20 samples has ids: about 2^15 ids, so 31 key + 21 row + 15 position bits
+    // exceed a word here, while the two steps bound the key by the largest col (7 bits).
+    StackedInputs in = RandomStackedFeatures({1 << 20, 4}, {50, 7},
+                                             {sce::Combiner::kSum, sce::Combiner::kMean}, 1, 1, 7,
+                                             32);
+    sce::MinibatchSplitsParams p;
+    p.sample_count = (1 << 20) + 4;
+    p.num_sc_per_chip = 1;
+    p.table_vocab_size = int64_t{1} << 31;  // the key bound of the one-call path: 31 bits
+    p.max_ids_per_partition = 1 << 30;
+    p.max_unique_ids_per_partition = 1 << 30;
+    p.table_name = "stacked";
+    sce::MinibatchSplits fused, two_step;
+    CHECK_OK(TwoStepSplits(in.features, p, &two_step));
+    CHECK_OK(sce::GetStackedMinibatchSplits(in.features, p, &fused));
+    CheckSameSplits(fused, two_step);
+  }
+
+  g_test = "GetStackedMinibatchSplits: errors name the table and feature, nothing is written";
+  StackedInputs in = RandomStackedFeatures({8, 8}, {50, 7},
+                                           {sce::Combiner::kSum, sce::Combiner::kSum}, 4, 4, 11);
+  sce::MinibatchSplitsParams p;
+  p.sample_count = 16;
+  p.num_sc_per_chip = 4;
+  p.table_vocab_size = 128;
+  p.max_ids_per_partition = 1000;
+  p.max_unique_ids_per_partition = 1000;
+  p.table_name = "stacked";
+  bool allocated = false;
+  const sce::SplitIdAllocator never = [&](int64_t, sce::SplitIdBuffers*) {
+    allocated = true;
+    return sce::FailedPrecondition("must not be reached");
+  };
+  sce::MinibatchSplits out;
+  {
+    StackedInputs bad = in;
+    bad.values[1][0] = 7;  // feature f1's vocabulary is 7
+    for (size_t f = 0; f < 2; ++f) {
+      bad.features[f].input.values = bad.values[f].data();
+      bad.features[f].input.index_data = bad.splits[f].data();
+      bad.features[f].input.weights = bad.weights[f].data();
+    }
+    CHECK_ERROR(sce::GetStackedMinibatchSplits(bad.features, p, &out, sce::RunSerially, never),
+                "table 't1', feature 'f1': id 7");
+  }
+  {
+    sce::MinibatchSplitsParams small = p;
+    small.table_vocab_size = 64;  // feature f1's stacked cols are 64 + id
+    CHECK_ERROR(sce::GetStackedMinibatchSplits(in.features, small, &out, sce::RunSerially, never),
+                "feature 'f1': id");
+    CHECK_ERROR(TwoStepSplits(in.features, small, &out), "out of range");
+  }
+  {
+    sce::MinibatchSplitsParams other = p;
+    other.sample_count = 32;
+    CHECK_ERROR(sce::GetStackedMinibatchSplits(in.features, other, &out, sce::RunSerially, never),
+                "stacked_table_sample_count (16)");
+  }
+  {
+    // One id per sample in both features, and feature f1 placed on feature f0's rows: on every
+    // SparseCore its rows 0, 1 follow f0's rows 0, 1, so the stacked rows are not sorted.
+    StackedInputs overlapping = in;
+    for (size_t f = 0; f < 2; ++f) {
+      overlapping.splits[f] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+      overlapping.values[f] = {0, 1, 2, 3, 4, 5, 6, 0};
+      overlapping.weights[f] = FloatVec(8, 1.0f);
+      sce::IdInput& x = overlapping.features[f].input;
+      x.index_data = overlapping.splits[f].data();
+      x.values = overlapping.values[f].data();
+      x.weights = overlapping.weights[f].data();
+      x.num_values = x.num_weights = 8;
+    }
+    overlapping.features[1].transform.row_offset = 0;
+    CHECK_ERROR(sce::GetStackedMinibatchSplits(overlapping.features, p, &out, sce::RunSerially,
+                                               never),
+                "feature 'f1': on sparse core 0");
+    CHECK_ERROR(TwoStepSplits(overlapping.features, p, &out), "must be sorted");
+  }
+  {
+    sce::MinibatchSplitsParams tight = p;
+    tight.max_ids_per_partition = 1;
+    tight.max_unique_ids_per_partition = 1;
+    tight.max_division_level = 0;
+    CHECK_ERROR(sce::GetStackedMinibatchSplits(in.features, tight, &out, sce::RunSerially, never),
+                "too many ids");
+  }
+  CHECK(!allocated);
+  sce::MinibatchSplits after, two_step;
+  CHECK_OK(sce::GetStackedMinibatchSplits(in.features, p, &after));
+  CHECK_OK(TwoStepSplits(in.features, p, &two_step));
+  CheckSameSplits(after, two_step);
+}
+
 void TestFeatureMajorActivations() {
   g_test = "lookup: feature-major activations are the SparseCore-major ones, rows permuted";
   for (int64_t G : {1, 2}) {
@@ -1811,6 +2053,7 @@ int main() {
       TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice, TestStableSortByKey,
       TestStableSortWords,
       TestFeatureMajorActivations, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
+      TestStackedMinibatchSplits,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

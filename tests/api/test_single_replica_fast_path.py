@@ -1,6 +1,7 @@
 """The single-replica fast path of TPUEmbeddingV2 (issue 8, item 1): the stacked COO op that
-replaces one COO op per feature plus a concatenation, and partition statistics taken from the
-minibatch-splits op instead of extra counting ops. Both must give exactly what they replace."""
+replaces one COO op per feature plus a concatenation, the one op per stacked table that also
+computes the minibatch splits, and partition statistics taken from the minibatch-splits op
+instead of extra counting ops. All must give exactly what they replace."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -82,6 +83,80 @@ def test_stacked_coo_equals_per_feature_lists_concatenated(weighted, replicas, s
             np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("replicas,sparse_cores", [(1, 4), (1, 2), (2, 4), (1, 1)])
+def test_stacked_splits_equal_stacked_coo_then_minibatch_splits(weighted, replicas,
+                                                                 sparse_cores):
+    layout = layout_of(config(), replicas, sparse_cores)
+    features, weights = inputs(seed=replicas * 100 + sparse_cores, weighted=weighted)
+    flat = tf.nest.flatten(features)
+    flat_weights = tf.nest.flatten(weights) if weights else [None] * len(flat)
+    one_op, maxima = enqueue_lib.stacked_splits(layout, flat, flat_weights)
+    coo = enqueue_lib.stacked_coo(layout, flat, flat_weights)
+    for name, stacked in layout.stacked_tables.items():
+        rows, cols, gains = coo[name]
+        want = ops.get_minibatch_splits_with_physical_replica(
+            tf.constant([""]), rows, cols, gains, sample_count=stacked.sample_count,
+            num_replica=replicas, table_vocab_size=stacked.total_rows,
+            feature_width=stacked.padded_width, num_sc_per_chip=sparse_cores, table_name=name,
+            mini_batch_splits="", max_ids_per_partition=stacked.max_ids_per_partition,
+            max_unique_ids_per_partition=stacked.max_unique_ids_per_partition)
+        got = one_op[name]
+        for field, expected in (("sorted_row_ids", want.sorted_row_ids),
+                                ("sorted_col_ids", want.sorted_col_ids),
+                                ("sorted_gains", want.sorted_gains), ("splits", want.splits),
+                                ("id_counts", want.id_counts)):
+            np.testing.assert_array_equal(getattr(got, field).numpy(), expected.numpy(),
+                                          err_msg=f"{name} {field}")
+        assert int(maxima[name][0]) == int(want.max_ids)
+        assert int(maxima[name][1]) == int(want.max_uniques)
+
+
+def test_stacked_splits_bad_input_fails_and_the_next_call_works():
+    layout = layout_of(config())
+    features, weights = inputs(seed=8)
+    flat, flat_weights = tf.nest.flatten(features), tf.nest.flatten(weights)
+    bad = dict(features)
+    b = features["b"]   # a SparseTensor; table t1 has 7 rows
+    bad["b"] = tf.SparseTensor(b.indices, tf.tensor_scatter_nd_update(
+        b.values, [[0]], tf.constant([7], b.values.dtype)), b.dense_shape)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="table 't1', feature 'b': id 7"):
+        enqueue_lib.stacked_splits(layout, tf.nest.flatten(bad), flat_weights)
+    good, _ = enqueue_lib.stacked_splits(layout, flat, flat_weights)
+    again, _ = enqueue_lib.stacked_splits(layout, flat, flat_weights)
+    for name in good:
+        for a, b in zip(good[name], again[name]):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def _splits_op(**overrides):
+    args = dict(sample_counts=[4, 4], row_offsets=[0, 4], col_offsets=[0, 8], col_shifts=[0, 1],
+                vocabulary_sizes=[8, 8], combiners=["sum", "mean"], table_names=["t0", "t1"],
+                feature_names=["f0", "f1"], num_sc_per_chip=2, num_sc_shards=2,
+                stacked_table_sample_count=8, num_replica=1, table_vocab_size=16,
+                table_name="stacked", max_ids_per_partition=64, max_unique_ids_per_partition=64)
+    args.update(overrides)
+    ids = tf.constant([0, 1, 2, 3], tf.int32)
+    return ops.preprocessing.convert_features_to_minibatch_splits(
+        [tf.zeros([0], tf.int32)] * 2, [ids, ids], [tf.constant(1.0)] * 2, **args)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (dict(table_vocab_size=10), "feature 'f1': id .* outside the rows \\[0, 10\\)"),
+    (dict(row_offsets=[0, 0]), "feature 'f1'"),
+    (dict(max_ids_per_partition=1, max_unique_ids_per_partition=1, max_division_level=0),
+     "too many ids"),
+    (dict(stacked_table_sample_count=6), "exceeds stacked_table_sample_count"),
+    (dict(num_replica=3), "power of two"),
+    (dict(sample_counts=[4]), "N = 2"),
+    (dict(table_vocab_size=2 ** 64), "int64"),
+])
+def test_stacked_splits_rejects_bad_attributes(overrides, match):
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=match):
+        _splits_op(**overrides)
+    _splits_op()   # a failed call leaves nothing behind
+
+
 def test_stacked_coo_bad_id_names_the_feature():
     feature_config = config()
     layout = layout_of(feature_config)
@@ -142,7 +217,10 @@ def test_single_replica_enqueue_runs_no_extra_counting_ops():
     types = [op.type for op in graph.get_operations()]
     assert "SceGetStatsFromListOfSparseCoreCooTensors" not in types
     assert "SceConvertToListOfSparseCoreCooTensors" not in types
-    assert types.count("SceConvertFeaturesToStackedCooTensor") == len(
+    # One op per stacked table from the ids to the splits; no COO in between.
+    assert "SceConvertFeaturesToStackedCooTensor" not in types
+    assert "SceGetMinibatchSplitsWithPhysicalReplica" not in types
+    assert types.count("SceConvertFeaturesToMinibatchSplits") == len(
         embedding._plan.stacked_tables)  # pylint: disable=protected-access
 
 

@@ -131,6 +131,20 @@ def _stacked_coo(**overrides):
         combiners=["sum"], table_names=[TABLE], feature_names=[FEATURE], **args)
 
 
+def _stacked_splits(**overrides):
+    from tf_sc_embedding import ops  # noqa: PLC0415
+    np = _np()
+    args = dict(sample_counts=[4], row_offsets=[0], col_offsets=[0], col_shifts=[0],
+                vocabulary_sizes=[8], num_sc_per_chip=2, num_sc_shards=4,
+                stacked_table_sample_count=4, num_replica=2, table_vocab_size=8,
+                max_ids_per_partition=8, max_unique_ids_per_partition=8)
+    args.update(overrides)
+    return ops.preprocessing.convert_features_to_minibatch_splits(
+        [np.int32([0, 1, 2, 3, 4])], [np.int32([1, 2, 3, 7])], [np.float32(1.0)],
+        combiners=["sum"], table_names=[TABLE], feature_names=[FEATURE], table_name=TABLE,
+        **args)
+
+
 def _sort(stats=False, **overrides):
     from tf_sc_embedding import ops  # noqa: PLC0415
     np = _np()
@@ -246,6 +260,19 @@ CASES = {
         lambda: _stacked_coo(stacked_table_sample_count=2**63 + 4), "invalid"),
     "stacked_coo_col_offsets_2^64": (lambda: _stacked_coo(col_offsets=[2**64]), "invalid"),
     "stacked_coo_row_offset_max": (lambda: _stacked_coo(row_offsets=[I64]), "invalid"),
+    # The one-op splits of a stacked table (stacked_splits.cc)
+    "stacked_splits_ok": (lambda: _stacked_splits(), "ok"),
+    "stacked_splits_vocab_max": (lambda: _stacked_splits(table_vocab_size=I64), "ok"),
+    "stacked_splits_limits_max": (
+        lambda: _stacked_splits(max_ids_per_partition=I64, max_unique_ids_per_partition=I64),
+        "ok"),
+    "stacked_splits_num_replica_2^40": (lambda: _stacked_splits(num_replica=2**40), "invalid"),
+    "stacked_splits_division_level_2^40": (
+        lambda: _stacked_splits(max_division_level=2**40), "invalid"),
+    "stacked_splits_sample_count_2^62": (
+        lambda: _stacked_splits(stacked_table_sample_count=2**62), "invalid"),
+    "stacked_splits_vocab_2^64": (lambda: _stacked_splits(table_vocab_size=2**64), "invalid"),
+    "stacked_splits_col_offset_2^31": (lambda: _stacked_splits(col_offsets=[2**31]), "invalid"),
     # Sort / stats (sort_list.cc)
     "sort_num_replica_2^40": (lambda: _sort(num_replica=2**40), "invalid"),
     "sort_num_replica_2^62": (lambda: _sort(num_replica=2**62), "invalid"),
@@ -259,6 +286,7 @@ CASES = {
     "splits_num_replica_2^60": (lambda: _splits(num_replica=2**60), "invalid"),
     "splits_sample_count_2^62": (lambda: _splits(sample_count=2**62), "invalid"),
     "splits_vocab_max": (lambda: _splits(table_vocab_size=I64), "ok"),
+    "splits_division_level_2^40": (lambda: _splits(max_division_level=2**40), "invalid"),
     # CSR packing (csr.cc) and the static output shapes
     "csr_wrapped_max_minibatches_2^58": (
         lambda: _csr_wrapped(max_minibatches_per_sc=2**58), "invalid"),
@@ -321,7 +349,7 @@ def _child_main(names):
                 continue
             outcome, message = _run_case(name, graph)
             print(json.dumps({"case": name, "graph": graph, "outcome": outcome,
-                              "message": message[:800]}), flush=True)
+                              "message": message[:4000]}), flush=True)
 
 
 # ------------------------------------------------------------------------------------------------

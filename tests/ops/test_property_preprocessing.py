@@ -450,6 +450,90 @@ def test_get_minibatch_splits_with_physical_replica(setup):
     assert got["splits"].dtype == np.int64
 
 
+@st.composite
+def stacked_table_setups(draw):
+    """Several features of one stacked table, each on its own member table (docs/layout.md): one
+    after another in the stacked batch and, padded to the shards, in the stacked vocabulary."""
+    S = draw(st.sampled_from([1, 2, 4]))
+    C = draw(st.sampled_from([1, 2]))
+    P = S * C
+    big = draw(st.integers(0, 2)) == 0
+    features_, attrs = [], collections.defaultdict(list)
+    row_offset = col_offset = 0
+    for f in range(draw(st.integers(1, 3))):
+        sample_count = S * draw(st.integers(1, 3))
+        vocab = draw(st.sampled_from([1, 5, 64, 300]))
+        feature = draw(big_features(sample_count, vocab) if big else
+                       features(sample_count, vocab, max_len=6))
+        features_.append(feature)
+        attrs["sample_counts"].append(sample_count)
+        attrs["row_offsets"].append(row_offset)
+        attrs["col_offsets"].append(col_offset)
+        attrs["col_shifts"].append(draw(st.integers(0, P - 1)))
+        attrs["vocabulary_sizes"].append(vocab)
+        attrs["combiners"].append(draw(COMBINERS))
+        attrs["table_names"].append(f"t{f}")
+        attrs["feature_names"].append(f"f{f}")
+        row_offset += sample_count
+        col_offset += ref.round_up(vocab, P)
+    limits = [2, 3, 8, 256, 1 << 20]
+    return dict(
+        features=features_, attrs=dict(attrs), num_sc_per_chip=S, num_replica=C,
+        num_sc_shards=P, stacked_table_sample_count=row_offset,
+        # Sometimes smaller than the stacked vocabulary: ids beyond it must fail.
+        table_vocab_size=draw(st.sampled_from([col_offset, col_offset, max(col_offset // 2, 1)])),
+        max_division_level=draw(st.sampled_from([0, 2, 6])),
+        max_ids_per_partition=draw(st.sampled_from([x for x in limits if x > 2])),
+        max_unique_ids_per_partition=draw(st.sampled_from(limits)))
+
+
+@PROPERTY
+@given(stacked_table_setups())
+def test_convert_features_to_minibatch_splits(setup):
+    """The one-op path of a stacked table against the reference chain (per-feature lists,
+    concatenated SparseCore-major, then the splits), bit for bit, failing exactly when it does."""
+    S, a = setup["num_sc_per_chip"], setup["attrs"]
+    fs = setup["features"]
+    lists = [ref.convert_to_list_of_sparse_core_coo_tensors(
+        f.index, f.values, f.weights, sample_count=a["sample_counts"][k], num_sc_per_chip=S,
+        row_offset=a["row_offsets"][k], col_offset=a["col_offsets"][k],
+        col_shift=a["col_shifts"][k], num_sc_shards=setup["num_sc_shards"],
+        stacked_table_sample_count=setup["stacked_table_sample_count"],
+        combiner=a["combiners"][k]) for k, f in enumerate(fs)]
+    rows, cols, gains = (np.concatenate([lst[j][i] for i in range(S) for lst in lists])
+                         for j in range(3))
+    split_args = dict(sample_count=setup["stacked_table_sample_count"],
+                      num_replica=setup["num_replica"], num_sc_per_chip=S,
+                      table_vocab_size=setup["table_vocab_size"],
+                      max_ids_per_partition=setup["max_ids_per_partition"],
+                      max_unique_ids_per_partition=setup["max_unique_ids_per_partition"],
+                      max_division_level=setup["max_division_level"])
+
+    def reference():
+        if len(cols) and cols.max() >= setup["table_vocab_size"]:
+            raise ref.OpMustFail("a stacked id beyond the stacked table")
+        return ref.get_minibatch_splits_with_physical_replica(rows, cols, gains, **split_args)
+
+    def run_op():
+        return dict(zip(SPLITS_KEYS, numpy_all(ops.preprocessing.convert_features_to_minibatch_splits(
+            [f.index for f in fs], [f.values for f in fs], [f.weights for f in fs], **a,
+            num_sc_per_chip=S, num_sc_shards=setup["num_sc_shards"],
+            stacked_table_sample_count=setup["stacked_table_sample_count"],
+            num_replica=setup["num_replica"], table_vocab_size=setup["table_vocab_size"],
+            table_name="stacked", max_ids_per_partition=setup["max_ids_per_partition"],
+            max_unique_ids_per_partition=setup["max_unique_ids_per_partition"],
+            max_division_level=setup["max_division_level"]))))
+
+    got, want = expect_failure_or_compare(run_op, reference)
+    if got is None:
+        return
+    event(f"ids: {'64+' if len(rows) >= 64 else 'few'}")
+    for key in ("sorted_row_ids", "sorted_col_ids", "sorted_gains", "id_counts"):
+        assert_same(got[key], want[key], key)
+    for key in ("splits", "max_ids", "max_uniques"):
+        assert int(got[key]) == want[key], key
+
+
 def decode_csr(csr, num_sc, num_shards, num_minibatches):
     """(sc, minibatch, shard) -> list of (sample, token, gain), using row-pointer semantics."""
     row_pointers = csr["row_pointers"]

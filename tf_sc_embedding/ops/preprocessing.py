@@ -100,6 +100,28 @@ def convert_to_list_of_sparse_core_coo_tensors(
         name=name)
 
 
+def _stacked_table_arguments(
+        table_name, indices_or_row_splits_list, values_list, weights_list, sample_counts,
+        row_offsets, col_offsets, col_shifts, vocabulary_sizes, combiners, table_names,
+        feature_names, num_sc_per_chip, num_sc_shards, stacked_table_sample_count,
+        **more_integers):
+    """The keyword arguments shared by the ops that take all features of one stacked table,
+    after the checks TensorFlow's attribute conversion cannot make with a useful message (also of
+    the integer attributes in `more_integers`)."""
+    per_feature = dict(sample_counts=list(sample_counts), row_offsets=list(row_offsets),
+                       col_offsets=list(col_offsets), col_shifts=list(col_shifts),
+                       vocabulary_sizes=list(vocabulary_sizes))
+    _check_sparse_cores(num_sc_per_chip, table_name)
+    _check_int64_attributes(table_name, **per_feature, num_sc_shards=num_sc_shards,
+                            stacked_table_sample_count=stacked_table_sample_count,
+                            **more_integers)
+    return dict(indices_or_row_splits=list(indices_or_row_splits_list), values=list(values_list),
+                weights=list(weights_list), **per_feature, combiners=list(combiners),
+                table_names=list(table_names), feature_names=list(feature_names),
+                num_sc_per_chip=num_sc_per_chip, num_sc_shards=num_sc_shards,
+                stacked_table_sample_count=stacked_table_sample_count)
+
+
 def convert_features_to_stacked_coo_tensor(
         indices_or_row_splits_list, values_list, weights_list, sample_counts, row_offsets,
         col_offsets, col_shifts, vocabulary_sizes, combiners, table_names, feature_names,
@@ -112,22 +134,39 @@ def convert_features_to_stacked_coo_tensor(
     list of every feature, then SC 1's, and so on. Features convert in parallel in the intra-op
     thread pool. An invalid feature fails with that feature's error (the first in list order).
     """
-    table_name = table_names[0] if table_names else ""
-    _check_sparse_cores(num_sc_per_chip, table_name)
-    _check_int64_attributes(
-        table_name, sample_counts=list(sample_counts), row_offsets=list(row_offsets),
-        col_offsets=list(col_offsets), col_shifts=list(col_shifts),
-        vocabulary_sizes=list(vocabulary_sizes), num_sc_shards=num_sc_shards,
-        stacked_table_sample_count=stacked_table_sample_count)
     return _lib.sce_convert_features_to_stacked_coo_tensor(
-        indices_or_row_splits=list(indices_or_row_splits_list), values=list(values_list),
-        weights=list(weights_list), sample_counts=list(sample_counts),
-        row_offsets=list(row_offsets), col_offsets=list(col_offsets),
-        col_shifts=list(col_shifts), vocabulary_sizes=list(vocabulary_sizes),
-        combiners=list(combiners), table_names=list(table_names),
-        feature_names=list(feature_names), num_sc_per_chip=num_sc_per_chip,
-        num_sc_shards=num_sc_shards, stacked_table_sample_count=stacked_table_sample_count,
+        **_stacked_table_arguments(
+            table_names[0] if table_names else "", indices_or_row_splits_list, values_list,
+            weights_list, sample_counts, row_offsets, col_offsets, col_shifts,
+            vocabulary_sizes, combiners, table_names, feature_names, num_sc_per_chip,
+            num_sc_shards, stacked_table_sample_count),
         name=name)
+
+
+def convert_features_to_minibatch_splits(
+        indices_or_row_splits_list, values_list, weights_list, sample_counts, row_offsets,
+        col_offsets, col_shifts, vocabulary_sizes, combiners, table_names, feature_names,
+        num_sc_per_chip, num_sc_shards, stacked_table_sample_count, num_replica,
+        table_vocab_size, table_name, max_ids_per_partition=256,
+        max_unique_ids_per_partition=256, max_division_level=DEFAULT_MAX_DIVISION_LEVEL,
+        name=None):
+    """convert_features_to_stacked_coo_tensor followed by
+    get_minibatch_splits_with_physical_replica (sample_count = stacked_table_sample_count), in
+    one op (not a TensorFlow op; docs/preprocessing.md#one-call-per-stacked-table).
+
+    Gives exactly the outputs of the two ops, without the stacked COO in between. A bad id fails
+    with the message naming its table and feature.
+    """
+    limits = dict(num_replica=num_replica, table_vocab_size=table_vocab_size,
+                  max_ids_per_partition=max_ids_per_partition,
+                  max_unique_ids_per_partition=max_unique_ids_per_partition)
+    return _lib.sce_convert_features_to_minibatch_splits(
+        **_stacked_table_arguments(
+            table_name, indices_or_row_splits_list, values_list, weights_list, sample_counts,
+            row_offsets, col_offsets, col_shifts, vocabulary_sizes, combiners, table_names,
+            feature_names, num_sc_per_chip, num_sc_shards, stacked_table_sample_count,
+            **limits),
+        **limits, table_name=table_name, max_division_level=max_division_level, name=name)
 
 
 def sort_list_of_sparse_core_coo_tensors(
