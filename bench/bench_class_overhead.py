@@ -13,7 +13,7 @@ Phases, each its own `tf.function`:
                       52 RaggedTensors into a tf.function costs in Python, before any op
   next only           a tf.function that only takes the next batch from the iterator: the input
                       pipeline's share of the next(iterator)-fed class phases
-  class kernels       the kernels the class runs on its stacked tables (stacked COO + splits; CSR
+  class kernels       the kernels the class runs on its stacked tables (ids to splits; CSR
                       + lookup; + fused Adagrad), fed with inputs computed beforehand: the class
                       minus its own graph (input adaptation, unstacking, gradient stacking)
 "Sum of the ops" for a step is preprocessing + forward+update. Every round runs every function
@@ -131,27 +131,30 @@ class ClassKernelsAlone:
             name: enqueue_lib.stack_gradients(plan, stacked, by_path)
             for name, stacked in self.layout.stacked_tables.items()}
 
-    def _coo(self):
+    @tf.function
+    def preprocess(self):
+        """The stacked tables' one-op preprocessing, ids to minibatch splits (what enqueue runs)."""
         from tf_sc_embedding.ops import preprocessing  # noqa: PLC0415
         layout, result = self.layout, {}
         for name, stacked in layout.stacked_tables.items():
             index = [k for k, f in enumerate(layout.features)
                      if f.table.layout.stacked_table_name == name]
             fs = [layout.features[k] for k in index]
-            result[name] = preprocessing.convert_features_to_stacked_coo_tensor(
+            splits = preprocessing.convert_features_to_minibatch_splits(
                 [self.inputs[k][0] for k in index], [self.inputs[k][1] for k in index],
                 [self.inputs[k][2] for k in index], [f.sample_count for f in fs],
                 [f.sample_offset for f in fs], [f.table.col_offset for f in fs],
                 [f.table.layout.sparse_core_shard_rotation for f in fs],
                 [f.table.vocabulary_size for f in fs], [f.table.combiner for f in fs],
                 [f.table.name for f in fs], [f.path for f in fs],
-                layout.sparse_cores_per_replica, layout.num_sparse_cores, stacked.sample_count)
+                layout.sparse_cores_per_replica, layout.num_sparse_cores, stacked.sample_count,
+                num_replica=layout.num_replicas, table_vocab_size=stacked.total_rows,
+                table_name=name, max_ids_per_partition=stacked.max_ids_per_partition,
+                max_unique_ids_per_partition=stacked.max_unique_ids_per_partition)
+            result[name] = self.enqueue_lib.PreprocessedTable(
+                splits.sorted_row_ids, splits.sorted_col_ids, splits.sorted_gains,
+                splits.splits, splits.id_counts)
         return result
-
-    @tf.function
-    def preprocess(self):
-        """Stacked COO + minibatch splits per stacked table (what enqueue runs)."""
-        return self.enqueue_lib._pack(self.layout, self._coo(), True)[0]  # noqa: SLF001
 
     def _lookup(self, view, variables):
         activations, csrs = [], {}
@@ -245,12 +248,12 @@ def main():
                   + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
     from tf_sc_embedding.ops import preprocessing  # noqa: PLC0415
     with_kernels = not args.skip_ops and hasattr(preprocessing,
-                                                 "convert_features_to_stacked_coo_tensor")
-    if with_kernels:   # (absent before the stacked COO op existed)
+                                                 "convert_features_to_minibatch_splits")
+    if with_kernels:   # (absent before the one-op preprocessing existed)
         kernels = ClassKernelsAlone(embedding, tf.nest.flatten(ids), tf.nest.flatten(weights),
                                     gradients)
         functions.update({
-            "class kernels: stacked COO + splits": kernels.preprocess,
+            "class kernels: ids to minibatch splits": kernels.preprocess,
             "class kernels: CSR + lookup": kernels.forward,
             "class kernels: CSR + lookup + fused Adagrad": kernels.forward_and_update,
         })
@@ -286,7 +289,7 @@ def main():
         print(f"| {name} | {medians[name]:.1f} | {q[0]:.1f}-{q[2]:.1f} | {min(s):.1f} | "
               f"{statistics.median(cpu[name]):.1f} |")
     if with_kernels:
-        k_pre = medians["class kernels: stacked COO + splits"]
+        k_pre = medians["class kernels: ids to minibatch splits"]
         k_fwd = medians["class kernels: CSR + lookup"]
         k_upd = medians["class kernels: CSR + lookup + fused Adagrad"]
         call = medians["tf.function call with the class's ragged inputs, no ops"]

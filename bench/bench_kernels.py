@@ -108,7 +108,8 @@ def measure(args):
             return update
 
         if name == "Adagrad":
-            functions["preprocessing: stacked COO + minibatch splits"] = kernels.preprocess
+            functions["preprocessing: ids to minibatch splits (one op per stacked table)"] = (
+                kernels.preprocess)
             functions["preprocessing: CSR packing"] = pack
             functions["forward lookup"] = forward
         functions[f"fused {name} update"] = make_update(False)
