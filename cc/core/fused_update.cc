@@ -88,7 +88,6 @@ void FindNonFiniteContributions(const CsrView& view, const GradientRows& grads, 
 
 bool FindSortedRuns(const CsrView& view, int64_t p, std::vector<ContributionRun>* runs) {
   runs->clear();
-  const int64_t samples_per_sc = view.samples_per_sc();
   for (int64_t s = 0; s < view.num_source_sparse_cores(); ++s) {
     for (int64_t b = 0; b < view.num_minibatches; ++b) {
       ContributionRun run;

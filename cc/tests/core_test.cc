@@ -1001,6 +1001,85 @@ struct SmallCsr {
   }
 };
 
+void TestCsrViewIds() {
+  g_test = "ValidateCsrView checks every non-padding id, at any position of a long segment";
+  // One SparseCore, one shard of 5 rows, 7 samples: a single segment of n ids (a multiple of 8:
+  // the segments after it start 8-aligned).
+  for (int64_t n : {8, 16, 64, 1000}) {
+    IntVec samples(n), tokens(n);
+    FloatVec gains(n, 1.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      samples[i] = static_cast<int32_t>(i % 7);
+      tokens[i] = static_cast<int32_t>(i % 5);
+    }
+    IntVec row_pointers(8, static_cast<int32_t>(n));
+    sce::CsrView v;
+    v.row_pointers = row_pointers.data();
+    v.num_row_pointers = 8;
+    v.sample_ids = samples.data();
+    v.token_ids = tokens.data();
+    v.gains = gains.data();
+    v.num_sample_ids = v.num_token_ids = v.num_gains = n;
+    v.num_sc_per_device = 1;
+    v.input_size = 7;
+    v.table_rows = 5;
+    v.table_name = "t";
+    CHECK_OK(sce::ValidateCsrView(v));
+    for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+      const int32_t token = tokens[at], sample = samples[at];
+      for (int32_t bad : {5, -1, std::numeric_limits<int32_t>::min(), sce::kPad - 1}) {
+        tokens[at] = bad;
+        CHECK_ERROR(sce::ValidateCsrView(v), "table 't': token id " + std::to_string(bad) +
+                                                 " at position " + std::to_string(at));
+      }
+      tokens[at] = token;
+      for (int32_t bad : {7, -3, sce::kPad - 1}) {
+        samples[at] = bad;
+        CHECK_ERROR(sce::ValidateCsrView(v), "sample id " + std::to_string(bad) + " at position " +
+                                                 std::to_string(at));
+      }
+      // A padding entry is skipped whatever its other id holds.
+      samples[at] = sce::kPad;
+      tokens[at] = -9;
+      CHECK_OK(sce::ValidateCsrView(v));
+      tokens[at] = sce::kPad;
+      samples[at] = 1 << 30;
+      CHECK_OK(sce::ValidateCsrView(v));
+      tokens[at] = token;
+      samples[at] = sample;
+    }
+    // Ids past the segment's end are not read as ids of the segment.
+    if (n > 8) {
+      row_pointers.assign(8, 8);
+      tokens[n - 1] = 99;
+      CHECK_OK(sce::ValidateCsrView(v));
+    }
+  }
+  // Limits at the int32 edge: a shard of 2^31 rows or more admits every non-negative token.
+  IntVec row_pointers(8, 8), samples(8, PAD), tokens(8, PAD);
+  FloatVec gains(8, FPAD);
+  samples[0] = 0;
+  tokens[0] = std::numeric_limits<int32_t>::max() - 1;
+  gains[0] = 1.0f;
+  sce::CsrView v;
+  v.row_pointers = row_pointers.data();
+  v.num_row_pointers = 8;
+  v.sample_ids = samples.data();
+  v.token_ids = tokens.data();
+  v.gains = gains.data();
+  v.num_sample_ids = v.num_token_ids = v.num_gains = 8;
+  v.num_sc_per_device = 1;
+  v.input_size = 1;
+  v.table_rows = int64_t{1} << 32;
+  v.table_name = "t";
+  CHECK_OK(sce::ValidateCsrView(v));
+  v.table_rows = int64_t{1} << 31;
+  CHECK_OK(sce::ValidateCsrView(v));
+  v.table_rows = (int64_t{1} << 31) - 2;
+  CHECK_ERROR(sce::ValidateCsrView(v), "token id 2147483646 at position 0 is out of range for "
+                                       "a shard of 2147483646 rows");
+}
+
 void TestCsrViewBounds() {
   g_test = "ValidateCsrView rejects huge attributes before reading";
   SmallCsr csr;
@@ -2047,7 +2126,7 @@ int main() {
       TestConvertToCoo,   TestConvertToListOfCoo, TestSortListOfCoo,
       TestPackCsrFromSortedLists, TestSplitEncoding, TestGetMinibatchSplits,
       TestPackCsrFromMinibatchSplits, TestLayoutStacker,
-      TestCheckedMath, TestCsrViewBounds, TestNonFiniteGradients, TestPreprocessingBounds,
+      TestCheckedMath, TestCsrViewBounds, TestCsrViewIds, TestNonFiniteGradients, TestPreprocessingBounds,
       TestRequireFiniteFeatureGradients, TestRaisePartitionLimits,
       TestShardContributionsAreMergedStably, TestFusedUpdateIsaVersionsAgree,
       TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice, TestStableSortByKey,
