@@ -8,6 +8,7 @@
 #include "cc/core/csr.h"
 #include "cc/core/minibatch_splits.h"
 #include "cc/core/split_encoding.h"
+#include "cc/ops/minibatch_splits_signature.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -20,9 +21,7 @@ using shape_inference::InferenceContext;
 // Attributes that every op accepts so error messages can name the table and feature.
 constexpr char kTableNameAttr[] = "table_name: string = ''";
 constexpr char kFeatureNameAttr[] = "feature_name: string = ''";
-// The default number of minibatch division levels, from the one home of the constant.
-const std::string kMaxDivisionLevelAttr =
-    absl::StrCat("max_division_level: int = ", sce::kDefaultMaxDivisionLevel);
+const std::string kMaxDivisionLevelAttr = sce_ops::MaxDivisionLevelAttr();
 
 // Shape functions see the raw attributes: every size they form is overflow-checked and bounded
 // (sce/checked_math.h), and an impossible value is an InvalidArgument instead of a negative or
@@ -225,45 +224,27 @@ REGISTER_OP("SceConvertToSparseCoreCsrWrappedCooTensor")
           });
     });
 
-REGISTER_OP("SceGetMinibatchSplitsWithPhysicalReplica")
-    .Input("program_key: string")
-    .Input("row_ids: int32")
-    .Input("col_ids: int32")
-    .Input("gains: float32")
-    .Output("sorted_row_ids: int32")
-    .Output("sorted_col_ids: int32")
-    .Output("sorted_gains: float32")
-    .Output("splits: int64")
-    .Output("id_counts: int32")
-    .Output("max_ids: int32")
-    .Output("max_uniques: int32")
-    .Attr("sample_count: int >= 1")
-    .Attr("num_replica: int >= 1")
-    .Attr("table_vocab_size: int >= 1")
-    .Attr("feature_width: int >= 1")
-    .Attr("num_sc_per_chip: int >= 1")
-    .Attr("table_name: string")
-    .Attr("mini_batch_splits: string")
-    .Attr("max_ids_per_partition: int >= 1")
-    .Attr("max_unique_ids_per_partition: int >= 1")
-    .Attr(kMaxDivisionLevelAttr)
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(ThreeVectors(c));
-      int64_t replicas, cores, level;
-      TF_RETURN_IF_ERROR(c->GetAttr("num_replica", &replicas));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_sc_per_chip", &cores));
-      TF_RETURN_IF_ERROR(c->GetAttr("max_division_level", &level));
-      c->set_output(3, c->Scalar());
-      int64_t counts;
-      if (sce::MinibatchIdCountsSize(TableOf(c), replicas, cores, level, &counts).ok()) {
-        c->set_output(4, c->Vector(counts));
-      } else {  // the kernel reports the impossible attribute with the table name
-        c->set_output(4, c->Vector(InferenceContext::kUnknownDim));
-      }
-      c->set_output(5, c->Scalar());
-      c->set_output(6, c->Scalar());
-      return absl::OkStatus();
-    });
+const bool kMinibatchSplitsRegistered = [] {
+  register_op::OpDefBuilderWrapper op("SceGetMinibatchSplitsWithPhysicalReplica");
+  op.Input("program_key: string")
+      .Input("row_ids: int32")
+      .Input("col_ids: int32")
+      .Input("gains: float32");
+  sce_ops::AddMinibatchSplitsOutputs(op);
+  op.Attr("sample_count: int >= 1")
+      .Attr("num_replica: int >= 1")
+      .Attr("table_vocab_size: int >= 1")
+      .Attr("feature_width: int >= 1")
+      .Attr("num_sc_per_chip: int >= 1")
+      .Attr("table_name: string")
+      .Attr("mini_batch_splits: string")
+      .Attr("max_ids_per_partition: int >= 1")
+      .Attr("max_unique_ids_per_partition: int >= 1")
+      .Attr(kMaxDivisionLevelAttr)
+      .SetShapeFn(sce_ops::MinibatchSplitsShape);
+  op();
+  return true;
+}();
 
 REGISTER_OP("SceGetMinibatchesInCsrWithPhysicalReplica")
     .Input("program_key: string")
