@@ -172,39 +172,47 @@ def tensorflow_step(vocab, dim, combiner, pool):
     return lambda: step(it).numpy()
 
 
+class _Timings:
+    """Per function name, the wall and CPU (process, all threads) milliseconds of its calls."""
+
+    def __init__(self, names):
+        self.wall = {name: [] for name in names}
+        self.cpu = {name: [] for name in names}
+
+    def call(self, name, fn):
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        self.wall[name].append((time.perf_counter() - w) * 1e3)
+        self.cpu[name].append((time.process_time() - c) * 1e3)
+
+    def medians(self):
+        """{name: (median wall ms, median CPU ms)}."""
+        return {name: (statistics.median(self.wall[name]), statistics.median(self.cpu[name]))
+                for name in self.wall}
+
+
 def interleaved(functions, rounds, warmup=2):
     """{name: (median wall ms, median CPU ms)}, every round calling every function in turn."""
     for fn in functions.values():
         for _ in range(warmup):
             fn()
-    wall = {name: [] for name in functions}
-    cpu = {name: [] for name in functions}
+    timings = _Timings(functions)
     for _ in range(rounds):
         for name, fn in functions.items():
-            w, c = time.perf_counter(), time.process_time()
-            fn()
-            wall[name].append((time.perf_counter() - w) * 1e3)
-            cpu[name].append((time.process_time() - c) * 1e3)
-    return {name: (statistics.median(wall[name]), statistics.median(cpu[name]))
-            for name in functions}
+            timings.call(name, fn)
+    return timings.medians()
 
 
 def back_to_back(functions, rounds, blocks=2):
     """{name: (median wall ms, median CPU ms)} over `rounds` calls per function, made in `blocks`
     runs of consecutive calls; the runs of all functions alternate (drift hits all alike)."""
-    wall = {name: [] for name in functions}
-    cpu = {name: [] for name in functions}
-    per_block = max(1, rounds // blocks)
+    timings = _Timings(functions)
     for _ in range(blocks):
         for name, fn in functions.items():
             fn()   # the first call after another function is not counted
-            for _ in range(per_block):
-                w, c = time.perf_counter(), time.process_time()
-                fn()
-                wall[name].append((time.perf_counter() - w) * 1e3)
-                cpu[name].append((time.process_time() - c) * 1e3)
-    return {name: (statistics.median(wall[name]), statistics.median(cpu[name]))
-            for name in functions}
+            for _ in range(max(1, rounds // blocks)):
+                timings.call(name, fn)
+    return timings.medians()
 
 
 def compare_at_cap(cap, args):

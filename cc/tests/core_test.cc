@@ -593,16 +593,22 @@ const IntVec kRows9 = {0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 4, 7};
 const IntVec kCols9 = {0, 8, 40, 44, 48, 44, 5, 2, 6, 10, 3, 63};
 const FloatVec kGains9 = {1, 1, 1, 1, 1, 0.5f, 1, 1, 1, 1, 1, 1};
 
-sce::MinibatchSplitsParams Params9() {
+// Minibatch-splits parameters of the tests: one limit for ids and for unique ids per partition,
+// one replica and the default division level unless the caller changes them.
+sce::MinibatchSplitsParams SplitsParams(const std::string& table, int64_t sample_count,
+                                        int64_t num_sc, int64_t vocab, int64_t limit) {
   sce::MinibatchSplitsParams p;
-  p.sample_count = 8;
-  p.num_replica = 1;
-  p.num_sc_per_chip = 4;
-  p.table_vocab_size = 64;
-  p.max_ids_per_partition = 2;
-  p.max_unique_ids_per_partition = 2;
+  p.table_name = table;
+  p.sample_count = sample_count;
+  p.num_sc_per_chip = num_sc;
+  p.table_vocab_size = vocab;
+  p.max_ids_per_partition = p.max_unique_ids_per_partition = limit;
+  return p;
+}
+
+sce::MinibatchSplitsParams Params9() {
+  sce::MinibatchSplitsParams p = SplitsParams("t", 8, 4, 64, 2);
   p.max_division_level = 6;
-  p.table_name = "t";
   return p;
 }
 
@@ -727,14 +733,8 @@ void CheckSplitIdsAgainstStableSort(int64_t vocab, int64_t per_sc, int64_t ids_p
     cols[i] = rng() % 8 == 0 ? 7 : static_cast<int32_t>(rng() % vocab);
     gains[i] = 0.25f * static_cast<float>(rng() % 8);
   }
-  sce::MinibatchSplitsParams p;
-  p.sample_count = S * per_sc;
-  p.num_replica = 1;
-  p.num_sc_per_chip = S;
-  p.table_vocab_size = vocab;
-  p.max_ids_per_partition = p.max_unique_ids_per_partition = 1 << 30;
+  sce::MinibatchSplitsParams p = SplitsParams("t", S * per_sc, S, vocab, 1 << 30);
   p.max_division_level = 0;
-  p.table_name = "t";
   sce::MinibatchSplits out;
   CHECK_OK(sce::GetMinibatchSplits(rows.data(), cols.data(), gains.data(), n, n, n, p, &out));
   IntVec want_rows, want_cols;
@@ -1001,29 +1001,42 @@ struct SmallCsr {
   }
 };
 
-void TestCsrViewIds() {
-  g_test = "ValidateCsrView checks every non-padding id, at any position of a long segment";
-  // One SparseCore, one shard of 5 rows, 7 samples: a single segment of n ids (a multiple of 8:
-  // the segments after it start 8-aligned).
-  for (int64_t n : {8, 16, 64, 1000}) {
-    IntVec samples(n), tokens(n);
-    FloatVec gains(n, 1.0f);
-    for (int64_t i = 0; i < n; ++i) {
-      samples[i] = static_cast<int32_t>(i % 7);
-      tokens[i] = static_cast<int32_t>(i % 5);
-    }
-    IntVec row_pointers(8, static_cast<int32_t>(n));
+// One SparseCore and one shard: a single segment holding all n ids (n a multiple of 8, since the
+// empty segments after it start 8-aligned). The ids are set by the caller.
+struct OneSegmentCsr {
+  IntVec row_pointers, samples, tokens;
+  FloatVec gains;
+  explicit OneSegmentCsr(int64_t n)
+      : row_pointers(8, static_cast<int32_t>(n)), samples(n, PAD), tokens(n, PAD),
+        gains(n, 1.0f) {}
+  sce::CsrView View(int64_t input_size, int64_t table_rows) {
     sce::CsrView v;
     v.row_pointers = row_pointers.data();
     v.num_row_pointers = 8;
     v.sample_ids = samples.data();
     v.token_ids = tokens.data();
     v.gains = gains.data();
-    v.num_sample_ids = v.num_token_ids = v.num_gains = n;
+    v.num_sample_ids = v.num_token_ids = v.num_gains = static_cast<int64_t>(tokens.size());
     v.num_sc_per_device = 1;
-    v.input_size = 7;
-    v.table_rows = 5;
+    v.input_size = input_size;
+    v.table_rows = table_rows;
     v.table_name = "t";
+    return v;
+  }
+};
+
+void TestCsrViewIds() {
+  g_test = "ValidateCsrView checks every non-padding id, at any position of a long segment";
+  // A shard of 5 rows and 7 samples.
+  for (int64_t n : {8, 16, 64, 1000}) {
+    OneSegmentCsr csr(n);
+    IntVec& samples = csr.samples;
+    IntVec& tokens = csr.tokens;
+    for (int64_t i = 0; i < n; ++i) {
+      samples[i] = static_cast<int32_t>(i % 7);
+      tokens[i] = static_cast<int32_t>(i % 5);
+    }
+    const sce::CsrView v = csr.View(7, 5);
     CHECK_OK(sce::ValidateCsrView(v));
     for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
       const int32_t token = tokens[at], sample = samples[at];
@@ -1050,28 +1063,16 @@ void TestCsrViewIds() {
     }
     // Ids past the segment's end are not read as ids of the segment.
     if (n > 8) {
-      row_pointers.assign(8, 8);
+      csr.row_pointers.assign(8, 8);
       tokens[n - 1] = 99;
       CHECK_OK(sce::ValidateCsrView(v));
     }
   }
   // Limits at the int32 edge: a shard of 2^31 rows or more admits every non-negative token.
-  IntVec row_pointers(8, 8), samples(8, PAD), tokens(8, PAD);
-  FloatVec gains(8, FPAD);
-  samples[0] = 0;
-  tokens[0] = std::numeric_limits<int32_t>::max() - 1;
-  gains[0] = 1.0f;
-  sce::CsrView v;
-  v.row_pointers = row_pointers.data();
-  v.num_row_pointers = 8;
-  v.sample_ids = samples.data();
-  v.token_ids = tokens.data();
-  v.gains = gains.data();
-  v.num_sample_ids = v.num_token_ids = v.num_gains = 8;
-  v.num_sc_per_device = 1;
-  v.input_size = 1;
-  v.table_rows = int64_t{1} << 32;
-  v.table_name = "t";
+  OneSegmentCsr csr(8);
+  csr.samples[0] = 0;
+  csr.tokens[0] = std::numeric_limits<int32_t>::max() - 1;
+  sce::CsrView v = csr.View(1, int64_t{1} << 32);
   CHECK_OK(sce::ValidateCsrView(v));
   v.table_rows = int64_t{1} << 31;
   CHECK_OK(sce::ValidateCsrView(v));
@@ -1834,15 +1835,9 @@ void TestStackedMinibatchSplits() {
         for (uint64_t seed = 1; seed <= 3; ++seed) {
           StackedInputs in = RandomStackedFeatures({8 * sc, 4 * sc, 12 * sc}, {50, 7, 64},
                                                    combiners, sc, sc * replicas, seed);
-          sce::MinibatchSplitsParams p;
-          p.sample_count = 24 * sc;
+          sce::MinibatchSplitsParams p = SplitsParams("stacked", 24 * sc, sc, 3 * 64, limit);
           p.num_replica = replicas;
-          p.num_sc_per_chip = sc;
-          p.table_vocab_size = 3 * 64;
-          p.max_ids_per_partition = limit;
-          p.max_unique_ids_per_partition = limit;
           p.max_division_level = 3;
-          p.table_name = "stacked";
           sce::MinibatchSplits fused, two_step;
           const sce::Status want = TwoStepSplits(in.features, p, &two_step);
           const sce::Status got = sce::GetStackedMinibatchSplits(in.features, p, &fused);
@@ -1872,13 +1867,9 @@ void TestStackedMinibatchSplits() {
     StackedInputs in = RandomStackedFeatures({1 << 20, 4}, {50, 7},
                                              {sce::Combiner::kSum, sce::Combiner::kMean}, 1, 1, 7,
                                              32);
-    sce::MinibatchSplitsParams p;
-    p.sample_count = (1 << 20) + 4;
-    p.num_sc_per_chip = 1;
-    p.table_vocab_size = int64_t{1} << 31;  // the key bound of the one-call path: 31 bits
-    p.max_ids_per_partition = 1 << 30;
-    p.max_unique_ids_per_partition = 1 << 30;
-    p.table_name = "stacked";
+    // The vocabulary is the key bound of the one-call path: 31 bits.
+    const sce::MinibatchSplitsParams p =
+        SplitsParams("stacked", (1 << 20) + 4, 1, int64_t{1} << 31, 1 << 30);
     sce::MinibatchSplits fused, two_step;
     CHECK_OK(TwoStepSplits(in.features, p, &two_step));
     CHECK_OK(sce::GetStackedMinibatchSplits(in.features, p, &fused));
@@ -1888,13 +1879,7 @@ void TestStackedMinibatchSplits() {
   g_test = "GetStackedMinibatchSplits: errors name the table and feature, nothing is written";
   StackedInputs in = RandomStackedFeatures({8, 8}, {50, 7},
                                            {sce::Combiner::kSum, sce::Combiner::kSum}, 4, 4, 11);
-  sce::MinibatchSplitsParams p;
-  p.sample_count = 16;
-  p.num_sc_per_chip = 4;
-  p.table_vocab_size = 128;
-  p.max_ids_per_partition = 1000;
-  p.max_unique_ids_per_partition = 1000;
-  p.table_name = "stacked";
+  sce::MinibatchSplitsParams p = SplitsParams("stacked", 16, 4, 128, 1000);
   bool allocated = false;
   const sce::SplitIdAllocator never = [&](int64_t, sce::SplitIdBuffers*) {
     allocated = true;
