@@ -1945,6 +1945,62 @@ void TestStackedMinibatchSplits() {
   CheckSameSplits(after, two_step);
 }
 
+void TestLookupOverwritesActivations() {
+  g_test = "lookup: every activation row is overwritten; rows without entries are +0";
+  int64_t rows_with_entries = 0, all_rows = 0;
+  for (int64_t G : {1, 2}) {
+    for (uint32_t seed = 0; seed < 5; ++seed) {
+      RandomCsr csr(seed, G, 4, 2, 9, 7);
+      CHECK_OK(sce::ValidateCsrView(csr.view));
+      const int64_t dim = 5, rows = csr.view.table_rows;
+      FloatVec table(rows * dim);
+      for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.3f * i + seed);
+      // Row 0 holds negative zeros: 0 + gain * (-0) is +0, as when the block starts zero-filled.
+      std::fill(table.begin(), table.begin() + dim, -0.0f);
+      // The reference: zeros, then every entry added in buffer order.
+      FloatVec expected(csr.view.input_size * dim, 0.0f);
+      std::vector<bool> reached(csr.view.input_size, false);
+      const int64_t samples_per_sc = csr.view.samples_per_sc();
+      for (int64_t sc = 0; sc < csr.view.num_source_sparse_cores(); ++sc) {
+        for (int64_t b = 0; b < csr.view.num_minibatches; ++b) {
+          for (int64_t p = 0; p < csr.view.num_shards(); ++p) {
+            int64_t begin, end;
+            csr.view.Segment(sc, b, p, &begin, &end);
+            for (int64_t i = begin; i < end; ++i) {
+              if (csr.tokens[i] == sce::kPad || csr.samples[i] == sce::kPad) continue;
+              const float* row = &table[(p * csr.view.rows_per_shard() + csr.tokens[i]) * dim];
+              float* out = &expected[(sc * samples_per_sc + csr.samples[i]) * dim];
+              for (int64_t j = 0; j < dim; ++j) out[j] += csr.gains[i] * row[j];
+              reached[sc * samples_per_sc + csr.samples[i]] = true;
+            }
+          }
+        }
+      }
+      rows_with_entries += std::count(reached.begin(), reached.end(), true);
+      all_rows += csr.view.input_size;
+      const sce::FeatureRowsPerSc features = {3, 0, 4};
+      sce::Quantization q;
+      q.low = -0.5f;
+      q.high = 0.5f;
+      q.num_buckets = 5;
+      for (const sce::Quantization& quantization : {sce::Quantization(), q}) {
+        for (const sce::FeatureRowsPerSc& order : {sce::FeatureRowsPerSc(), features}) {
+          // Stale contents (NaN) and a zero-filled buffer give the same bits.
+          FloatVec stale(expected.size(), std::nanf("")), zeroed(expected.size(), 0.0f);
+          sce::SparseDenseMatmul(csr.view, table.data(), dim, quantization, stale.data(),
+                                 sce::RunSerially, order);
+          sce::SparseDenseMatmul(csr.view, table.data(), dim, quantization, zeroed.data(),
+                                 sce::RunSerially, order);
+          CHECK(std::memcmp(stale.data(), zeroed.data(), stale.size() * sizeof(float)) == 0);
+          if (quantization.enabled() || !order.empty()) continue;
+          CHECK(std::memcmp(stale.data(), expected.data(), stale.size() * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+  CHECK(0 < rows_with_entries && rows_with_entries < all_rows);  // both kinds of rows occur
+}
+
 void TestFeatureMajorActivations() {
   g_test = "lookup: feature-major activations are the SparseCore-major ones, rows permuted";
   for (int64_t G : {1, 2}) {
@@ -2116,7 +2172,7 @@ int main() {
       TestShardContributionsAreMergedStably, TestFusedUpdateIsaVersionsAgree,
       TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice, TestStableSortByKey,
       TestStableSortWords,
-      TestFeatureMajorActivations, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
+      TestFeatureMajorActivations, TestLookupOverwritesActivations, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
       TestStackedMinibatchSplits,
   };
   for (const auto& test : tests) test();
