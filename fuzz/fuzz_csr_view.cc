@@ -1,11 +1,13 @@
 // libFuzzer target: sce::ValidateCsrView, then (when it accepts) the lookup
-// sce::SparseDenseMatmul and the fused update sce::FusedUpdate (Adagrad), including the
-// non-finite gradient check, over buffers sized like the kernels' input tensors; activations
-// and gradients in the CSR's order, feature-major, or (gradients) one buffer per feature, with
-// fuzzed feature sizes that the validation must reject when they do not fit.
+// sce::SparseDenseMatmul (which must overwrite every activation row) and the fused update
+// sce::FusedUpdate (Adagrad), including the non-finite gradient check, over buffers sized like
+// the kernels' input tensors; activations and gradients in the CSR's order, feature-major, or
+// (gradients) one buffer per feature, with fuzzed feature sizes that the validation must reject
+// when they do not fit.
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "cc/core/csr_view.h"
@@ -71,6 +73,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   sce::SparseDenseMatmul(v, table.empty() ? nullptr : table.data(), dim, q,
                          activations.empty() ? nullptr : activations.data(), sce::RunSerially,
                          features);
+  // Every activation row is written (rows without entries become zeros): a zero-filled output
+  // buffer gives the same bits as the stale one above.
+  {
+    std::vector<float> zeroed(activations.size(), 0.0f);
+    sce::SparseDenseMatmul(v, table.empty() ? nullptr : table.data(), dim, q,
+                           zeroed.empty() ? nullptr : zeroed.data(), sce::RunSerially, features);
+    SCE_FUZZ_CHECK(activations.empty() ||
+                   std::memcmp(zeroed.data(), activations.data(),
+                               activations.size() * sizeof(float)) == 0);
+  }
 
   std::vector<float> grads = sce_fuzz::Values(in, activations.size());
   const float* g = grads.empty() ? nullptr : grads.data();
