@@ -44,10 +44,12 @@ FeatureMajorRows MakeFeatureMajorRows(const CsrView& view, const FeatureRowsPerS
   const int64_t samples_per_sc = view.samples_per_sc();
   const int64_t F = static_cast<int64_t>(rows.size());
   result.out_row.resize(view.input_size);
+  result.runs.resize(view.num_source_sparse_cores() * F);
   for (int64_t sc = 0; sc < view.num_source_sparse_cores(); ++sc) {
     int64_t local = 0;  // first sample of feature f in the SparseCore's block
     for (int64_t f = 0; f < F; ++f) {
       const int64_t first = FeatureMajorFirstRow(view, sc, local, rows[f]);
+      result.runs[sc * F + f] = {first, rows[f]};
       for (int64_t j = 0; j < rows[f]; ++j) {
         result.out_row[sc * samples_per_sc + local + j] = static_cast<int32_t>(first + j);
       }

@@ -11,6 +11,7 @@
 #define SCE_CORE_ACTIVATION_ROWS_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "cc/core/csr_view.h"
@@ -27,10 +28,12 @@ using FeatureRowsPerSc = std::vector<int64_t>;
 // ValidateCsrView.
 Status ValidateFeatureRows(const FeatureRowsPerSc& feature_rows_per_sc, const CsrView& view);
 
-// Feature-major order: the row of every (source SparseCore, sample). `rows` must have passed
+// Feature-major order: the row of every (source SparseCore, sample), and per source SparseCore
+// its runs of rows (first row, count), one per feature. `rows` must have passed
 // ValidateFeatureRows.
 struct FeatureMajorRows {
-  std::vector<int32_t> out_row;  // [view.input_size]
+  std::vector<int32_t> out_row;                   // [view.input_size]
+  std::vector<std::pair<int64_t, int64_t>> runs;  // [sc * F + f]
 };
 FeatureMajorRows MakeFeatureMajorRows(const CsrView& view, const FeatureRowsPerSc& rows);
 

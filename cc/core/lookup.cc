@@ -28,21 +28,6 @@ inline float Quantize(float v, float low, float high, float quantum) {
   return std::floor((v - low) / quantum + 0.5f) * quantum + low;
 }
 
-// Which activation rows of the block being computed already hold a sum, so the block needs no
-// zero fill before the first add (docs/lookup.md#forward-lookup): a row's first contribution reads
-// `zeros` instead of the row, giving 0 + gain · row, exactly what filling with zeros and adding
-// gives (signed zeros included). Rows no entry touches are zeroed at the end of the block. (GCC
-// compiles the choice of pointer to a jump; a select by bit masks measured about 6% slower.)
-struct FirstTouch {
-  uint8_t* written;     // one flag per sample of the block
-  const float* zeros;   // dim zeros
-  const float* Base(int32_t sample, const float* out) const {
-    const float* base = written[sample] ? out : zeros;
-    written[sample] = 1;
-    return base;
-  }
-};
-
 // Sums one segment's gain-weighted rows into the activation block. Built for AVX-512, AVX2 and
 // the baseline ISA; the loader picks the best one for the CPU (TensorFlow's wheel targets SSE
 // only). Every version adds the same products in the same order (no FMA contraction), so the
@@ -52,7 +37,7 @@ struct FirstTouch {
 // first_row + i when out_rows is null (SparseCore-major order).
 __attribute__((target_clones("avx512f", "avx2", "default"))) void AccumulateSegment(
     const CsrView& view, int64_t begin, int64_t end, const float* shard, int64_t dim,
-    float* activations, int64_t first_row, const int32_t* out_rows, const FirstTouch& touch) {
+    float* activations, int64_t first_row, const int32_t* out_rows) {
   const int64_t lines_per_row = (dim * static_cast<int64_t>(sizeof(float)) + 63) / 64;
   constexpr int64_t kPrefetchDistance = 8;
   for (int64_t i = begin; i < end; ++i) {
@@ -73,25 +58,21 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void AccumulateSegm
     const float gain = view.gains[i];
     const float* row = shard + static_cast<int64_t>(token) * dim;
     float* out = activations + (out_rows ? out_rows[sample] : first_row + sample) * dim;
-    const float* base = touch.Base(sample, out);
-    for (int64_t j = 0; j < dim; ++j) out[j] = base[j] + gain * row[j];
+    for (int64_t j = 0; j < dim; ++j) out[j] += gain * row[j];
   }
 }
 
 void AccumulateQuantizedSegment(const CsrView& view, int64_t begin, int64_t end,
                                 const float* shard, int64_t dim, const Quantization& q,
                                 float quantum, float* activations, int64_t first_row,
-                                const int32_t* out_rows, const FirstTouch& touch) {
+                                const int32_t* out_rows) {
   for (int64_t i = begin; i < end; ++i) {
     const int32_t token = view.token_ids[i], sample = view.sample_ids[i];
     if (token == kPad || sample == kPad) continue;
     const float gain = view.gains[i];
     const float* row = shard + static_cast<int64_t>(token) * dim;
     float* out = activations + (out_rows ? out_rows[sample] : first_row + sample) * dim;
-    const float* base = touch.Base(sample, out);
-    for (int64_t j = 0; j < dim; ++j) {
-      out[j] = base[j] + gain * Quantize(row[j], q.low, q.high, quantum);
-    }
+    for (int64_t j = 0; j < dim; ++j) out[j] += gain * Quantize(row[j], q.low, q.high, quantum);
   }
 }
 
@@ -106,22 +87,26 @@ void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
   const bool feature_major = !feature_rows_per_sc.empty();
   const FeatureMajorRows order =
       feature_major ? MakeFeatureMajorRows(view, feature_rows_per_sc) : FeatureMajorRows();
+  const int64_t F = static_cast<int64_t>(feature_rows_per_sc.size());
   // Each source SparseCore owns a disjoint set of activation rows, so SCs run in parallel.
   const int64_t num_sources = view.num_source_sparse_cores();
   parallel_for(num_sources, 64 * view.num_token_ids / num_sources + 1,
                [&](int64_t sc_begin, int64_t sc_end) {
     for (int64_t s = sc_begin; s < sc_end; ++s) {
       // An empty activation block (no rows or dim 0) may come with a null base pointer: neither
-      // offset nor write it.
+      // offset nor memset it.
       const int64_t block_elements = samples_per_sc * dim;
       if (block_elements == 0) continue;
       const int64_t first_row = s * samples_per_sc;
       const int32_t* out_rows = feature_major ? order.out_row.data() + first_row : nullptr;
-      thread_local std::vector<uint8_t> written;
-      thread_local std::vector<float> zeros;
-      written.assign(samples_per_sc, 0);
-      if (static_cast<int64_t>(zeros.size()) < dim) zeros.assign(dim, 0.0f);
-      const FirstTouch touch{written.data(), zeros.data()};
+      if (feature_major) {
+        for (int64_t f = 0; f < F; ++f) {
+          const auto& run = order.runs[s * F + f];
+          std::memset(activations + run.first * dim, 0, sizeof(float) * run.second * dim);
+        }
+      } else {
+        std::memset(activations + first_row * dim, 0, sizeof(float) * block_elements);
+      }
       for (int64_t b = 0; b < view.num_minibatches; ++b) {
         for (int64_t p = 0; p < view.local_shards(); ++p) {
           int64_t begin, end;
@@ -130,18 +115,11 @@ void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
           const float* shard = table + p * rows_per_shard * dim;
           if (q.enabled()) {
             AccumulateQuantizedSegment(view, begin, end, shard, dim, q, quantum, activations,
-                                       first_row, out_rows, touch);
+                                       first_row, out_rows);
           } else {
-            AccumulateSegment(view, begin, end, shard, dim, activations, first_row, out_rows,
-                              touch);
+            AccumulateSegment(view, begin, end, shard, dim, activations, first_row, out_rows);
           }
         }
-      }
-      // The rows no entry reached: zeros.
-      for (int64_t sample = 0; sample < samples_per_sc; ++sample) {
-        if (written[sample]) continue;
-        const int64_t row = out_rows ? out_rows[sample] : first_row + sample;
-        std::memset(activations + row * dim, 0, sizeof(float) * dim);
       }
     }
   });
