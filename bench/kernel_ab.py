@@ -1,0 +1,72 @@
+"""A/B timing of the core kernels of two source trees, in one process (issue 8, item 2).
+
+On the 2-vCPU VMs this project is measured on, two runs of one build differ by 20-30% from one
+minute to the next, which hides any kernel change smaller than that when builds are compared in
+separate runs. This script builds `cc/core` of two trees (for instance a `git worktree` of the base
+commit and the working tree) into two shared libraries with the library's compiler flags
+(setup.py), loads both into one process and alternates their calls on the same synthetic CSR
+(bench/kernel_ab_main.cc): A then B, B then A, and so on. It prints both medians, B/A, and in how
+many rounds B was faster. The forward lookup's outputs of the two builds must be bit-identical.
+
+Usage: python bench/kernel_ab.py --a /path/to/base/tree [--b .] [--kernel forward|adagrad]
+                                 [--calls 300] [--repeats 2]
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# The library's float flags (setup.py): no FMA contraction, sqrt without errno. No -march: the
+# kernels pick their instruction set at run time, as in the built library.
+FLAGS = ["-std=c++17", "-O3", "-ffp-contract=off", "-fno-math-errno", "-fvisibility=hidden"]
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a", required=True, help="source tree of build A (the base)")
+    parser.add_argument("--b", default=ROOT, help="source tree of build B (default: this one)")
+    parser.add_argument("--kernel", choices=["forward", "adagrad"], default="forward")
+    parser.add_argument("--calls", type=int, default=300, help="rounds (one call of each build)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs, each a fresh process")
+    return parser.parse_args()
+
+
+def core_sources(tree):
+    core = os.path.join(tree, "cc", "core")
+    return sorted(os.path.join(core, f) for f in os.listdir(core) if f.endswith(".cc"))
+
+
+def build_library(tree, out):
+    """cc/core of `tree` and this tree's kernel_ab_build.cc, as one shared library."""
+    subprocess.run(["g++", *FLAGS, "-fPIC", "-shared", f"-I{tree}",
+                    os.path.join(HERE, "kernel_ab_build.cc"), *core_sources(tree), "-o", out,
+                    "-lpthread"], check=True)
+
+
+def main():
+    args = parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        libraries = [os.path.join(tmp, "a.so"), os.path.join(tmp, "b.so")]
+        for tree, out in zip([args.a, args.b], libraries):
+            build_library(os.path.abspath(tree), out)
+        runner = os.path.join(tmp, "kernel_ab_main")
+        # The runner validates its synthetic CSR with this tree's core (the libraries keep their
+        # own copies hidden, so each build runs its own code).
+        subprocess.run(["g++", "-std=c++17", "-O2", f"-I{ROOT}",
+                        os.path.join(HERE, "kernel_ab_main.cc"), *core_sources(ROOT), "-o", runner,
+                        "-ldl", "-lpthread"], check=True)
+        print(f"A = {os.path.abspath(args.a)}\nB = {os.path.abspath(args.b)}")
+        for _ in range(args.repeats):
+            result = subprocess.run([runner, *libraries, args.kernel, str(args.calls)],
+                                    capture_output=True, text=True, timeout=1800)
+            sys.stdout.write(result.stdout)
+            if result.returncode != 0:
+                sys.stderr.write(result.stderr)
+                sys.exit(result.returncode)
+
+
+if __name__ == "__main__":
+    main()

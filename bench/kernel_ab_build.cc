@@ -1,0 +1,28 @@
+// One build of the core kernels, behind a C interface, for bench/kernel_ab.py: compiled once from
+// each source tree being compared into its own shared library, so both builds run in one process
+// (see kernel_ab_main.cc). Only the kernels' public entry points are called, with serial
+// ParallelFor, so any two trees with these signatures can be compared.
+#include <array>
+#include <cstdint>
+
+#include "cc/core/csr_view.h"
+#include "cc/core/fused_update.h"
+#include "cc/core/lookup.h"
+
+extern "C" {
+
+__attribute__((visibility("default"))) void KernelAbForward(const sce::CsrView* view,
+                                                            const float* table, int64_t dim,
+                                                            float* activations) {
+  sce::SparseDenseMatmul(*view, table, dim, sce::Quantization(), activations, sce::RunSerially);
+}
+
+__attribute__((visibility("default"))) void KernelAbAdagrad(const sce::CsrView* view,
+                                                            const float* gradients, int64_t dim,
+                                                            float* table, float* accumulator) {
+  const sce::GradientRows grads = sce::GradientRows::InCsrOrder(*view, gradients, dim);
+  sce::FusedUpdate<sce::AdagradOptimizer>(*view, grads, dim, 0.01f, nullptr, sce::Clip(), table,
+                                          {accumulator}, sce::RunSerially);
+}
+
+}  // extern "C"
