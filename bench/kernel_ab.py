@@ -31,7 +31,53 @@ def parse_args():
     parser.add_argument("--kernel", choices=["forward", "adagrad"], default="forward")
     parser.add_argument("--calls", type=int, default=300, help="rounds (one call of each build)")
     parser.add_argument("--repeats", type=int, default=2, help="runs, each a fresh process")
+    parser.add_argument("--workload", choices=["criteo", "synthetic"], default="criteo",
+                        help="criteo: the CSR buffers TPUEmbeddingV2 builds for one batch of the "
+                             "26-table workload (vocabularies capped at 4M), every stacked table; "
+                             "synthetic: one stacked table drawn in C++ (no TensorFlow needed)")
     return parser.parse_args()
+
+
+def dump_criteo_csrs(path, batch=4096, dim=32, cap=4_000_000):
+    """Writes the stacked tables' CSR buffers of one workload batch, as the class builds them, for
+    kernel_ab_main: int64 table count, then per table int64 S, minibatches, input_size,
+    table_rows, dim, row pointer count, id count, and the int32 row pointers, sample ids and token
+    ids and float gains."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    sys.path.insert(0, HERE)
+    sys.path.insert(0, ROOT)
+    from bench_class_overhead import ClassKernelsAlone, class_functions  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding import collectives, sharded_lookup  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.data import CriteoLikeWorkload  # pylint: disable=import-outside-toplevel
+    vocab = [min(v, cap) for v in CriteoLikeWorkload().vocabulary_sizes]
+    data = CriteoLikeWorkload(vocabulary_sizes=vocab).batch(batch)
+    ids = {f"f{i}": tf.RaggedTensor.from_row_splits(x, s)
+           for i, (x, s) in enumerate(zip(data.ids, data.row_splits))}
+    weights = {f"f{i}": tf.RaggedTensor.from_row_splits(x, s)
+               for i, (x, s) in enumerate(zip(data.weights, data.row_splits))}
+    gradients = {f"f{i}": tf.zeros([batch, dim]) for i in range(len(vocab))}
+    embedding = class_functions(vocab, dim, batch, "sum")[0]
+    # The class's feature order is tf.nest's (sorted names), as in bench_kernels.
+    kernels = ClassKernelsAlone(embedding, tf.nest.flatten(ids), tf.nest.flatten(weights),
+                                gradients)
+    layout, view = kernels.layout, collectives.ReplicaView(embedding.replica_group)
+    with open(path, "wb") as out:
+        out.write(np.int64(len(layout.stacked_tables)).tobytes())
+        for name, stacked in layout.stacked_tables.items():
+            csr = sharded_lookup.pack_and_gather(view, layout, stacked, kernels.preprocessed[name],
+                                                 None)[0]
+            arrays = [csr.row_pointers.numpy().astype(np.int32),
+                      csr.sorted_sample_ids.numpy().astype(np.int32),
+                      csr.sorted_token_ids.numpy().astype(np.int32),
+                      csr.sorted_gains.numpy().astype(np.float32)]
+            header = [layout.sparse_cores_per_replica, int(csr.num_minibatches.numpy()),
+                      stacked.sample_count, stacked.total_rows, stacked.padded_width,
+                      arrays[0].size, arrays[1].size]
+            out.write(np.asarray(header, np.int64).tobytes())
+            for array in arrays:
+                out.write(array.tobytes())
 
 
 def core_sources(tree):
@@ -58,9 +104,13 @@ def main():
         subprocess.run(["g++", "-std=c++17", "-O2", f"-I{ROOT}",
                         os.path.join(HERE, "kernel_ab_main.cc"), *core_sources(ROOT), "-o", runner,
                         "-ldl", "-lpthread"], check=True)
+        workload = []
+        if args.workload == "criteo":
+            workload = [os.path.join(tmp, "criteo.csr")]
+            dump_criteo_csrs(workload[0])
         print(f"A = {os.path.abspath(args.a)}\nB = {os.path.abspath(args.b)}")
         for _ in range(args.repeats):
-            result = subprocess.run([runner, *libraries, args.kernel, str(args.calls)],
+            result = subprocess.run([runner, *libraries, args.kernel, str(args.calls), *workload],
                                     capture_output=True, text=True, timeout=1800)
             sys.stdout.write(result.stdout)
             if result.returncode != 0:

@@ -3,12 +3,13 @@
 // calls of two builds alternated in one process see the same machine state, so differences of
 // 2-3% show. Each round calls A then B, or B then A (alternating), on the same inputs.
 //
-// The input is a CSR of one replica (4 SparseCores, 4 shards, one minibatch) with the
-// benchmark workload's sizes: `ids` entries drawn from `distinct` rows (skewed, as Criteo-like
-// ids are) of a `rows`-row table, onto `samples` activation rows. Both builds' forward outputs
-// must be bit-identical (checked every call).
+// The input is a CSR of one replica (4 SparseCores, 4 shards, one minibatch) shaped like one
+// stacked table of the benchmark workload: `features` features of batch 4096 stacked into a
+// `rows`-row table, `ids` entries drawn from `distinct` rows (skewed, as Criteo-like ids are), each
+// feature's ids in its own rows and samples. Both builds' forward outputs must be bit-identical
+// (checked every call).
 //
-// Usage: kernel_ab_main <a.so> <b.so> <forward|adagrad> <calls> [rows distinct ids samples dim]
+// Usage: kernel_ab_main <a.so> <b.so> <forward|adagrad> <calls> [csr file from kernel_ab.py]
 #include <dlfcn.h>
 #include <sys/mman.h>
 
@@ -19,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -44,34 +46,66 @@ void* Symbol(const char* library, const char* name) {
   return symbol;
 }
 
-// A zero-filled buffer on transparent huge pages (as the library asks for large tables).
-std::vector<float> HugeBuffer(size_t floats) {
-  std::vector<float> v(floats);
-  madvise(v.data(), floats * sizeof(float), MADV_HUGEPAGE);
-  return v;
-}
+// A zero-filled buffer on transparent huge pages, as the library asks for large tables (madvise
+// needs a page-aligned start, which std::vector's storage does not have).
+struct HugeBuffer {
+  float* data = nullptr;
+  explicit HugeBuffer(size_t floats) {
+    if (floats == 0) return;
+    constexpr size_t kHugePage = size_t{2} << 20;
+    const size_t bytes = (floats * sizeof(float) + kHugePage - 1) / kHugePage * kHugePage;
+    data = static_cast<float*>(std::aligned_alloc(kHugePage, bytes));
+    if (data == nullptr) {
+      std::fprintf(stderr, "cannot allocate %zu bytes\n", bytes);
+      std::exit(2);
+    }
+    madvise(data, bytes, MADV_HUGEPAGE);  // best effort
+    std::memset(data, 0, bytes);
+  }
+  ~HugeBuffer() { std::free(data); }
+  HugeBuffer(const HugeBuffer&) = delete;
+  HugeBuffer& operator=(const HugeBuffer&) = delete;
+};
 
 struct Csr {
   std::vector<int32_t> row_pointers, samples, tokens;
   std::vector<float> gains;
   sce::CsrView view;
+  int64_t dim = 32;
 };
 
-Csr MakeCsr(int64_t rows, int64_t distinct, int64_t ids, int64_t samples, uint64_t seed) {
+Csr MakeCsr(int64_t rows, int64_t distinct, int64_t ids, int64_t samples, int64_t features,
+            uint64_t seed) {
   constexpr int64_t kSparseCores = 4, kBlock = 8;  // block: shards rounded up to 8
   const int64_t rows_per_shard = rows / kSparseCores, samples_per_sc = samples / kSparseCores;
+  const int64_t rows_per_feature = rows_per_shard * kSparseCores / features;
+  const int64_t distinct_per_feature = std::max<int64_t>(1, distinct / features);
+  const int64_t samples_per_feature = samples_per_sc / features;
   std::mt19937_64 rng(seed);
-  std::vector<int64_t> hot(distinct);
-  for (int64_t& h : hot) h = static_cast<int64_t>(rng() % (rows_per_shard * kSparseCores));
-  std::exponential_distribution<double> skew(8.0 / static_cast<double>(distinct));
+  // As in a stacked table: feature f owns a contiguous range of the stacked rows and of each
+  // SparseCore's samples; row r lives in shard r % 4 at token r / 4.
+  std::vector<int64_t> hot(distinct_per_feature * features);
+  for (int64_t f = 0; f < features; ++f) {
+    for (int64_t k = 0; k < distinct_per_feature; ++k) {
+      hot[f * distinct_per_feature + k] =
+          f * rows_per_feature + static_cast<int64_t>(rng() % rows_per_feature);
+    }
+  }
+  std::exponential_distribution<double> skew(8.0 / static_cast<double>(distinct_per_feature));
   Csr csr;
   for (int64_t s = 0; s < kSparseCores; ++s) {
     // (shard, token, sample) of this SparseCore's ids, sorted by shard then token.
-    std::vector<std::array<int32_t, 3>> entries(ids / kSparseCores);
-    for (auto& e : entries) {
-      const int64_t row = hot[std::min<int64_t>(distinct - 1, static_cast<int64_t>(skew(rng)))];
-      e = {static_cast<int32_t>(row / rows_per_shard), static_cast<int32_t>(row % rows_per_shard),
-           static_cast<int32_t>(rng() % samples_per_sc)};
+    std::vector<std::array<int32_t, 3>> entries;
+    for (int64_t f = 0; f < features; ++f) {
+      for (int64_t k = 0; k < ids / (kSparseCores * features); ++k) {
+        const int64_t pick = std::min<int64_t>(distinct_per_feature - 1,
+                                               static_cast<int64_t>(skew(rng)));
+        const int64_t row = hot[f * distinct_per_feature + pick];
+        entries.push_back({static_cast<int32_t>(row % kSparseCores),
+                           static_cast<int32_t>(row / kSparseCores),
+                           static_cast<int32_t>(f * samples_per_feature +
+                                                static_cast<int64_t>(rng() % samples_per_feature))});
+      }
     }
     std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
       return a[0] != b[0] ? a[0] < b[0] : a[1] < b[1];
@@ -110,39 +144,100 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Reads the stacked tables' CSR buffers written by kernel_ab.py (dump_criteo_csrs).
+std::vector<Csr> ReadCsrs(const char* path) {
+  FILE* file = std::fopen(path, "rb");
+  if (file == nullptr) {
+    std::fprintf(stderr, "cannot open %s\n", path);
+    std::exit(2);
+  }
+  auto read = [file, path](void* to, size_t bytes) {
+    if (std::fread(to, 1, bytes, file) != bytes) {
+      std::fprintf(stderr, "%s: truncated\n", path);
+      std::exit(2);
+    }
+  };
+  int64_t tables = 0;
+  read(&tables, sizeof(tables));
+  std::vector<Csr> csrs(tables);
+  for (Csr& csr : csrs) {
+    int64_t h[7];  // S, minibatches, input_size, table_rows, dim, row pointers, ids
+    read(h, sizeof(h));
+    csr.row_pointers.resize(h[5]);
+    csr.samples.resize(h[6]);
+    csr.tokens.resize(h[6]);
+    csr.gains.resize(h[6]);
+    read(csr.row_pointers.data(), h[5] * sizeof(int32_t));
+    read(csr.samples.data(), h[6] * sizeof(int32_t));
+    read(csr.tokens.data(), h[6] * sizeof(int32_t));
+    read(csr.gains.data(), h[6] * sizeof(float));
+    sce::CsrView& v = csr.view;
+    v.row_pointers = csr.row_pointers.data();
+    v.num_row_pointers = h[5];
+    v.sample_ids = csr.samples.data();
+    v.token_ids = csr.tokens.data();
+    v.gains = csr.gains.data();
+    v.num_sample_ids = v.num_token_ids = v.num_gains = h[6];
+    v.num_sc_per_device = h[0];
+    v.num_minibatches = h[1];
+    v.input_size = h[2];
+    v.table_rows = h[3];
+    v.table_name = "criteo";
+    csr.dim = h[4];
+  }
+  std::fclose(file);
+  return csrs;
+}
+
+// One stacked table's buffers: its table (and Adagrad accumulator), gradients and both builds'
+// activations.
+struct TableState {
+  HugeBuffer table, accumulator;
+  std::vector<float> gradients, activations[2];
+  TableState(const Csr& csr, bool forward, std::mt19937* rng)
+      : table(csr.view.table_rows * csr.dim),
+        accumulator(forward ? 0 : csr.view.table_rows * csr.dim) {
+    std::uniform_real_distribution<float> uniform(-0.05f, 0.05f);
+    const int64_t floats = csr.view.table_rows * csr.dim;
+    for (int64_t i = 0; i < floats; ++i) table.data[i] = uniform(*rng);
+    if (forward) {
+      activations[0].assign(csr.view.input_size * csr.dim, 0.0f);
+      activations[1].assign(csr.view.input_size * csr.dim, 0.0f);
+    } else {
+      std::fill(accumulator.data, accumulator.data + floats, 0.1f);
+      gradients.resize(csr.view.input_size * csr.dim);
+      for (float& g : gradients) g = uniform(*rng);
+    }
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s a.so b.so forward|adagrad calls [rows distinct ids samples dim]\n",
-                 argv[0]);
+    std::fprintf(stderr, "usage: %s a.so b.so forward|adagrad calls [csr file]\n", argv[0]);
     return 2;
   }
   const bool forward = std::strcmp(argv[3], "forward") == 0;
   const int calls = std::atoi(argv[4]);
-  auto arg = [&](int i, int64_t fallback) { return argc > i ? std::atoll(argv[i]) : fallback; };
-  // Defaults: the 26-table workload at vocabulary cap 4M (bench_kernels prints these sizes).
-  const int64_t rows = arg(5, 18771904), distinct = arg(6, 59646), ids = arg(7, 319886),
-                samples = arg(8, 4096 * 26), dim = arg(9, 32);
-  const Csr csr = MakeCsr(rows, distinct, ids, samples, 1);
-  if (const sce::Status status = sce::ValidateCsrView(csr.view); !status.ok()) {
-    std::fprintf(stderr, "bad CSR: %s\n", status.message().c_str());
-    return 2;
-  }
-  const int64_t table_floats = csr.view.table_rows * dim;
-  std::vector<float> table = HugeBuffer(table_floats);
-  std::mt19937 rng(2);
-  std::uniform_real_distribution<float> uniform(-0.05f, 0.05f);
-  for (float& w : table) w = uniform(rng);
-  std::vector<float> accumulator, gradients, activations[2];
-  if (forward) {
-    activations[0].assign(csr.view.input_size * dim, 0.0f);
-    activations[1].assign(csr.view.input_size * dim, 0.0f);
+  std::vector<Csr> csrs;
+  if (argc > 5) {
+    csrs = ReadCsrs(argv[5]);
   } else {
-    accumulator = HugeBuffer(table_floats);
-    std::fill(accumulator.begin(), accumulator.end(), 0.1f);
-    gradients.resize(csr.view.input_size * dim);
-    for (float& g : gradients) g = uniform(rng);
+    // The sizes of the 26-table workload at vocabulary cap 4M (bench_kernels prints them).
+    csrs.push_back(MakeCsr(18771904, 59646, 319886, 4096 * 26, 26, 1));
+  }
+  int64_t ids = 0, rows = 0;
+  std::vector<std::unique_ptr<TableState>> states;
+  std::mt19937 rng(2);
+  for (const Csr& csr : csrs) {
+    if (const sce::Status status = sce::ValidateCsrView(csr.view); !status.ok()) {
+      std::fprintf(stderr, "bad CSR: %s\n", status.message().c_str());
+      return 2;
+    }
+    ids += csr.view.num_token_ids;
+    rows += csr.view.table_rows;
+    states.push_back(std::make_unique<TableState>(csr, forward, &rng));
   }
   void* fns[2];
   for (int k = 0; k < 2; ++k) {
@@ -156,19 +251,25 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 2; ++i) {
       const int k = (c % 2 == 0) ? i : 1 - i;
       const auto start = std::chrono::steady_clock::now();
-      if (forward) {
-        reinterpret_cast<Forward>(fns[k])(&csr.view, table.data(), dim, activations[k].data());
-      } else {
-        reinterpret_cast<Adagrad>(fns[k])(&csr.view, gradients.data(), dim, table.data(),
-                                          accumulator.data());
+      for (size_t n = 0; n < csrs.size(); ++n) {
+        TableState& st = *states[n];
+        if (forward) {
+          reinterpret_cast<Forward>(fns[k])(&csrs[n].view, st.table.data, csrs[n].dim,
+                                            st.activations[k].data());
+        } else {
+          reinterpret_cast<Adagrad>(fns[k])(&csrs[n].view, st.gradients.data(), csrs[n].dim,
+                                            st.table.data, st.accumulator.data);
+        }
       }
       t[k] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
                  .count();
     }
-    if (forward && std::memcmp(activations[0].data(), activations[1].data(),
-                               activations[0].size() * sizeof(float)) != 0) {
-      std::fprintf(stderr, "the two builds' activations differ\n");
-      return 1;
+    for (const auto& st : states) {
+      if (forward && std::memcmp(st->activations[0].data(), st->activations[1].data(),
+                                 st->activations[0].size() * sizeof(float)) != 0) {
+        std::fprintf(stderr, "the two builds' activations differ\n");
+        return 1;
+      }
     }
     if (c < kWarmUp) continue;
     ms[0].push_back(t[0]);
@@ -176,9 +277,10 @@ int main(int argc, char** argv) {
     b_faster += t[1] < t[0];
   }
   const double a = Median(ms[0]), b = Median(ms[1]);
-  std::printf("%s, %lld ids, %lld rows, dim %lld, %d rounds: A %.3f ms, B %.3f ms (medians), "
-              "B/A %.3f, B faster in %d of %d rounds\n",
-              argv[3], static_cast<long long>(ids), static_cast<long long>(rows),
-              static_cast<long long>(dim), calls, a, b, b / a, b_faster, calls);
+  std::printf("%s, %s workload, %zu tables, %lld entries (with padding), %lld rows, %d rounds: "
+              "A %.3f ms, B %.3f ms (medians), B/A %.3f, B faster in %d of %d rounds\n",
+              argv[3], argc > 5 ? "criteo" : "synthetic", csrs.size(),
+              static_cast<long long>(ids), static_cast<long long>(rows), calls, a, b, b / a,
+              b_faster, calls);
   return 0;
 }
