@@ -204,8 +204,9 @@ struct RuntimeRowSum {
 // concatenation, so the result is bit-identical to the fallback below. Nothing is copied.
 // kDim > 0 fixes the row width at compile time (it must equal `runtime_dim`): the sum is then
 // held in vector registers (RowSum) and the row loops have no remainder. Measured against a float
-// array on the stack, which GCC 12 loaded and stored for every contribution: 3.5-4% less time
-// for the fused Adagrad update (bench/kernel_ab.py, BENCHMARKS.md, eighth round).
+// array on the stack, which GCC 12 loaded and stored for every contribution: about 2% less time
+// for the fused Adagrad update on the benchmark workload (bench/kernel_ab.py, BENCHMARKS.md,
+// eighth round).
 template <typename Optimizer, bool kSkipNonFinite, int64_t kDim>
 __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
     const CsrView& view, ContributionRun* runs, size_t ways, int64_t shard_row,
