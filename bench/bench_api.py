@@ -43,6 +43,7 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tf_sc_embedding as sce  # noqa: E402
+from common import ragged_features  # noqa: E402
 from tf_sc_embedding.data import CriteoLikeWorkload  # noqa: E402
 from tf_sc_embedding.data.criteo_like import CRITEO_LIKE_VOCABULARY_SIZES  # noqa: E402
 
@@ -76,10 +77,7 @@ def batch_pool(vocab, batch, count, seed=0):
     pool = []
     for index in range(count):
         b = workload.batch(batch, index=index)
-        ids = {f"f{i}": tf.RaggedTensor.from_row_splits(v, s)
-               for i, (v, s) in enumerate(zip(b.ids, b.row_splits))}
-        weights = {f"f{i}": tf.RaggedTensor.from_row_splits(w, s)
-                   for i, (w, s) in enumerate(zip(b.weights, b.row_splits))}
+        ids, weights = ragged_features(b)
         labels = tf.constant((rng.random(batch) < 0.3).astype(np.float32))
         pool.append((ids, weights, labels))
     return pool

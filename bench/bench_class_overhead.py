@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tf_sc_embedding as sce  # noqa: E402
 from bench_ops import LEARNING_RATE, OurPipeline  # noqa: E402
+from common import ragged_features  # noqa: E402
 from tf_sc_embedding import ops  # noqa: E402
 from tf_sc_embedding.data import CriteoLikeWorkload  # noqa: E402
 
@@ -202,10 +203,7 @@ def main():
     vocab = [min(v, args.vocabulary_cap) for v in CriteoLikeWorkload().vocabulary_sizes]
     batch = CriteoLikeWorkload(vocabulary_sizes=vocab).batch(args.batch)
     n = len(vocab)
-    ids = {f"f{i}": tf.RaggedTensor.from_row_splits(x, s)
-           for i, (x, s) in enumerate(zip(batch.ids, batch.row_splits))}
-    weights = {f"f{i}": tf.RaggedTensor.from_row_splits(x, s)
-               for i, (x, s) in enumerate(zip(batch.weights, batch.row_splits))}
+    ids, weights = ragged_features(batch)
     upstream = [tf.random.stateless_normal([args.batch, args.dim], seed=[7, i]) for i in range(n)]
     gradients = {f"f{i}": upstream[i] for i in range(n)}
     print(f"workload: {n} tables, {sum(vocab):,} rows (cap {args.vocabulary_cap:,}), dim "

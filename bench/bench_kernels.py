@@ -44,6 +44,7 @@ def measure(args):
     tf.config.threading.set_inter_op_parallelism_threads(args.child)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_class_overhead import ClassKernelsAlone, class_functions  # pylint: disable=import-outside-toplevel
+    from common import ragged_features  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding import collectives, fused_update, sharded_lookup  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding import enqueue as enqueue_lib  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding.data import CriteoLikeWorkload  # pylint: disable=import-outside-toplevel
@@ -51,10 +52,7 @@ def measure(args):
 
     vocab = [min(v, args.vocabulary_cap) for v in CriteoLikeWorkload().vocabulary_sizes]
     batch = CriteoLikeWorkload(vocabulary_sizes=vocab).batch(args.batch)
-    ids = {f"f{i}": tf.RaggedTensor.from_row_splits(x, s)
-           for i, (x, s) in enumerate(zip(batch.ids, batch.row_splits))}
-    weights = {f"f{i}": tf.RaggedTensor.from_row_splits(x, s)
-               for i, (x, s) in enumerate(zip(batch.weights, batch.row_splits))}
+    ids, weights = ragged_features(batch)
     gradients = {f"f{i}": tf.random.stateless_normal([args.batch, args.dim], seed=[7, i])
                  for i in range(len(vocab))}
     num_ids = sum(len(x) for x in batch.ids)

@@ -64,14 +64,12 @@ def child(cap, phase, calls, batch_size):
     import tensorflow as tf  # noqa: PLC0415
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_class_overhead import class_functions  # noqa: PLC0415
+    from common import ragged_features  # noqa: PLC0415
     from tf_sc_embedding.data import CriteoLikeWorkload  # noqa: PLC0415
 
     vocab = [min(v, cap) for v in CriteoLikeWorkload().vocabulary_sizes]
     batch = CriteoLikeWorkload(vocabulary_sizes=vocab).batch(batch_size)
-    ids = {f"f{i}": tf.RaggedTensor.from_row_splits(x, s)
-           for i, (x, s) in enumerate(zip(batch.ids, batch.row_splits))}
-    weights = {f"f{i}": tf.RaggedTensor.from_row_splits(x, s)
-               for i, (x, s) in enumerate(zip(batch.weights, batch.row_splits))}
+    ids, weights = ragged_features(batch)
     gradients = {f"f{i}": tf.random.stateless_normal([batch_size, 32], seed=[7, i])
                  for i in range(len(vocab))}
     embedding, enqueue, lookup, step = class_functions(vocab, 32, batch_size, "sum")

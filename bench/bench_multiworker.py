@@ -59,6 +59,7 @@ def worker(args):
     import tf_sc_embedding as sce  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding.data import CriteoLikeWorkload  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding.data.criteo_like import CRITEO_LIKE_VOCABULARY_SIZES  # pylint: disable=import-outside-toplevel
+    from common import ragged_features  # pylint: disable=import-outside-toplevel
 
     E = tf.tpu.experimental.embedding
     workers = len(ports)
@@ -81,10 +82,7 @@ def worker(args):
     batches = []
     for step in range(total):
         b = workload.batch(args.batch, step * workers + args.index)
-        ids = {f"f{i}": tf.RaggedTensor.from_row_splits(x, s)
-               for i, (x, s) in enumerate(zip(b.ids, b.row_splits))}
-        weights = {f"f{i}": tf.RaggedTensor.from_row_splits(w, s)
-                   for i, (w, s) in enumerate(zip(b.weights, b.row_splits))}
+        ids, weights = ragged_features(b)
         batches.append((ids, weights))
 
     @tf.function

@@ -23,3 +23,14 @@ def report(rows, title):
     for name, ms, ratio in rows:
         ratio_text = "" if ratio is None else f"{ratio:.1f}x"
         print(f"| {name} | {ms:.1f} | {ratio_text} |")
+
+
+def ragged_features(batch):
+    """A CriteoLikeWorkload batch as the class takes it: ({"f<i>": ragged ids},
+    {"f<i>": ragged weights}), feature i being the workload's table i."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    ids = {f"f{i}": tf.RaggedTensor.from_row_splits(x, s)
+           for i, (x, s) in enumerate(zip(batch.ids, batch.row_splits))}
+    weights = {f"f{i}": tf.RaggedTensor.from_row_splits(w, s)
+               for i, (w, s) in enumerate(zip(batch.weights, batch.row_splits))}
+    return ids, weights

@@ -49,14 +49,12 @@ def dump_criteo_csrs(path, batch=4096, dim=32, cap=4_000_000):
     sys.path.insert(0, HERE)
     sys.path.insert(0, ROOT)
     from bench_class_overhead import ClassKernelsAlone, class_functions  # pylint: disable=import-outside-toplevel
+    from common import ragged_features  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding import collectives, sharded_lookup  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding.data import CriteoLikeWorkload  # pylint: disable=import-outside-toplevel
     vocab = [min(v, cap) for v in CriteoLikeWorkload().vocabulary_sizes]
     data = CriteoLikeWorkload(vocabulary_sizes=vocab).batch(batch)
-    ids = {f"f{i}": tf.RaggedTensor.from_row_splits(x, s)
-           for i, (x, s) in enumerate(zip(data.ids, data.row_splits))}
-    weights = {f"f{i}": tf.RaggedTensor.from_row_splits(x, s)
-               for i, (x, s) in enumerate(zip(data.weights, data.row_splits))}
+    ids, weights = ragged_features(data)
     gradients = {f"f{i}": tf.zeros([batch, dim]) for i in range(len(vocab))}
     embedding = class_functions(vocab, dim, batch, "sum")[0]
     # The class's feature order is tf.nest's (sorted names), as in bench_kernels.

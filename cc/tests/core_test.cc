@@ -1945,6 +1945,13 @@ void TestStackedMinibatchSplits() {
   CheckSameSplits(after, two_step);
 }
 
+// A table of `floats` distinct values that depend on `seed`.
+FloatVec CosineTable(int64_t floats, uint32_t seed) {
+  FloatVec table(floats);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.3f * i + seed);
+  return table;
+}
+
 void TestLookupOverwritesActivations() {
   g_test = "lookup: every activation row is overwritten; rows without entries are +0";
   int64_t rows_with_entries = 0, all_rows = 0;
@@ -1952,9 +1959,8 @@ void TestLookupOverwritesActivations() {
     for (uint32_t seed = 0; seed < 5; ++seed) {
       RandomCsr csr(seed, G, 4, 2, 9, 7);
       CHECK_OK(sce::ValidateCsrView(csr.view));
-      const int64_t dim = 5, rows = csr.view.table_rows;
-      FloatVec table(rows * dim);
-      for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.3f * i + seed);
+      const int64_t dim = 5;
+      FloatVec table = CosineTable(csr.view.table_rows * dim, seed);
       // Row 0 holds negative zeros: 0 + gain * (-0) is +0, as when the block starts zero-filled.
       std::fill(table.begin(), table.begin() + dim, -0.0f);
       // The reference: zeros, then every entry added in buffer order.
@@ -2007,9 +2013,8 @@ void TestFeatureMajorActivations() {
     for (uint32_t seed = 0; seed < 5; ++seed) {
       RandomCsr csr(seed, G, 4, 2, 9, 7);
       CHECK_OK(sce::ValidateCsrView(csr.view));
-      const int64_t dim = 5, rows = csr.view.table_rows;
-      FloatVec table(rows * dim);
-      for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.3f * i + seed);
+      const int64_t dim = 5;
+      FloatVec table = CosineTable(csr.view.table_rows * dim, seed);
       const sce::FeatureRowsPerSc features = {3, 0, 4};
       CHECK_OK(sce::ValidateFeatureRows(features, csr.view));
       FloatVec sc_major(csr.view.input_size * dim, -1.0f), feature_major(sc_major.size(), -1.0f);
