@@ -130,37 +130,6 @@ __attribute__((always_inline)) inline void PrefetchTableRow(
   for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) PrefetchRow(slots[k] + offset, row_bytes);
 }
 
-// Adds one contribution (gradient row `gradient` of activation row `activation`) to a row's sum;
-// with kSkipNonFinite, a flagged activation row or a non-finite gain marks the row skipped
-// instead.
-template <bool kSkipNonFinite>
-__attribute__((always_inline)) inline void AddContribution(const float* gradient, int64_t dim,
-                                                           int64_t activation, float gain,
-                                                           const uint8_t* bad_activation_rows,
-                                                           float* sum, bool* skip) {
-  if (kSkipNonFinite) {
-    if (*skip || bad_activation_rows[activation] || !std::isfinite(gain)) {
-      *skip = true;
-      return;
-    }
-  }
-  AccumulateScaled(sum, gradient, gain, dim);
-}
-
-// Applies the optimizer to table row `row` with its summed gradient; returns 1 if it was skipped.
-template <typename Optimizer, bool kSkipNonFinite>
-__attribute__((always_inline)) inline int64_t FinishRow(
-    int64_t row, const float* sum, bool skip, int64_t dim, float learning_rate,
-    const float* hypers, const Clip& clip, float* table,
-    const std::array<float*, Optimizer::kSlots.size()>& slots) {
-  if (kSkipNonFinite && skip) return 1;
-  float* slot_rows[Optimizer::kSlots.size() + 1];
-  const int64_t offset = row * dim;
-  for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) slot_rows[k] = slots[k] + offset;
-  Optimizer::Apply(hypers, learning_rate, sum, table + offset, slot_rows, dim, clip);
-  return 0;
-}
-
 // A row's gradient sum while its contributions are added. With the width fixed at compile time
 // (kDim > 0, a multiple of 16) the sum is kDim / 16 vectors of 16 floats, which the compiler keeps
 // in registers (zmm with AVX-512, two ymm or four xmm otherwise); GCC does not do that for a
@@ -197,6 +166,37 @@ struct RuntimeRowSum {
   }
   __attribute__((always_inline)) const float* Floats(float*) { return sum; }
 };
+
+// Adds one contribution (gradient row `gradient` of activation row `activation`) to a row's sum
+// (a RowSum or RuntimeRowSum); with kSkipNonFinite, a flagged activation row or a non-finite gain
+// marks the row skipped instead.
+template <bool kSkipNonFinite, typename Sum>
+__attribute__((always_inline)) inline void AddContribution(const float* gradient, int64_t dim,
+                                                           int64_t activation, float gain,
+                                                           const uint8_t* bad_activation_rows,
+                                                           Sum* sum, bool* skip) {
+  if (kSkipNonFinite) {
+    if (*skip || bad_activation_rows[activation] || !std::isfinite(gain)) {
+      *skip = true;
+      return;
+    }
+  }
+  sum->Add(gradient, gain, dim);
+}
+
+// Applies the optimizer to table row `row` with its summed gradient; returns 1 if it was skipped.
+template <typename Optimizer, bool kSkipNonFinite>
+__attribute__((always_inline)) inline int64_t FinishRow(
+    int64_t row, const float* sum, bool skip, int64_t dim, float learning_rate,
+    const float* hypers, const Clip& clip, float* table,
+    const std::array<float*, Optimizer::kSlots.size()>& slots) {
+  if (kSkipNonFinite && skip) return 1;
+  float* slot_rows[Optimizer::kSlots.size() + 1];
+  const int64_t offset = row * dim;
+  for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) slot_rows[k] = slots[k] + offset;
+  Optimizer::Apply(hypers, learning_rate, sum, table + offset, slot_rows, dim, clip);
+  return 0;
+}
 
 // The update of one shard whose contributions are sorted runs (FindSortedRuns): a k-way merge
 // done while reading. The smallest head token is the next row; its contributions are summed run
@@ -251,13 +251,9 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
           }
         }
         const int32_t sample = view.sample_ids[i];
-        const float gain = view.gains[i];
-        if (kSkipNonFinite && (skip || bad_activation_rows[run.source_sc * samples_per_sc + sample] ||
-                               !std::isfinite(gain))) {
-          skip = true;
-        } else {
-          sum.Add(grads.Row(origins, sample), gain, dim);
-        }
+        AddContribution<kSkipNonFinite>(grads.Row(origins, sample), dim,
+                                        run.source_sc * samples_per_sc + sample, view.gains[i],
+                                        bad_activation_rows, &sum, &skip);
         ++run.next;
         SkipPadding(view, &run);
       }
@@ -290,7 +286,8 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions
   int64_t skipped = 0;
   for (size_t i = 0; i < n;) {
     const int32_t token = entries[i].token;
-    std::fill(sum, sum + dim, 0.0f);
+    RuntimeRowSum row_sum{sum};
+    row_sum.Zero(dim);
     bool skip = false;
     for (; i < n && entries[i].token == token; ++i) {
       if (i + kGradientPrefetchDistance < n) {
@@ -305,7 +302,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions
       }
       AddContribution<kSkipNonFinite>(ContributionGradient(grads, samples_per_sc, entries[i]),
                                       dim, entries[i].activation, entries[i].gain,
-                                      bad_activation_rows, sum, &skip);
+                                      bad_activation_rows, &row_sum, &skip);
     }
     skipped += FinishRow<Optimizer, kSkipNonFinite>(shard_row + token, sum, skip, dim,
                                                     learning_rate, hypers, clip, table, slots);
