@@ -1945,102 +1945,102 @@ void TestStackedMinibatchSplits() {
   CheckSameSplits(after, two_step);
 }
 
-// A table of `floats` distinct values that depend on `seed`.
-FloatVec CosineTable(int64_t floats, uint32_t seed) {
-  FloatVec table(floats);
-  for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.3f * i + seed);
-  return table;
+// The lookup tests' cases: for 1 and 2 source replicas (G) and five seeds, a validated random CSR
+// (4 SparseCores, 2 minibatches, 9 rows per shard, 7 samples per SparseCore) and a table of width
+// kLookupTestDim whose values depend on the seed; fn(csr, table, G) checks one case.
+constexpr int64_t kLookupTestDim = 5;
+template <typename Fn>
+void ForEachLookupCase(Fn fn) {
+  for (int64_t G : {1, 2}) {
+    for (uint32_t seed = 0; seed < 5; ++seed) {
+      RandomCsr csr(seed, G, 4, 2, 9, 7);
+      CHECK_OK(sce::ValidateCsrView(csr.view));
+      FloatVec table(csr.view.table_rows * kLookupTestDim);
+      for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.3f * i + seed);
+      fn(csr, table, G);
+    }
+  }
 }
 
 void TestLookupOverwritesActivations() {
   g_test = "lookup: every activation row is overwritten; rows without entries are +0";
   int64_t rows_with_entries = 0, all_rows = 0;
-  for (int64_t G : {1, 2}) {
-    for (uint32_t seed = 0; seed < 5; ++seed) {
-      RandomCsr csr(seed, G, 4, 2, 9, 7);
-      CHECK_OK(sce::ValidateCsrView(csr.view));
-      const int64_t dim = 5;
-      FloatVec table = CosineTable(csr.view.table_rows * dim, seed);
-      // Row 0 holds negative zeros: 0 + gain * (-0) is +0, as when the block starts zero-filled.
-      std::fill(table.begin(), table.begin() + dim, -0.0f);
-      // The reference: zeros, then every entry added in buffer order.
-      FloatVec expected(csr.view.input_size * dim, 0.0f);
-      std::vector<bool> reached(csr.view.input_size, false);
-      const int64_t samples_per_sc = csr.view.samples_per_sc();
-      for (int64_t sc = 0; sc < csr.view.num_source_sparse_cores(); ++sc) {
-        for (int64_t b = 0; b < csr.view.num_minibatches; ++b) {
-          for (int64_t p = 0; p < csr.view.num_shards(); ++p) {
-            int64_t begin, end;
-            csr.view.Segment(sc, b, p, &begin, &end);
-            for (int64_t i = begin; i < end; ++i) {
-              if (csr.tokens[i] == sce::kPad || csr.samples[i] == sce::kPad) continue;
-              const float* row = &table[(p * csr.view.rows_per_shard() + csr.tokens[i]) * dim];
-              float* out = &expected[(sc * samples_per_sc + csr.samples[i]) * dim];
-              for (int64_t j = 0; j < dim; ++j) out[j] += csr.gains[i] * row[j];
-              reached[sc * samples_per_sc + csr.samples[i]] = true;
-            }
+  ForEachLookupCase([&](const RandomCsr& csr, FloatVec& table, int64_t /*G*/) {
+    const int64_t dim = kLookupTestDim;
+    // Row 0 holds negative zeros: 0 + gain * (-0) is +0, as when the block starts zero-filled.
+    std::fill(table.begin(), table.begin() + dim, -0.0f);
+    // The reference: zeros, then every entry added in buffer order.
+    FloatVec expected(csr.view.input_size * dim, 0.0f);
+    std::vector<bool> reached(csr.view.input_size, false);
+    const int64_t samples_per_sc = csr.view.samples_per_sc();
+    for (int64_t sc = 0; sc < csr.view.num_source_sparse_cores(); ++sc) {
+      for (int64_t b = 0; b < csr.view.num_minibatches; ++b) {
+        for (int64_t p = 0; p < csr.view.num_shards(); ++p) {
+          int64_t begin, end;
+          csr.view.Segment(sc, b, p, &begin, &end);
+          for (int64_t i = begin; i < end; ++i) {
+            if (csr.tokens[i] == sce::kPad || csr.samples[i] == sce::kPad) continue;
+            const float* row = &table[(p * csr.view.rows_per_shard() + csr.tokens[i]) * dim];
+            float* out = &expected[(sc * samples_per_sc + csr.samples[i]) * dim];
+            for (int64_t j = 0; j < dim; ++j) out[j] += csr.gains[i] * row[j];
+            reached[sc * samples_per_sc + csr.samples[i]] = true;
           }
         }
       }
-      rows_with_entries += std::count(reached.begin(), reached.end(), true);
-      all_rows += csr.view.input_size;
-      const sce::FeatureRowsPerSc features = {3, 0, 4};
-      sce::Quantization q;
-      q.low = -0.5f;
-      q.high = 0.5f;
-      q.num_buckets = 5;
-      for (const sce::Quantization& quantization : {sce::Quantization(), q}) {
-        for (const sce::FeatureRowsPerSc& order : {sce::FeatureRowsPerSc(), features}) {
-          // Stale contents (NaN) and a zero-filled buffer give the same bits.
-          FloatVec stale(expected.size(), std::nanf("")), zeroed(expected.size(), 0.0f);
-          sce::SparseDenseMatmul(csr.view, table.data(), dim, quantization, stale.data(),
-                                 sce::RunSerially, order);
-          sce::SparseDenseMatmul(csr.view, table.data(), dim, quantization, zeroed.data(),
-                                 sce::RunSerially, order);
-          CHECK(std::memcmp(stale.data(), zeroed.data(), stale.size() * sizeof(float)) == 0);
-          if (quantization.enabled() || !order.empty()) continue;
-          CHECK(std::memcmp(stale.data(), expected.data(), stale.size() * sizeof(float)) == 0);
-        }
+    }
+    rows_with_entries += std::count(reached.begin(), reached.end(), true);
+    all_rows += csr.view.input_size;
+    const sce::FeatureRowsPerSc features = {3, 0, 4};
+    sce::Quantization q;
+    q.low = -0.5f;
+    q.high = 0.5f;
+    q.num_buckets = 5;
+    for (const sce::Quantization& quantization : {sce::Quantization(), q}) {
+      for (const sce::FeatureRowsPerSc& order : {sce::FeatureRowsPerSc(), features}) {
+        // Stale contents (NaN) and a zero-filled buffer give the same bits.
+        FloatVec stale(expected.size(), std::nanf("")), zeroed(expected.size(), 0.0f);
+        sce::SparseDenseMatmul(csr.view, table.data(), dim, quantization, stale.data(),
+                               sce::RunSerially, order);
+        sce::SparseDenseMatmul(csr.view, table.data(), dim, quantization, zeroed.data(),
+                               sce::RunSerially, order);
+        CHECK(std::memcmp(stale.data(), zeroed.data(), stale.size() * sizeof(float)) == 0);
+        if (quantization.enabled() || !order.empty()) continue;
+        CHECK(std::memcmp(stale.data(), expected.data(), stale.size() * sizeof(float)) == 0);
       }
     }
-  }
+  });
   CHECK(0 < rows_with_entries && rows_with_entries < all_rows);  // both kinds of rows occur
 }
 
 void TestFeatureMajorActivations() {
   g_test = "lookup: feature-major activations are the SparseCore-major ones, rows permuted";
-  for (int64_t G : {1, 2}) {
-    for (uint32_t seed = 0; seed < 5; ++seed) {
-      RandomCsr csr(seed, G, 4, 2, 9, 7);
-      CHECK_OK(sce::ValidateCsrView(csr.view));
-      const int64_t dim = 5;
-      FloatVec table = CosineTable(csr.view.table_rows * dim, seed);
-      const sce::FeatureRowsPerSc features = {3, 0, 4};
-      CHECK_OK(sce::ValidateFeatureRows(features, csr.view));
-      FloatVec sc_major(csr.view.input_size * dim, -1.0f), feature_major(sc_major.size(), -1.0f);
-      sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(), sc_major.data(),
-                             sce::RunSerially);
-      sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(),
-                             feature_major.data(), sce::RunSerially, features);
-      // Source SparseCore sc = g * 4 + s, sample j of feature f (local = offset_f + j) lands at
-      // g * 28 + 4 * offset_f + s * rows_f + j.
-      bool same = true;
-      for (int64_t sc = 0; sc < G * 4; ++sc) {
-        const int64_t g = sc / 4, s = sc % 4;
-        int64_t offset = 0;
-        for (int64_t rows_f : features) {
-          for (int64_t j = 0; j < rows_f; ++j) {
-            const int64_t from = sc * 7 + offset + j;
-            const int64_t to = g * 28 + 4 * offset + s * rows_f + j;
-            same = same && std::memcmp(&sc_major[from * dim], &feature_major[to * dim],
-                                       dim * sizeof(float)) == 0;
-          }
-          offset += rows_f;
+  ForEachLookupCase([](const RandomCsr& csr, const FloatVec& table, int64_t G) {
+    const int64_t dim = kLookupTestDim;
+    const sce::FeatureRowsPerSc features = {3, 0, 4};
+    CHECK_OK(sce::ValidateFeatureRows(features, csr.view));
+    FloatVec sc_major(csr.view.input_size * dim, -1.0f), feature_major(sc_major.size(), -1.0f);
+    sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(), sc_major.data(),
+                           sce::RunSerially);
+    sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(),
+                           feature_major.data(), sce::RunSerially, features);
+    // Source SparseCore sc = g * 4 + s, sample j of feature f (local = offset_f + j) lands at
+    // g * 28 + 4 * offset_f + s * rows_f + j.
+    bool same = true;
+    for (int64_t sc = 0; sc < G * 4; ++sc) {
+      const int64_t g = sc / 4, s = sc % 4;
+      int64_t offset = 0;
+      for (int64_t rows_f : features) {
+        for (int64_t j = 0; j < rows_f; ++j) {
+          const int64_t from = sc * 7 + offset + j;
+          const int64_t to = g * 28 + 4 * offset + s * rows_f + j;
+          same = same && std::memcmp(&sc_major[from * dim], &feature_major[to * dim],
+                                     dim * sizeof(float)) == 0;
         }
+        offset += rows_f;
       }
-      CHECK(same);
     }
-  }
+    CHECK(same);
+  });
   RandomCsr csr(0, 1, 4, 1, 9, 7);
   CHECK_OK(sce::ValidateFeatureRows({}, csr.view));
   CHECK_ERROR(sce::ValidateFeatureRows({3, 3}, csr.view), "must sum to the 7 samples");
