@@ -8,7 +8,7 @@ commit and the working tree) into two shared libraries with the library's compil
 (bench/kernel_ab_main.cc): A then B, B then A, and so on. It prints both medians, B/A, and in how
 many rounds B was faster. The forward lookup's outputs of the two builds must be bit-identical.
 
-Usage: python bench/kernel_ab.py --a /path/to/base/tree [--b .] [--kernel forward|adagrad]
+Usage: python bench/kernel_ab.py --a /path/to/base/tree [--b .] [--kernel forward|adagrad|sgd]
                                  [--calls 300] [--repeats 2]
 """
 import argparse
@@ -28,7 +28,7 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--a", required=True, help="source tree of build A (the base)")
     parser.add_argument("--b", default=ROOT, help="source tree of build B (default: this one)")
-    parser.add_argument("--kernel", choices=["forward", "adagrad"], default="forward")
+    parser.add_argument("--kernel", choices=["forward", "adagrad", "sgd"], default="forward")
     parser.add_argument("--calls", type=int, default=300, help="rounds (one call of each build)")
     parser.add_argument("--repeats", type=int, default=2, help="runs, each a fresh process")
     parser.add_argument("--workload", choices=["criteo", "synthetic"], default="criteo",

@@ -25,4 +25,12 @@ __attribute__((visibility("default"))) void KernelAbAdagrad(const sce::CsrView* 
                                           {accumulator}, sce::RunSerially);
 }
 
+__attribute__((visibility("default"))) void KernelAbSgd(const sce::CsrView* view,
+                                                        const float* gradients, int64_t dim,
+                                                        float* table, float* /*unused*/) {
+  const sce::GradientRows grads = sce::GradientRows::InCsrOrder(*view, gradients, dim);
+  sce::FusedUpdate<sce::SgdOptimizer>(*view, grads, dim, 0.01f, nullptr, sce::Clip(), table, {},
+                                      sce::RunSerially);
+}
+
 }  // extern "C"

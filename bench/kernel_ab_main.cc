@@ -9,7 +9,7 @@
 // feature's ids in its own rows and samples. Both builds' forward outputs must be bit-identical
 // (checked every call).
 //
-// Usage: kernel_ab_main <a.so> <b.so> <forward|adagrad> <calls> [csr file from kernel_ab.py]
+// Usage: kernel_ab_main <a.so> <b.so> <forward|adagrad|sgd> <calls> [csr file from kernel_ab.py]
 #include <dlfcn.h>
 #include <sys/mman.h>
 
@@ -30,7 +30,8 @@
 namespace {
 
 using Forward = void (*)(const sce::CsrView*, const float*, int64_t, float*);
-using Adagrad = void (*)(const sce::CsrView*, const float*, int64_t, float*, float*);
+// The fused updates (Adagrad, SGD): view, gradients, dim, table, accumulator (unused by SGD).
+using Update = void (*)(const sce::CsrView*, const float*, int64_t, float*, float*);
 
 void* Symbol(const char* library, const char* name) {
   void* handle = dlopen(library, RTLD_NOW | RTLD_LOCAL);
@@ -194,9 +195,9 @@ std::vector<Csr> ReadCsrs(const char* path) {
 struct TableState {
   HugeBuffer table, accumulator;
   std::vector<float> gradients, activations[2];
-  TableState(const Csr& csr, bool forward, std::mt19937* rng)
+  TableState(const Csr& csr, bool forward, bool accumulator_too, std::mt19937* rng)
       : table(csr.view.table_rows * csr.dim),
-        accumulator(forward ? 0 : csr.view.table_rows * csr.dim) {
+        accumulator(accumulator_too ? csr.view.table_rows * csr.dim : 0) {
     std::uniform_real_distribution<float> uniform(-0.05f, 0.05f);
     const int64_t floats = csr.view.table_rows * csr.dim;
     for (int64_t i = 0; i < floats; ++i) table.data[i] = uniform(*rng);
@@ -204,7 +205,7 @@ struct TableState {
       activations[0].assign(csr.view.input_size * csr.dim, 0.0f);
       activations[1].assign(csr.view.input_size * csr.dim, 0.0f);
     } else {
-      std::fill(accumulator.data, accumulator.data + floats, 0.1f);
+      if (accumulator_too) std::fill(accumulator.data, accumulator.data + floats, 0.1f);
       gradients.resize(csr.view.input_size * csr.dim);
       for (float& g : gradients) g = uniform(*rng);
     }
@@ -215,10 +216,15 @@ struct TableState {
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s a.so b.so forward|adagrad calls [csr file]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s a.so b.so forward|adagrad|sgd calls [csr file]\n", argv[0]);
     return 2;
   }
   const bool forward = std::strcmp(argv[3], "forward") == 0;
+  const bool adagrad = std::strcmp(argv[3], "adagrad") == 0;
+  if (!forward && !adagrad && std::strcmp(argv[3], "sgd") != 0) {
+    std::fprintf(stderr, "unknown kernel %s\n", argv[3]);
+    return 2;
+  }
   const int calls = std::atoi(argv[4]);
   std::vector<Csr> csrs;
   if (argc > 5) {
@@ -237,11 +243,13 @@ int main(int argc, char** argv) {
     }
     ids += csr.view.num_token_ids;
     rows += csr.view.table_rows;
-    states.push_back(std::make_unique<TableState>(csr, forward, &rng));
+    states.push_back(std::make_unique<TableState>(csr, forward, adagrad, &rng));
   }
   void* fns[2];
   for (int k = 0; k < 2; ++k) {
-    fns[k] = Symbol(argv[1 + k], forward ? "KernelAbForward" : "KernelAbAdagrad");
+    fns[k] = Symbol(argv[1 + k], forward   ? "KernelAbForward"
+                                 : adagrad ? "KernelAbAdagrad"
+                                           : "KernelAbSgd");
   }
   std::vector<double> ms[2];
   int b_faster = 0;
@@ -257,7 +265,7 @@ int main(int argc, char** argv) {
           reinterpret_cast<Forward>(fns[k])(&csrs[n].view, st.table.data, csrs[n].dim,
                                             st.activations[k].data());
         } else {
-          reinterpret_cast<Adagrad>(fns[k])(&csrs[n].view, st.gradients.data(), csrs[n].dim,
+          reinterpret_cast<Update>(fns[k])(&csrs[n].view, st.gradients.data(), csrs[n].dim,
                                             st.table.data, st.accumulator.data);
         }
       }
