@@ -4,8 +4,9 @@ On the 2-vCPU VMs this project is measured on, two runs of one build differ by 2
 minute to the next, which hides any kernel change smaller than that when builds are compared in
 separate runs. This script builds `cc/core` of two trees (for instance a `git worktree` of the base
 commit and the working tree) into two shared libraries with the library's compiler flags
-(setup.py), loads both into one process and alternates their calls on the same synthetic CSR
-(bench/kernel_ab_main.cc): A then B, B then A, and so on. It prints both medians, B/A, and in how
+(setup.py), loads both into one process and alternates their calls on the same CSR (by default
+the one the class builds for a batch of the benchmark workload, see --workload;
+bench/kernel_ab_main.cc): A then B, B then A, and so on. It prints both medians, B/A, and in how
 many rounds B was faster. The forward lookup's outputs of the two builds must be bit-identical.
 
 Usage: python bench/kernel_ab.py --a /path/to/base/tree [--b .] [--kernel forward|adagrad|sgd]
