@@ -59,8 +59,9 @@ struct ContributionRun {
   int64_t source_sc = 0;  // its activation rows are source_sc * samples_per_sc + sample
   int32_t head_token = kPad;
   // The row prefetch's cursor (PrefetchNextRunRow): the position of the latest token of the run
-  // whose table and slot rows were prefetched, kRowPrefetchTokens distinct tokens ahead of the
-  // head, and that token (-1 before the first).
+  // whose table and slot rows were prefetched, and that token (-1 before the first). The rows of
+  // a token are prefetched when the loop finishes the token kRowPrefetchTokens before it in the
+  // run (the first kRowPrefetchTokens tokens before the loop starts).
   int64_t prefetched = 0;
   int32_t prefetched_token = -1;
 };
@@ -126,7 +127,8 @@ __attribute__((always_inline)) inline void PrefetchRow(const float* p, int64_t b
 // how many entries a token has. Counted in entries (8 ahead, the former rule) it was too short for
 // hot rows with many entries and too long for rows with one; by tokens, the fused Adagrad update
 // took 3-6% less time on both the benchmark workload's CSR and a synthetic one (bench/kernel_ab.py,
-// BENCHMARKS.md, ninth round), and 2 tokens beat 1, 3, 4 and 8.
+// BENCHMARKS.md, ninth round). 2 tokens beat 3 and 4 by about 1% head to head, and 1 and 8 by
+// more.
 constexpr size_t kGradientPrefetchDistance = 12;
 constexpr size_t kRowPrefetchDistance = 24;
 constexpr int64_t kGradientPrefetchRunDistance = 4;
@@ -142,9 +144,9 @@ __attribute__((always_inline)) inline void PrefetchTableRow(
 }
 
 // Moves the run's row-prefetch cursor to its next distinct token and prefetches that token's
-// table and slot rows. The cursor reads entries not yet validated as non-padding: tokens outside
-// the shard (kPad included, as unsigned) are skipped and never followed. Each entry is passed
-// over once per run, in order.
+// table and slot rows. It skips what SkipPadding skips (an entry whose token or sample is kPad),
+// so it sees the same tokens as the head; it reads entries not yet validated, so a token outside
+// the shard is skipped too and never followed. Each entry is passed over once per run, in order.
 template <typename Optimizer>
 __attribute__((always_inline)) inline void PrefetchNextRunRow(
     const CsrView& view, ContributionRun* run, uint32_t rows_per_shard, int64_t shard_row,
@@ -152,7 +154,7 @@ __attribute__((always_inline)) inline void PrefetchNextRunRow(
     int64_t row_bytes) {
   int64_t c = run->prefetched;
   const int32_t previous = run->prefetched_token;
-  while (c < run->end && (view.token_ids[c] == previous ||
+  while (c < run->end && (view.token_ids[c] == previous || view.sample_ids[c] == kPad ||
                           static_cast<uint32_t>(view.token_ids[c]) >= rows_per_shard)) {
     ++c;
   }
