@@ -260,9 +260,8 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
   const uint32_t rows_per_shard = static_cast<uint32_t>(view.rows_per_shard());
   const uint32_t samples_per_sc = static_cast<uint32_t>(view.samples_per_sc());
   int64_t skipped = 0;
+  // FindSortedRuns made every run with its cursor unset (before the head, no token).
   for (size_t w = 0; w < ways; ++w) {
-    runs[w].prefetched = runs[w].next;
-    runs[w].prefetched_token = -1;
     for (int64_t k = 0; k < kRowPrefetchTokens; ++k) {
       PrefetchNextRunRow<Optimizer>(view, &runs[w], rows_per_shard, shard_row, dim, table, slots,
                                     row_bytes);
