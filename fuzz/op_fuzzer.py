@@ -30,7 +30,7 @@ I64 = 2**63 - 1
 PAD = 2**31 - 1
 OPS = ("coo", "list_of_coo", "sort", "stats", "splits", "csr_wrapped", "minibatches_in_csr",
        "lookup", "update", "update_in_place", "stacker", "finite_check", "raise_limits", "stacked_coo",
-       "stacked_splits")
+       "stacked_splits", "gathered_segment_sum")
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
 
 
@@ -255,6 +255,13 @@ def make_case(seed, index):
         case.update(tables=tables, limits=[[attr(rng, 300) for _ in range(2)]
                                            for _ in range(max(rows, 0))],
                     observed=[[attr(rng, 300) for _ in range(2)] for _ in range(max(rows, 0))])
+    elif op == "gathered_segment_sum":
+        num_rows, width, n = a(6, 12, 0), rng.randint(0, 9), rng.randint(0, 12)
+        case.update(rows=[float_list(rng, width) for _ in range(max(min(num_rows, 64), 0))],
+                    width=width, positions=int_list(rng, n, max(num_rows - 1, 0)),
+                    gains=float_list(rng, n + a.choice(0, [0, 1, -1])),
+                    segments=int_list(rng, n, 20), num_segments=a(21, 40),
+                    rows_rank=a.choice(2, [1, 2, 3]))
     elif op == "stacker":
         case.update(num_partitions=a(2, 4), sparse_cores=a(4, 4),
                     tables=[(a(100, 1000), a(8, 64), a(16, 32)) for _ in
@@ -415,6 +422,15 @@ def run_case(case):
             limits = tf.Variable(i32(case["limits"]).reshape(shape))
             return raise_sparse_core_limits(limits, i32(case["observed"]).reshape(shape),
                                             [f"t{k}" for k in range(case["tables"])])
+        if op == "gathered_segment_sum":
+            from tf_sc_embedding.ops.segment_sum import gathered_segment_sum  # noqa: PLC0415
+            rows = f32(case["rows"]).reshape([len(case["rows"]), case["width"]])
+            if case["rows_rank"] != 2:
+                rows = rows.reshape([-1] + [1] * (case["rows_rank"] - 1))
+            return gathered_segment_sum(rows, i32(case["positions"]), f32(case["gains"]),
+                                        i32(case["segments"]),
+                                        np.int64(case["num_segments"]).astype(np.int32),
+                                        table_name=T)
         if op == "stacker":
             stacker = _core.LayoutStacker(case["num_partitions"], case["sparse_cores"])
             for k, (height, width, samples) in enumerate(case["tables"]):

@@ -10,7 +10,8 @@ forward, for all stacked tables at once:
 2. one all-to-all sends every owner the unique ids it holds (as rows of its own variable);
 3. each owner looks its rows up with the lookup kernel (a CSR whose entries are the received
    ids, so the variable is read in place) and one all-to-all returns the rows;
-4. each replica combines the rows into its activations (gains, combiners) with segment sums.
+4. each replica combines the rows into its activations (gains, combiners) with one weighted
+   gather + segment sum per table (ops/segment_sum.py).
 backward:
 5. each replica reduces its activation gradients to one gradient row per unique id, one
    all-to-all sends them to the owners, and each owner applies the fused optimizer kernel once per
@@ -24,6 +25,7 @@ import collections
 import tensorflow as tf
 
 from tf_sc_embedding import fused_update
+from tf_sc_embedding.ops.segment_sum import gathered_segment_sum
 
 _PAD = 2 ** 31 - 1
 _XLA_PAD = 8
@@ -147,9 +149,9 @@ def lookup(view, layout, coo_by_table, table_shards):
         unique_positions = tf.gather(tf.math.invert_permutation(source["order"]),
                                      source["inverse"])
         coo = source["coo"]
-        contributions = tf.gather(rows_in_send_order[i], unique_positions) * coo.gains[:, None]
-        activations[table.name] = tf.math.unsorted_segment_sum(contributions, coo.row_ids,
-                                                               table.sample_count)
+        activations[table.name] = gathered_segment_sum(
+            rows_in_send_order[i], unique_positions, coo.gains, coo.row_ids, table.sample_count,
+            table_name=table.name)
         preserved[table.name] = ExchangedTable(
             sample_rows=coo.row_ids, unique_positions=unique_positions, gains=coo.gains,
             received_rows=received[i])
@@ -199,9 +201,9 @@ def exchange_gradients(view, layout, preserved, gradients):
     per_unique = []
     for i, table in enumerate(stacked):
         state = tables[table.name]
-        per_id = tf.gather(gradients[table.name], state.sample_rows) * state.gains[:, None]
-        per_unique.append(tf.math.unsorted_segment_sum(
-            per_id, state.unique_positions, tf.reduce_sum(sizes.send_counts[:, i])))
+        per_unique.append(gathered_segment_sum(
+            gradients[table.name], state.sample_rows, state.gains, state.unique_positions,
+            tf.reduce_sum(sizes.send_counts[:, i]), table_name=table.name))
     W = layout.num_replicas
     received = unpack_by_replica(
         _all_to_all(view, pack_by_replica(per_unique, sizes.send_counts, sizes.row_chunk, W)),

@@ -25,6 +25,7 @@
 #include "cc/core/csr.h"
 #include "cc/core/csr_view.h"
 #include "cc/core/fused_update.h"
+#include "cc/core/gathered_segment_sum.h"
 #include "cc/core/gradient_check.h"
 #include "cc/core/huge_pages.h"
 #include "cc/core/lookup.h"
@@ -2167,6 +2168,83 @@ void TestFusedUpdateGradientOrders() {
               "grads has 55 rows, expected 56");
 }
 
+void TestGatheredSegmentSum() {
+  g_test = "gathered segment sum: worked example, any split into ranges, checked input";
+  // rows r0 = (1, 2), r1 = (10, 20); out[0] = 2*r1 + 1*r0, out[1] untouched, out[2] = 0.5*r1.
+  const FloatVec rows = {1, 2, 10, 20};
+  const IntVec positions = {1, 1, 0};
+  const FloatVec gains = {2, 0.5f, 1};
+  const IntVec segments = {0, 2, 0};
+  sce::GatheredSegmentSumArgs args;
+  args.rows = rows.data();
+  args.num_rows = 2;
+  args.width = 2;
+  args.positions = positions.data();
+  args.gains = gains.data();
+  args.segments = segments.data();
+  args.num_entries = 3;
+  args.num_segments = 3;
+  CHECK_OK(sce::ValidateGatheredSegmentSum(args, "table 't'"));
+  FloatVec out(6, -1.0f);  // the op zero-fills every output row
+  sce::GatheredSegmentSum(args, out.data(), sce::RunSerially);
+  CHECK_EQ(out, (FloatVec{21, 42, 0, 0, 5, 10}));
+
+  // Random inputs over many ranges: the result is the entry-order reference bit for bit, however
+  // the ranges are handed out (one at a time, in reverse).
+  std::mt19937 rng(5);
+  for (int round = 0; round < 20; ++round) {
+    const int64_t num_rows = 1 + rng() % 50, width = 1 + rng() % 40, n = rng() % 5000;
+    const int64_t num_segments = 1 + rng() % 3000;
+    FloatVec r(num_rows * width), g(n);
+    IntVec p(n), s(n);
+    std::normal_distribution<float> normal;
+    for (float& x : r) x = normal(rng);
+    for (int64_t i = 0; i < n; ++i) {
+      p[i] = static_cast<int32_t>(rng() % num_rows);
+      s[i] = static_cast<int32_t>(rng() % num_segments);
+      g[i] = normal(rng);
+    }
+    FloatVec expected(num_segments * width, 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t d = 0; d < width; ++d) {
+        const float product = g[i] * r[p[i] * width + d];
+        expected[s[i] * width + d] += product;
+      }
+    }
+    sce::GatheredSegmentSumArgs a{r.data(), num_rows, width, p.data(), g.data(), s.data(), n,
+                                  num_segments};
+    CHECK_OK(sce::ValidateGatheredSegmentSum(a, "t"));
+    FloatVec got(num_segments * width, 7.0f);
+    auto one_at_a_time_reversed = [](int64_t units, int64_t, const sce::RangeFn& work) {
+      for (int64_t u = units - 1; u >= 0; --u) work(u, u + 1);
+    };
+    sce::GatheredSegmentSum(a, got.data(), one_at_a_time_reversed);
+    CHECK(std::memcmp(got.data(), expected.data(), sizeof(float) * got.size()) == 0);
+  }
+
+  // Checked input: indices, counts and the output size, before anything is written.
+  const IntVec bad_position = {0, 2, 0};
+  args.positions = bad_position.data();
+  CHECK_ERROR(sce::ValidateGatheredSegmentSum(args, "table 't'"), "positions[1] = 2");
+  args.positions = positions.data();
+  const IntVec bad_segment = {0, 0, -3};
+  args.segments = bad_segment.data();
+  CHECK_ERROR(sce::ValidateGatheredSegmentSum(args, "table 't'"), "segment_ids[2] = -3");
+  args.segments = segments.data();
+  args.num_segments = -1;
+  CHECK_ERROR(sce::ValidateGatheredSegmentSum(args, "table 't'"), "num_segments");
+  args.num_segments = int64_t{1} << 27;
+  args.width = 4;  // 2^29 output elements
+  CHECK_ERROR(sce::ValidateGatheredSegmentSum(args, "table 't'"), "exceeds the limit");
+  args.width = 2;
+  args.num_segments = 3;
+  args.num_entries = int64_t{1} << 40;
+  CHECK_ERROR(sce::ValidateGatheredSegmentSum(args, "table 't'"), "number of entries");
+  args.num_entries = 3;
+  args.gains = nullptr;
+  CHECK_ERROR(sce::ValidateGatheredSegmentSum(args, "table 't'"), "must hold 3 entries");
+}
+
 int main() {
   const std::vector<std::function<void()>> tests = {
       TestConvertToCoo,   TestConvertToListOfCoo, TestSortListOfCoo,
@@ -2178,7 +2256,7 @@ int main() {
       TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice, TestStableSortByKey,
       TestStableSortWords,
       TestFeatureMajorActivations, TestLookupOverwritesActivations, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
-      TestStackedMinibatchSplits,
+      TestStackedMinibatchSplits, TestGatheredSegmentSum,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

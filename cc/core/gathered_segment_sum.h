@@ -1,0 +1,49 @@
+// Weighted gather + segment sum of rows, out[segments[i]] += gains[i] * rows[positions[i]]: the
+// combine step of the all-to-all exchange (docs/multi_worker.md#exchange) in both directions.
+//
+// Forward, a replica turns the unique rows it received from their owners into activations
+// (rows = unique rows, positions = each id's unique row, segments = each id's sample). Backward it
+// reduces activation gradients to one gradient row per unique id, which is the same operation
+// with positions and segments swapped. TensorFlow spells it gather, multiply and
+// unsorted_segment_sum: three ops, an [ids, width] intermediate and a single-threaded scatter.
+//
+// Every entry is added in entry order within its segment, starting from zero, and each
+// contribution is the product gains[i] * rows[positions[i]][d] rounded to float before the add
+// (the library builds with -ffp-contract=off), so the result equals TensorFlow's three ops bit for
+// bit.
+#ifndef SCE_CORE_GATHERED_SEGMENT_SUM_H_
+#define SCE_CORE_GATHERED_SEGMENT_SUM_H_
+
+#include <cstdint>
+#include <string>
+
+#include "cc/core/parallel.h"
+#include "cc/core/status.h"
+
+namespace sce {
+
+struct GatheredSegmentSumArgs {
+  const float* rows = nullptr;  // [num_rows, width], row-major
+  int64_t num_rows = 0;
+  int64_t width = 0;
+  const int32_t* positions = nullptr;  // [num_entries]: row of each entry
+  const float* gains = nullptr;        // [num_entries]: weight of each entry
+  const int32_t* segments = nullptr;   // [num_entries]: output row of each entry
+  int64_t num_entries = 0;
+  int64_t num_segments = 0;            // output rows
+};
+
+// Checks sizes (the output [num_segments, width] within kMaxAllocationElements) and that every
+// position is in [0, num_rows) and every segment in [0, num_segments). `where` prefixes messages,
+// e.g. "table 'video'". Nothing is written; call before allocating the output.
+Status ValidateGatheredSegmentSum(const GatheredSegmentSumArgs& args, const std::string& where);
+
+// Writes out[num_segments, width] (zero-filled first). Requires a validated `args`. Output rows
+// are split into ranges that run in parallel; each range reads every entry's segment and adds the
+// entries that fall in it, so no two threads write one row and the order within a row is fixed.
+void GatheredSegmentSum(const GatheredSegmentSumArgs& args, float* out,
+                        const ParallelFor& parallel_for);
+
+}  // namespace sce
+
+#endif  // SCE_CORE_GATHERED_SEGMENT_SUM_H_
