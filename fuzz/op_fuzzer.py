@@ -30,7 +30,7 @@ I64 = 2**63 - 1
 PAD = 2**31 - 1
 OPS = ("coo", "list_of_coo", "sort", "stats", "splits", "csr_wrapped", "minibatches_in_csr",
        "lookup", "update", "update_in_place", "stacker", "finite_check", "raise_limits", "stacked_coo",
-       "stacked_splits", "gathered_segment_sum")
+       "stacked_splits", "gathered_segment_sum", "replica_chunks")
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
 
 
@@ -262,6 +262,13 @@ def make_case(seed, index):
                     gains=float_list(rng, n + a.choice(0, [0, 1, -1])),
                     segments=int_list(rng, n, 20), num_segments=a(21, 40),
                     rows_rank=a.choice(2, [1, 2, 3]))
+    elif op == "replica_chunks":
+        replicas, tables = a(2, 4, 1), rng.randint(1, 3)
+        widths = [a(rng.choice([1, 4]), 8, 1) for _ in range(tables)]
+        columns = tables + a.choice(0, [0, 1])   # one column too many: a mismatch
+        counts = [int_list(rng, columns, 3) for _ in range(max(min(replicas, 6), 0))]
+        case.update(counts=counts, widths=widths, chunk=a(12, 64), ids=rng.random() < 0.5,
+                    rows_off_by=a.choice(0, [0, 1, -1]), buffer_off_by=a.choice(0, [0, 1, -1]))
     elif op == "stacker":
         case.update(num_partitions=a(2, 4), sparse_cores=a(4, 4),
                     tables=[(a(100, 1000), a(8, 64), a(16, 32)) for _ in
@@ -431,6 +438,23 @@ def run_case(case):
                                         i32(case["segments"]),
                                         np.int64(case["num_segments"]).astype(np.int32),
                                         table_name=T)
+        if op == "replica_chunks":
+            from tf_sc_embedding.ops import replica_chunks  # noqa: PLC0415
+            counts = i32(case["counts"]).reshape([len(case["counts"]), -1]) if case["counts"] \
+                else np.zeros([0, len(case["widths"])], np.int32)
+            totals = counts.sum(axis=0) if counts.size else [0] * len(case["widths"])
+            dtype = np.int32 if case["ids"] else np.float32
+            # Values as large as the counts claim, within what the child can allocate (a larger
+            # claim gets an empty tensor, which the op must reject).
+            rows = [int(n) + case["rows_off_by"] for n in totals]
+            values = [np.ones([r if 0 <= r <= 4096 else 0, min(max(w, 0), 64)], dtype)
+                      for r, w in zip(rows, case["widths"])]
+            chunk = np.int64(case["chunk"]).astype(np.int32)
+            packed = replica_chunks.pack_replica_chunks(values, counts, chunk)
+            size = counts.shape[0] * int(chunk) + case["buffer_off_by"]
+            buffer = np.ones([size if 0 <= size <= 1 << 20 else 0], dtype)
+            unpacked = replica_chunks.unpack_replica_chunks(buffer, counts, case["widths"])
+            return packed, unpacked
         if op == "stacker":
             stacker = _core.LayoutStacker(case["num_partitions"], case["sparse_cores"])
             for k, (height, width, samples) in enumerate(case["tables"]):

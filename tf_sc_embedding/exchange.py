@@ -25,6 +25,7 @@ import collections
 import tensorflow as tf
 
 from tf_sc_embedding import fused_update
+from tf_sc_embedding.ops import replica_chunks
 from tf_sc_embedding.ops.segment_sum import gathered_segment_sum
 
 _PAD = 2 ** 31 - 1
@@ -51,33 +52,18 @@ def pack_by_replica(values, counts, chunk, num_replicas):
     """One flat buffer [W * chunk] for an all-to-all: chunk d holds, table after table, the
     counts[d, t] entries of values[t] that go to replica d (values[t] is sorted by replica).
 
-    values: per table [n_t] or [n_t, width_t]; counts: [W, T]. Built from contiguous slices only
-    (tf.split + tf.concat), so the cost is a copy of the payload.
+    values: per table [n_t] or [n_t, width_t]; counts: [W, T]. One copy of the payload
+    (ops/replica_chunks.py).
     """
-    pieces = [tf.split(tf.reshape(v, [tf.shape(v)[0], -1]), counts[:, t], num=num_replicas)
-              for t, v in enumerate(values)]
-    dtype = values[0].dtype
-    chunks = []
-    for d in range(num_replicas):
-        flat = [tf.reshape(p[d], [-1]) for p in pieces]
-        used = tf.add_n([tf.size(f, out_type=tf.int32) for f in flat])
-        chunks.append(tf.concat(flat + [tf.zeros([chunk - used], dtype)], 0))
-    return tf.concat(chunks, 0)
+    del num_replicas  # counts has one row per replica
+    return replica_chunks.pack_replica_chunks(values, counts, chunk)
 
 
 def unpack_by_replica(buffer, counts, widths, chunk, num_replicas):
     """Inverse of pack_by_replica: per table, the entries of every replica's chunk, in replica
     order ([n_t] where widths[t] is None, else [n_t, widths[t]])."""
-    num_tables = len(widths)
-    rows = tf.reshape(buffer, [num_replicas, chunk])
-    floats = tf.stack([counts[:, t] * (w or 1) for t, w in enumerate(widths)], axis=1)
-    per_table = [[] for _ in widths]
-    for s in range(num_replicas):
-        sizes = tf.concat([floats[s], [chunk - tf.reduce_sum(floats[s])]], 0)
-        parts = tf.split(rows[s], sizes, num=num_tables + 1)
-        for t, w in enumerate(widths):
-            per_table[t].append(parts[t] if w is None else tf.reshape(parts[t], [-1, w]))
-    return [tf.concat(p, 0) for p in per_table]
+    del chunk, num_replicas  # the buffer is counts.shape[0] chunks of equal size
+    return replica_chunks.unpack_replica_chunks(tf.reshape(buffer, [-1]), counts, widths)
 
 
 def _chunks(view, send_counts, widths):

@@ -33,6 +33,7 @@
 #include "cc/core/minibatch_splits.h"
 #include "cc/core/online_limits.h"
 #include "cc/core/radix_sort.h"
+#include "cc/core/replica_chunks.h"
 #include "cc/core/sort_list.h"
 #include "cc/core/split_encoding.h"
 #include "cc/core/stacked_coo.h"
@@ -2245,6 +2246,52 @@ void TestGatheredSegmentSum() {
   CHECK_ERROR(sce::ValidateGatheredSegmentSum(args, "table 't'"), "must hold 3 entries");
 }
 
+void TestReplicaChunks() {
+  g_test = "replica chunks: worked example, round trip, checked counts and sizes";
+  // Two replicas, two tables of widths 1 and 2, chunk 5. Replica 0 gets 1 entry of table 0 and
+  // 1 of table 1; replica 1 gets 2 of table 0 and none of table 1.
+  const std::vector<uint32_t> t0 = {10, 11, 12};
+  const std::vector<uint32_t> t1 = {20, 21};
+  const IntVec counts = {1, 1, 2, 0};
+  sce::ReplicaChunks chunks;
+  chunks.num_replicas = 2;
+  chunks.chunk = 5;
+  chunks.widths = {1, 2};
+  chunks.counts = counts.data();
+  std::vector<int64_t> rows;
+  CHECK_OK(sce::ValidateReplicaChunks(chunks, "x", &rows));
+  CHECK(rows == (std::vector<int64_t>{3, 1}));
+  std::vector<uint32_t> buffer(10, 99);
+  sce::PackReplicaChunks(chunks, {t0.data(), t1.data()}, buffer.data());
+  CHECK(buffer == (std::vector<uint32_t>{10, 20, 21, 0, 0, 11, 12, 0, 0, 0}));
+  std::vector<uint32_t> back0(3), back1(2);
+  sce::UnpackReplicaChunks(chunks, buffer.data(), {back0.data(), back1.data()});
+  CHECK(back0 == t0);
+  CHECK(back1 == t1);
+
+  // Checked: negative counts, overfull chunks, oversized buffers, bad widths.
+  const IntVec negative = {1, -1, 0, 0};
+  chunks.counts = negative.data();
+  CHECK_ERROR(sce::ValidateReplicaChunks(chunks, "x", &rows), "counts[0, 1] = -1 is negative");
+  const IntVec overfull = {1, 1, 2, 2};
+  chunks.counts = overfull.data();
+  CHECK_ERROR(sce::ValidateReplicaChunks(chunks, "x", &rows), "more than chunk = 5");
+  const IntVec huge = {1, 1, 2147483647, 0};
+  chunks.counts = huge.data();
+  CHECK_ERROR(sce::ValidateReplicaChunks(chunks, "x", &rows), "more than chunk");
+  chunks.counts = counts.data();
+  chunks.chunk = int64_t{1} << 28;
+  CHECK_ERROR(sce::ValidateReplicaChunks(chunks, "x", &rows), "exceeds the limit");
+  chunks.chunk = -1;
+  CHECK_ERROR(sce::ValidateReplicaChunks(chunks, "x", &rows), "chunk must be in");
+  chunks.chunk = 5;
+  chunks.widths = {1, 0};
+  CHECK_ERROR(sce::ValidateReplicaChunks(chunks, "x", &rows), "width");
+  chunks.widths = {1, 2};
+  chunks.num_replicas = 0;
+  CHECK_ERROR(sce::ValidateReplicaChunks(chunks, "x", &rows), "number of replicas");
+}
+
 int main() {
   const std::vector<std::function<void()>> tests = {
       TestConvertToCoo,   TestConvertToListOfCoo, TestSortListOfCoo,
@@ -2256,7 +2303,7 @@ int main() {
       TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice, TestStableSortByKey,
       TestStableSortWords,
       TestFeatureMajorActivations, TestLookupOverwritesActivations, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
-      TestStackedMinibatchSplits, TestGatheredSegmentSum,
+      TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

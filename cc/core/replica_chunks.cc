@@ -1,0 +1,90 @@
+#include "cc/core/replica_chunks.h"
+
+#include <cstring>
+
+#include "cc/core/checked_math.h"
+
+namespace sce {
+namespace {
+
+// Calls fn(table, offset in the table, offset in the buffer, elements) for every table's piece of
+// every chunk, in buffer order, and fn(-1, 0, offset, elements) for each chunk's padding.
+template <typename Fn>
+void ForEachPiece(const ReplicaChunks& c, Fn fn) {
+  const int64_t num_tables = static_cast<int64_t>(c.widths.size());
+  std::vector<int64_t> table_offset(num_tables, 0);
+  for (int64_t d = 0; d < c.num_replicas; ++d) {
+    int64_t at = d * c.chunk;
+    for (int64_t t = 0; t < num_tables; ++t) {
+      const int64_t elements = c.counts[d * num_tables + t] * c.widths[t];
+      fn(t, table_offset[t], at, elements);
+      table_offset[t] += elements;
+      at += elements;
+    }
+    fn(-1, 0, at, (d + 1) * c.chunk - at);
+  }
+}
+
+}  // namespace
+
+Status ValidateReplicaChunks(const ReplicaChunks& c, const std::string& where,
+                             std::vector<int64_t>* rows_per_table) {
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "the number of replicas", c.num_replicas, 1,
+                                   kMaxReplicas));
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "chunk", c.chunk, 0, kMaxAllocationElements));
+  int64_t buffer;
+  SCE_RETURN_IF_ERROR(CheckedSize(where, "the buffer (replicas * chunk)",
+                                  {c.num_replicas, c.chunk}, kMaxAllocationElements, &buffer));
+  const int64_t num_tables = static_cast<int64_t>(c.widths.size());
+  for (int64_t t = 0; t < num_tables; ++t) {
+    SCE_RETURN_IF_ERROR(CheckInRange(where, "a table's width", c.widths[t], 1, kMaxInt32));
+  }
+  if (num_tables > 0 && c.counts == nullptr) return InvalidArgument(where, ": counts missing");
+  rows_per_table->assign(num_tables, 0);
+  for (int64_t d = 0; d < c.num_replicas; ++d) {
+    int64_t used = 0;
+    for (int64_t t = 0; t < num_tables; ++t) {
+      const int64_t count = c.counts[d * num_tables + t];
+      if (count < 0) {
+        return InvalidArgument(where, ": counts[", d, ", ", t, "] = ", count, " is negative");
+      }
+      // count <= 2^31 and width <= 2^31: the product fits; the sums are bounded below.
+      used += count * c.widths[t];
+      (*rows_per_table)[t] += count;
+      if (used > c.chunk) {
+        return InvalidArgument(where, ": the entries for replica ", d, " need at least ", used,
+                               " elements, more than chunk = ", c.chunk);
+      }
+    }
+  }
+  for (int64_t t = 0; t < num_tables; ++t) {
+    int64_t elements;
+    SCE_RETURN_IF_ERROR(CheckedSize(where, "a table's entries (rows * width)",
+                                    {(*rows_per_table)[t], c.widths[t]}, kMaxAllocationElements,
+                                    &elements));
+  }
+  return Status::Ok();
+}
+
+void PackReplicaChunks(const ReplicaChunks& c, const std::vector<const uint32_t*>& tables,
+                       uint32_t* buffer) {
+  ForEachPiece(c, [&](int64_t t, int64_t from, int64_t at, int64_t elements) {
+    if (elements == 0) return;
+    if (t < 0) {
+      std::memset(buffer + at, 0, sizeof(uint32_t) * elements);
+    } else {
+      std::memcpy(buffer + at, tables[t] + from, sizeof(uint32_t) * elements);
+    }
+  });
+}
+
+void UnpackReplicaChunks(const ReplicaChunks& c, const uint32_t* buffer,
+                         const std::vector<uint32_t*>& tables) {
+  ForEachPiece(c, [&](int64_t t, int64_t to, int64_t at, int64_t elements) {
+    if (t >= 0 && elements > 0) {
+      std::memcpy(tables[t] + to, buffer + at, sizeof(uint32_t) * elements);
+    }
+  });
+}
+
+}  // namespace sce

@@ -1,0 +1,73 @@
+// Registration of the all-to-all buffer packing of the exchange (docs/multi_worker.md#exchange;
+// the algorithm is cc/core/replica_chunks.h).
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace {
+
+using shape_inference::DimensionHandle;
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+// buffer[W * chunk]: chunk d holds counts[d, t] entries of values[t] for every t in turn (each
+// values[t] sorted by chunk), then zeros. values[t] is [n_t] (ids) or [n_t, width_t] (rows).
+REGISTER_OP("ScePackReplicaChunks")
+    .Input("values: N * T")
+    .Input("counts: int32")
+    .Input("chunk: int32")
+    .Output("buffer: T")
+    .Attr("T: {int32, float}")
+    .Attr("N: int >= 1")
+    .Attr("label: string = ''")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      ShapeHandle counts, scalar;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(n), 2, &counts));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(n + 1), 0, &scalar));
+      DimensionHandle chunk, total;
+      TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(n + 1, &chunk));
+      TF_RETURN_IF_ERROR(c->Multiply(c->Dim(counts, 0), chunk, &total));
+      c->set_output(0, c->Vector(total));
+      return absl::OkStatus();
+    });
+
+// The inverse: values[t] gets the counts[d, t] entries of every chunk d, in chunk order, as
+// [n_t, widths[t]] (or [n_t] with flat, which needs every width to be 1).
+REGISTER_OP("SceUnpackReplicaChunks")
+    .Input("buffer: T")
+    .Input("counts: int32")
+    .Output("values: N * T")
+    .Attr("T: {int32, float}")
+    .Attr("N: int >= 1")
+    .Attr("widths: list(int)")
+    .Attr("flat: bool = false")
+    .Attr("label: string = ''")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t n;
+      std::vector<int64_t> widths;
+      bool flat;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(c->GetAttr("widths", &widths));
+      TF_RETURN_IF_ERROR(c->GetAttr("flat", &flat));
+      if (static_cast<int64_t>(widths.size()) != n) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "SceUnpackReplicaChunks: widths has ", widths.size(), " entries, N is ", n));
+      }
+      ShapeHandle buffer, counts;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &buffer));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &counts));
+      for (int64_t t = 0; t < n; ++t) {
+        if (widths[t] < 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "SceUnpackReplicaChunks: widths[", t, "] must be at least 1, got ", widths[t]));
+        }
+        c->set_output(t, flat ? c->Vector(c->UnknownDim())
+                              : c->Matrix(c->UnknownDim(), widths[t]));
+      }
+      return absl::OkStatus();
+    });
+
+}  // namespace
+}  // namespace tensorflow
