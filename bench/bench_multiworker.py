@@ -8,7 +8,9 @@ Every worker runs `TPUEmbeddingV2` on the 26-feature Criteo-like workload (vocab
 library at each collective call (`TPUEmbeddingV2.collective_bytes_sent()`, under the cost model
 of docs/multi_worker.md#bytes-per-step). Step time is the median wall time of a step on worker 0
 after --warmup steps; all workers share this machine's cores, so it mostly shows the extra work
-and latency of more processes, not network time.
+and latency of more processes, not network time. The CPU time of a step (all threads of a worker
+process, the median over steps, averaged over workers) is the steadier measure of the work a
+worker does on a shared host.
 
 Usage: python bench/bench_multiworker.py [--workers 1,2,4] [--batch 1024] [--steps 10]
 """
@@ -94,20 +96,22 @@ def worker(args):
             return tf.add_n([tf.reduce_sum(a) for a in activations.values()])
         return strategy.run(replica_step, args=(ids, weights))
 
-    times = []
+    times, cpu_times = [], []
     for step, (ids, weights) in enumerate(batches):
         if step == args.warmup:
             embedding.replica_group.reset_bytes_sent()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         result = train_step(ids, weights)
         np.asarray(strategy.experimental_local_results(result)[0])
         if step >= args.warmup:
             times.append((time.perf_counter() - start) * 1e3)
+            cpu_times.append((time.process_time() - cpu_start) * 1e3)
     sent = sum(embedding.collective_bytes_sent().values())
     ids_per_step = statistics.mean(
         sum(int(x.values.shape[0]) for x in ids.values()) for ids, _ in batches)
     with open(os.path.join(args.out, f"worker_{args.index}.json"), "w") as f:
         json.dump({"bytes_per_step": sent / args.steps, "step_ms": statistics.median(times),
+                   "cpu_ms": statistics.median(cpu_times),
                    "ids_per_step": ids_per_step, "replicated_tables": replicated}, f)
     return 0
 
@@ -152,6 +156,7 @@ def run_cluster(args, workers, exchange, directory):
                for i in range(workers)]
     return {"bytes_per_step": statistics.mean(r["bytes_per_step"] for r in results),
             "step_ms": results[0]["step_ms"], "ids_per_step": results[0]["ids_per_step"],
+            "cpu_ms": statistics.mean(r["cpu_ms"] for r in results),
             "replicated_tables": results[0]["replicated_tables"]}
 
 
@@ -190,15 +195,16 @@ def main():
                 results[(exchange, workers)] = run_cluster(args, workers, exchange, directory)
                 r = results[(exchange, workers)]
                 print(f"{workers} worker(s), {exchange}: {r['bytes_per_step'] / 1e6:.2f} MB sent "
-                      f"per worker per step, step {r['step_ms']:.1f} ms", flush=True)
+                      f"per worker per step, step {r['step_ms']:.1f} ms, CPU {r['cpu_ms']:.1f} ms "
+                      "per worker per step", flush=True)
     print(f"\n### Multi-worker exchange (per-worker batch {args.batch}, dim {args.dim}, "
           f"vocabularies capped at {args.vocab_cap:,}, ~{results[(exchanges[0], counts[0])]['ids_per_step']:,.0f} ids per worker per step)\n")
     print("| workers | exchange | replicated tables | MB sent per worker per step | "
-          "step ms (worker 0, median) |")
-    print("|---:|---|---:|---:|---:|")
+          "step ms (worker 0, median) | CPU ms per worker per step (median) |")
+    print("|---:|---|---:|---:|---:|---:|")
     for (exchange, workers), r in sorted(results.items(), key=lambda x: (x[0][1], x[0][0])):
         print(f"| {workers} | {exchange} | {r['replicated_tables']} | "
-              f"{r['bytes_per_step'] / 1e6:.2f} | {r['step_ms']:.1f} |")
+              f"{r['bytes_per_step'] / 1e6:.2f} | {r['step_ms']:.1f} | {r['cpu_ms']:.1f} |")
     multi = [w for w in counts if w > 1]
     if len(multi) >= 2:
         print("\n| projection from the measured points (see project()) | 8 workers | "

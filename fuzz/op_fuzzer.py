@@ -30,7 +30,8 @@ I64 = 2**63 - 1
 PAD = 2**31 - 1
 OPS = ("coo", "list_of_coo", "sort", "stats", "splits", "csr_wrapped", "minibatches_in_csr",
        "lookup", "update", "update_in_place", "stacker", "finite_check", "raise_limits", "stacked_coo",
-       "stacked_splits", "gathered_segment_sum", "replica_chunks")
+       "stacked_splits", "gathered_segment_sum", "replica_chunks",
+       "id_routing")
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
 
 
@@ -269,6 +270,9 @@ def make_case(seed, index):
         counts = [int_list(rng, columns, 3) for _ in range(max(min(replicas, 6), 0))]
         case.update(counts=counts, widths=widths, chunk=a(12, 64), ids=rng.random() < 0.5,
                     rows_off_by=a.choice(0, [0, 1, -1]), buffer_off_by=a.choice(0, [0, 1, -1]))
+    elif op == "id_routing":
+        case.update(replicas=a(2, 4, 1), sparse_cores=a(4, 4, 1), rows_per_shard=a(8, 16, 1),
+                    ids=int_list(rng, rng.randint(0, 40), 63), rank=a.choice(1, [0, 1, 2]))
     elif op == "stacker":
         case.update(num_partitions=a(2, 4), sparse_cores=a(4, 4),
                     tables=[(a(100, 1000), a(8, 64), a(16, 32)) for _ in
@@ -455,6 +459,13 @@ def run_case(case):
             buffer = np.ones([size if 0 <= size <= 1 << 20 else 0], dtype)
             unpacked = replica_chunks.unpack_replica_chunks(buffer, counts, case["widths"])
             return packed, unpacked
+        if op == "id_routing":
+            from tf_sc_embedding.ops.id_routing import route_ids_to_owners  # noqa: PLC0415
+            ids = i32(case["ids"])
+            if case["rank"] != 1:
+                ids = ids.reshape([1] * case["rank"]) if ids.size == 1 else ids.reshape([-1, 1])
+            return tuple(route_ids_to_owners(ids, case["replicas"], case["sparse_cores"],
+                                             case["rows_per_shard"], table_name=T))
         if op == "stacker":
             stacker = _core.LayoutStacker(case["num_partitions"], case["sparse_cores"])
             for k, (height, width, samples) in enumerate(case["tables"]):

@@ -4,9 +4,9 @@ Every replica holds the SparseCore shards [d*S, (d+1)*S) of every stacked table.
 only ids and rows, never activations of the whole global batch (docs/multi_worker.md#exchange):
 
 forward, for all stacked tables at once:
-1. each replica deduplicates the ids of its batch per table and sorts the unique ids by the
-   replica that owns their shard (the owner); the counts per (owner, table) go out in one
-   all-to-all, and one max-reduce agrees on the chunk sizes;
+1. each replica deduplicates the ids of its batch per table and groups the unique ids by the
+   replica that owns their shard (the owner; ops/id_routing.py); the counts per (owner, table) go
+   out in one all-to-all, and one max-reduce agrees on the chunk sizes;
 2. one all-to-all sends every owner the unique ids it holds (as rows of its own variable);
 3. each owner looks its rows up with the lookup kernel (a CSR whose entries are the received
    ids, so the variable is read in place) and one all-to-all returns the rows;
@@ -25,7 +25,7 @@ import collections
 import tensorflow as tf
 
 from tf_sc_embedding import fused_update
-from tf_sc_embedding.ops import replica_chunks
+from tf_sc_embedding.ops import id_routing, replica_chunks
 from tf_sc_embedding.ops.segment_sum import gathered_segment_sum
 
 _PAD = 2 ** 31 - 1
@@ -105,20 +105,15 @@ def lookup(view, layout, coo_by_table, table_shards):
     sources = []
     for table in stacked:
         coo = coo_by_table[table.name]
-        unique, inverse = tf.unique(coo.col_ids, out_idx=tf.int32)
-        shard = unique % table.num_sparse_cores
-        owner = shard // S
-        local = (shard % S) * table.rows_per_shard + unique // table.num_sparse_cores
-        order = tf.argsort(owner, stable=True)
-        sources.append(dict(coo=coo, inverse=inverse, order=order, local=tf.gather(local, order),
-                            counts=tf.math.bincount(owner, minlength=W, maxlength=W,
-                                                    dtype=tf.int32)))
-    send_counts = tf.stack([t["counts"] for t in sources], axis=1)          # [W dest, T]
+        sources.append(dict(coo=coo, route=id_routing.route_ids_to_owners(
+            coo.col_ids, num_replicas=W, sparse_cores_per_replica=S,
+            rows_per_shard=table.rows_per_shard, table_name=table.name)))
+    send_counts = tf.stack([t["route"].counts for t in sources], axis=1)    # [W dest, T]
     recv_counts = view.all_to_all(send_counts)                              # [W source, T]
     id_chunk, row_chunk = _chunks(view, send_counts, widths)
 
     # 2. unique ids to their owners (as rows of the owner's variable).
-    recv_ids = _all_to_all(view, pack_by_replica([t["local"] for t in sources], send_counts,
+    recv_ids = _all_to_all(view, pack_by_replica([t["route"].rows for t in sources], send_counts,
                                                  id_chunk, W))
     received = unpack_by_replica(recv_ids, recv_counts, [None] * len(stacked), id_chunk, W)
 
@@ -131,10 +126,8 @@ def lookup(view, layout, coo_by_table, table_shards):
     # 4. rows -> activations.
     activations, preserved = {}, {}
     for i, table in enumerate(stacked):
-        source = sources[i]
-        unique_positions = tf.gather(tf.math.invert_permutation(source["order"]),
-                                     source["inverse"])
-        coo = source["coo"]
+        coo = sources[i]["coo"]
+        unique_positions = sources[i]["route"].positions
         activations[table.name] = gathered_segment_sum(
             rows_in_send_order[i], unique_positions, coo.gains, coo.row_ids, table.sample_count,
             table_name=table.name)

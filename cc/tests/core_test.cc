@@ -28,6 +28,7 @@
 #include "cc/core/gathered_segment_sum.h"
 #include "cc/core/gradient_check.h"
 #include "cc/core/huge_pages.h"
+#include "cc/core/id_routing.h"
 #include "cc/core/lookup.h"
 #include "cc/core/layout.h"
 #include "cc/core/minibatch_splits.h"
@@ -2292,6 +2293,56 @@ void TestReplicaChunks() {
   CHECK_ERROR(sce::ValidateReplicaChunks(chunks, "x", &rows), "number of replicas");
 }
 
+void TestIdRouting() {
+  g_test = "id routing: worked example, duplicates, grouping by owner, checked ids";
+  // W = 2, S = 2, R = 3 (N = 4 shards, 12 rows). id 5: shard 1, owner 0, row 1*3 + 1 = 4;
+  // id 6: shard 2, owner 1, row 0*3 + 1 = 1; id 3: shard 3, owner 1, row 1*3 + 0 = 3.
+  sce::IdRoutingParams params;
+  params.num_replicas = 2;
+  params.sparse_cores_per_replica = 2;
+  params.rows_per_shard = 3;
+  const IntVec ids = {6, 5, 3, 6};
+  CHECK_OK(sce::ValidateIdRouting(params, ids.data(), 4, "table 't'"));
+  sce::IdRoute route;
+  sce::RouteIds(params, ids.data(), 4, &route);
+  CHECK_EQ(route.rows, (IntVec{4, 1, 3}));
+  CHECK_EQ(route.counts, (IntVec{1, 2}));
+  CHECK_EQ(route.positions, (IntVec{1, 0, 2, 1}));
+
+  // Many ids (the radix-sort path): every id maps back to itself through its unique row.
+  std::mt19937 rng(11);
+  params.num_replicas = 3;
+  params.sparse_cores_per_replica = 4;
+  params.rows_per_shard = 1000;
+  IntVec many(5000);
+  for (int32_t& id : many) id = static_cast<int32_t>(rng() % 12000);
+  sce::RouteIds(params, many.data(), 5000, &route);
+  bool consistent = true;
+  int64_t total = 0;
+  for (int32_t c : route.counts) total += c;
+  consistent = consistent && total == static_cast<int64_t>(route.rows.size());
+  std::vector<int32_t> owner_of_unique;
+  for (int32_t d = 0; d < 3; ++d) owner_of_unique.insert(owner_of_unique.end(), route.counts[d], d);
+  for (size_t k = 1; k < route.rows.size(); ++k) {
+    consistent = consistent && (owner_of_unique[k] > owner_of_unique[k - 1] ||
+                                route.rows[k] > route.rows[k - 1]);
+  }
+  for (size_t i = 0; i < many.size(); ++i) {
+    const int32_t u = route.positions[i];
+    const int32_t shard = many[i] % 12;
+    consistent = consistent && owner_of_unique[u] == shard / 4 &&
+                 route.rows[u] == (shard % 4) * 1000 + many[i] / 12;
+  }
+  CHECK(consistent);
+
+  const IntVec bad = {0, 12000};
+  CHECK_ERROR(sce::ValidateIdRouting(params, bad.data(), 2, "table 't'"), "ids[1] = 12000");
+  params.rows_per_shard = int64_t{1} << 30;
+  CHECK_ERROR(sce::ValidateIdRouting(params, nullptr, 0, "table 't'"), "exceeds the limit");
+  params.rows_per_shard = 0;
+  CHECK_ERROR(sce::ValidateIdRouting(params, nullptr, 0, "table 't'"), "rows_per_shard");
+}
+
 int main() {
   const std::vector<std::function<void()>> tests = {
       TestConvertToCoo,   TestConvertToListOfCoo, TestSortListOfCoo,
@@ -2303,7 +2354,7 @@ int main() {
       TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice, TestStableSortByKey,
       TestStableSortWords,
       TestFeatureMajorActivations, TestLookupOverwritesActivations, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
-      TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks,
+      TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks, TestIdRouting,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
