@@ -31,7 +31,7 @@ PAD = 2**31 - 1
 OPS = ("coo", "list_of_coo", "sort", "stats", "splits", "csr_wrapped", "minibatches_in_csr",
        "lookup", "update", "update_in_place", "stacker", "finite_check", "raise_limits", "stacked_coo",
        "stacked_splits", "gathered_segment_sum", "replica_chunks",
-       "id_routing")
+       "id_routing", "owner_csr")
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
 
 
@@ -273,6 +273,9 @@ def make_case(seed, index):
     elif op == "id_routing":
         case.update(replicas=a(2, 4, 1), sparse_cores=a(4, 4, 1), rows_per_shard=a(8, 16, 1),
                     ids=int_list(rng, rng.randint(0, 40), 63), rank=a.choice(1, [0, 1, 2]))
+    elif op == "owner_csr":
+        case.update(replicas=a(2, 4, 1), sparse_cores=a(4, 4, 1), rows_per_shard=a(8, 16, 1),
+                    replica_id=a(1, 4, 0), rows=int_list(rng, rng.randint(0, 40), 31))
     elif op == "stacker":
         case.update(num_partitions=a(2, 4), sparse_cores=a(4, 4),
                     tables=[(a(100, 1000), a(8, 64), a(16, 32)) for _ in
@@ -466,6 +469,10 @@ def run_case(case):
                 ids = ids.reshape([1] * case["rank"]) if ids.size == 1 else ids.reshape([-1, 1])
             return tuple(route_ids_to_owners(ids, case["replicas"], case["sparse_cores"],
                                              case["rows_per_shard"], table_name=T))
+        if op == "owner_csr":
+            from tf_sc_embedding.ops.owner_csr import owner_csr  # noqa: PLC0415
+            return tuple(owner_csr(i32(case["rows"]), case["replicas"], case["sparse_cores"],
+                                   case["rows_per_shard"], case["replica_id"], table_name=T))
         if op == "stacker":
             stacker = _core.LayoutStacker(case["num_partitions"], case["sparse_cores"])
             for k, (height, width, samples) in enumerate(case["tables"]):

@@ -26,10 +26,9 @@ import tensorflow as tf
 
 from tf_sc_embedding import fused_update
 from tf_sc_embedding.ops import id_routing, replica_chunks
+from tf_sc_embedding.ops.owner_csr import owner_csr
 from tf_sc_embedding.ops.segment_sum import gathered_segment_sum
 
-_PAD = 2 ** 31 - 1
-_XLA_PAD = 8
 
 # Per stacked table, what apply_gradients needs from the forward pass.
 ExchangedTable = collections.namedtuple("ExchangedTable", [
@@ -42,10 +41,6 @@ ExchangedTable = collections.namedtuple("ExchangedTable", [
 # the floats per replica chunk of the row buffers.
 ExchangeSizes = collections.namedtuple("ExchangeSizes", ["send_counts", "recv_counts",
                                                          "row_chunk"])
-
-
-def _exclusive_cumsum(x, axis=0):
-    return tf.math.cumsum(x, axis=axis, exclusive=True)
 
 
 def pack_by_replica(values, counts, chunk, num_replicas):
@@ -137,38 +132,6 @@ def lookup(view, layout, coo_by_table, table_shards):
     return activations, (preserved, ExchangeSizes(send_counts, recv_counts, row_chunk))
 
 
-def _owner_csr(local_rows, rows_per_shard, sparse_cores, num_replicas, replica_id):
-    """A CSR (one source replica, one minibatch) whose entry j updates local row local_rows[j].
-
-    Entries are sorted by shard; entry j of that order is sample j % M of source SparseCore j // M
-    (M = ceil(n / S)), so the fused update kernel reads its gradient from activation row j.
-    Segments start 8-aligned, as the CSR format requires (docs/preprocessing.md#csr).
-    Returns (row_pointers, sample_ids, token_ids, gains, order, rows): `order[j]` is the index
-    of entry j in local_rows, `rows` = S * M activation rows.
-    """
-    S = sparse_cores
-    block = -(-(S * num_replicas) // _XLA_PAD) * _XLA_PAD
-    n = tf.size(local_rows, out_type=tf.int32)
-    per_sc = (n + S - 1) // S
-    local_shard = local_rows // rows_per_shard
-    order = tf.argsort(local_shard, stable=True)
-    shard_sorted = tf.gather(local_shard, order)
-    token_sorted = tf.gather(local_rows, order) - shard_sorted * rows_per_shard
-    j = tf.range(n, dtype=tf.int32)
-    source_sc = j // tf.maximum(per_sc, 1)
-    key = source_sc * block + replica_id * S + shard_sorted
-    counts = tf.math.bincount(key, minlength=S * block, maxlength=S * block, dtype=tf.int32)
-    padded = (counts + _XLA_PAD - 1) // _XLA_PAD * _XLA_PAD
-    begin = _exclusive_cumsum(padded)
-    slot = (tf.gather(begin, key) + j - tf.gather(_exclusive_cumsum(counts), key))[:, None]
-    total = tf.reduce_sum(padded)
-    tokens = tf.tensor_scatter_nd_update(tf.fill([total], _PAD), slot, token_sorted)
-    samples = tf.tensor_scatter_nd_update(tf.fill([total], _PAD), slot, j - source_sc * per_sc)
-    gains = tf.tensor_scatter_nd_update(tf.fill([total], float(_PAD)), slot,
-                                        tf.ones([n], tf.float32))
-    return begin + counts, samples, tokens, gains, order, S * per_sc
-
-
 def exchange_gradients(view, layout, preserved, gradients):
     """Step 5: one gradient row per unique id, sent to its owner.
 
@@ -208,12 +171,14 @@ def owned_rows_inputs(layout, replica_id, rows_and_gradients):
     inputs = {}
     for table in layout.stacked_tables.values():
         rows, grads = rows_and_gradients[table.name]
-        pointers, samples, tokens, gains, order, activation_rows = _owner_csr(
-            rows, table.rows_per_shard, S, W, replica_id)
-        grads = tf.gather(grads, order)
-        grads = tf.pad(grads, [[0, activation_rows - tf.shape(grads)[0]], [0, 0]])
-        inputs[table.name] = fused_update.UpdateInputs(pointers, samples, tokens, gains, grads,
-                                                       tf.constant(1))
+        csr = owner_csr(rows, num_replicas=W, sparse_cores_per_replica=S,
+                        rows_per_shard=table.rows_per_shard, replica_id=replica_id,
+                        table_name=table.name)
+        grads = tf.gather(grads, csr.order)
+        grads = tf.pad(grads, [[0, csr.activation_rows - tf.shape(grads)[0]], [0, 0]])
+        inputs[table.name] = fused_update.UpdateInputs(
+            csr.row_pointers, csr.sorted_sample_ids, csr.sorted_token_ids, csr.sorted_gains,
+            grads, tf.constant(1))
     return inputs
 
 
@@ -253,7 +218,9 @@ def sparse_allreduce(view, layout, rows_and_gradients):
     for ids, g in zip(recv_ids, recv_grads):
         unique, inverse = tf.unique(ids, out_idx=tf.int32)
         reduced_ids.append(unique)
-        reduced_grads.append(tf.math.unsorted_segment_sum(g, inverse, tf.size(unique)))
+        n = tf.size(ids)
+        reduced_grads.append(gathered_segment_sum(g, tf.range(n), tf.ones([n]), inverse,
+                                                  tf.size(unique)))
     # (2) all-gather of the reduced slices (equal shapes: padded to the largest slice).
     mine = tf.stack([tf.size(u, out_type=tf.int32) for u in reduced_ids])           # [T]
     all_counts = tf.reshape(view.all_gather(mine[None, :]), [W, len(stacked)])     # [W, T]

@@ -33,6 +33,7 @@
 #include "cc/core/layout.h"
 #include "cc/core/minibatch_splits.h"
 #include "cc/core/online_limits.h"
+#include "cc/core/owner_csr.h"
 #include "cc/core/radix_sort.h"
 #include "cc/core/replica_chunks.h"
 #include "cc/core/sort_list.h"
@@ -2343,6 +2344,44 @@ void TestIdRouting() {
   CHECK_ERROR(sce::ValidateIdRouting(params, nullptr, 0, "table 't'"), "rows_per_shard");
 }
 
+void TestOwnerCsr() {
+  g_test = "owner csr: worked example, padding, checked rows";
+  // W = 1, S = 2, R = 10: rows 13 (shard 1), 4 (shard 0), 15 (shard 1). Sorted by shard: 4, 13,
+  // 15; M = 2: entries 0-1 from source SparseCore 0, entry 2 from source SparseCore 1.
+  sce::OwnerCsrParams params;
+  params.num_replicas = 1;
+  params.sparse_cores_per_replica = 2;
+  params.rows_per_shard = 10;
+  const IntVec rows = {13, 4, 15};
+  sce::OwnerCsrSizes sizes;
+  CHECK_OK(sce::ValidateOwnerCsr(params, rows.data(), 3, "table 't'", &sizes));
+  CHECK_EQ(sizes.row_pointers, int64_t{16});
+  CHECK_EQ(sizes.entries, int64_t{24});
+  CHECK_EQ(sizes.activation_rows, int64_t{4});
+  IntVec pointers(16), samples(24), tokens(24), order(3);
+  FloatVec gains(24);
+  sce::BuildOwnerCsr(params, rows.data(), 3, sizes, pointers.data(), samples.data(),
+                     tokens.data(), gains.data(), order.data());
+  CHECK_EQ(order, (IntVec{1, 0, 2}));
+  CHECK_EQ(pointers, (IntVec{1, 9, 16, 16, 16, 16, 16, 16, 16, 17, 24, 24, 24, 24, 24, 24}));
+  CHECK_EQ(tokens[0], 4);
+  CHECK_EQ(tokens[8], 3);
+  CHECK_EQ(tokens[16], 5);
+  CHECK_EQ(samples[0], 0);
+  CHECK_EQ(samples[8], 1);
+  CHECK_EQ(samples[16], 0);
+  CHECK_EQ(tokens[1], sce::kPad);
+  CHECK(gains[0] == 1.0f && gains[1] == static_cast<float>(sce::kPad));
+
+  const IntVec bad = {0, 20};
+  CHECK_ERROR(sce::ValidateOwnerCsr(params, bad.data(), 2, "table 't'", &sizes), "rows[1] = 20");
+  params.replica_id = 1;
+  CHECK_ERROR(sce::ValidateOwnerCsr(params, nullptr, 0, "table 't'", &sizes), "replica_id");
+  params.replica_id = 0;
+  params.rows_per_shard = int64_t{1} << 31;
+  CHECK_ERROR(sce::ValidateOwnerCsr(params, nullptr, 0, "table 't'", &sizes), "rows_per_shard");
+}
+
 int main() {
   const std::vector<std::function<void()>> tests = {
       TestConvertToCoo,   TestConvertToListOfCoo, TestSortListOfCoo,
@@ -2354,7 +2393,7 @@ int main() {
       TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice, TestStableSortByKey,
       TestStableSortWords,
       TestFeatureMajorActivations, TestLookupOverwritesActivations, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
-      TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks, TestIdRouting,
+      TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks, TestIdRouting, TestOwnerCsr,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
