@@ -43,21 +43,20 @@ ExchangeSizes = collections.namedtuple("ExchangeSizes", ["send_counts", "recv_co
                                                          "row_chunk"])
 
 
-def pack_by_replica(values, counts, chunk, num_replicas):
+def pack_by_replica(values, counts, chunk):
     """One flat buffer [W * chunk] for an all-to-all: chunk d holds, table after table, the
     counts[d, t] entries of values[t] that go to replica d (values[t] is sorted by replica).
 
     values: per table [n_t] or [n_t, width_t]; counts: [W, T]. One copy of the payload
     (ops/replica_chunks.py).
     """
-    del num_replicas  # counts has one row per replica
     return replica_chunks.pack_replica_chunks(values, counts, chunk)
 
 
-def unpack_by_replica(buffer, counts, widths, chunk, num_replicas):
+def unpack_by_replica(buffer, counts, widths):
     """Inverse of pack_by_replica: per table, the entries of every replica's chunk, in replica
-    order ([n_t] where widths[t] is None, else [n_t, widths[t]])."""
-    del chunk, num_replicas  # the buffer is counts.shape[0] chunks of equal size
+    order ([n_t] where widths[t] is None, else [n_t, widths[t]]). The buffer holds one equal
+    chunk per row of counts."""
     return replica_chunks.unpack_replica_chunks(tf.reshape(buffer, [-1]), counts, widths)
 
 
@@ -109,14 +108,14 @@ def lookup(view, layout, coo_by_table, table_shards):
 
     # 2. unique ids to their owners (as rows of the owner's variable).
     recv_ids = _all_to_all(view, pack_by_replica([t["route"].rows for t in sources], send_counts,
-                                                 id_chunk, W))
-    received = unpack_by_replica(recv_ids, recv_counts, [None] * len(stacked), id_chunk, W)
+                                                 id_chunk))
+    received = unpack_by_replica(recv_ids, recv_counts, [None] * len(stacked))
 
     # 3. owners read their rows (the variable is read in place, not copied) and return them.
     rows = [_quantized(tf.gather(table_shards[table.name].read_value(), received[i]),
                        table.quantization) for i, table in enumerate(stacked)]
-    recv_rows = _all_to_all(view, pack_by_replica(rows, recv_counts, row_chunk, W))
-    rows_in_send_order = unpack_by_replica(recv_rows, send_counts, width_list, row_chunk, W)
+    recv_rows = _all_to_all(view, pack_by_replica(rows, recv_counts, row_chunk))
+    rows_in_send_order = unpack_by_replica(recv_rows, send_counts, width_list)
 
     # 4. rows -> activations.
     activations, preserved = {}, {}
@@ -146,10 +145,9 @@ def exchange_gradients(view, layout, preserved, gradients):
         per_unique.append(gathered_segment_sum(
             gradients[table.name], state.sample_rows, state.gains, state.unique_positions,
             tf.reduce_sum(sizes.send_counts[:, i]), table_name=table.name))
-    W = layout.num_replicas
     received = unpack_by_replica(
-        _all_to_all(view, pack_by_replica(per_unique, sizes.send_counts, sizes.row_chunk, W)),
-        sizes.recv_counts, [t.padded_width for t in stacked], sizes.row_chunk, W)
+        _all_to_all(view, pack_by_replica(per_unique, sizes.send_counts, sizes.row_chunk)),
+        sizes.recv_counts, [t.padded_width for t in stacked])
     return {table.name: (tables[table.name].received_rows, received[i])
             for i, table in enumerate(stacked)}
 
@@ -209,11 +207,11 @@ def sparse_allreduce(view, layout, rows_and_gradients):
     recv_counts = view.all_to_all(send_counts)
     id_chunk, row_chunk = _chunks(view, send_counts, widths)
     recv_ids = unpack_by_replica(
-        _all_to_all(view, pack_by_replica(rows, send_counts, id_chunk, W)), recv_counts,
-        [None] * len(stacked), id_chunk, W)
+        _all_to_all(view, pack_by_replica(rows, send_counts, id_chunk)), recv_counts,
+        [None] * len(stacked))
     recv_grads = unpack_by_replica(
-        _all_to_all(view, pack_by_replica(grads, send_counts, row_chunk, W)), recv_counts,
-        width_list, row_chunk, W)
+        _all_to_all(view, pack_by_replica(grads, send_counts, row_chunk)), recv_counts,
+        width_list)
     reduced_ids, reduced_grads = [], []
     for ids, g in zip(recv_ids, recv_grads):
         unique, inverse = tf.unique(ids, out_idx=tf.int32)
@@ -229,11 +227,9 @@ def sparse_allreduce(view, layout, rows_and_gradients):
     one_chunk = tf.ones([1, len(stacked)], tf.int32)
 
     def gathered(values, chunk):
-        local = pack_by_replica(values, tf.reshape(mine, [1, -1]) * one_chunk, chunk, 1)
+        local = pack_by_replica(values, tf.reshape(mine, [1, -1]) * one_chunk, chunk)
         return view.all_gather(local[None, :])
 
-    ids = unpack_by_replica(gathered(reduced_ids, id_chunk), all_counts,
-                            [None] * len(stacked), id_chunk, W)
-    grads = unpack_by_replica(gathered(reduced_grads, row_chunk), all_counts, width_list,
-                              row_chunk, W)
+    ids = unpack_by_replica(gathered(reduced_ids, id_chunk), all_counts, [None] * len(stacked))
+    grads = unpack_by_replica(gathered(reduced_grads, row_chunk), all_counts, width_list)
     return {table.name: (ids[i], grads[i]) for i, table in enumerate(stacked)}
