@@ -9,10 +9,8 @@ namespace sce {
 
 Status ValidateIdRouting(const IdRoutingParams& p, const int32_t* ids, int64_t n,
                          const std::string& where) {
-  SCE_RETURN_IF_ERROR(CheckInRange(where, "num_replicas", p.num_replicas, 1, kMaxReplicas));
-  SCE_RETURN_IF_ERROR(CheckInRange(where, "sparse_cores_per_replica", p.sparse_cores_per_replica,
-                                   1, kMaxSparseCoresPerChip));
-  SCE_RETURN_IF_ERROR(CheckInRange(where, "rows_per_shard", p.rows_per_shard, 1, kMaxInt32));
+  SCE_RETURN_IF_ERROR(
+      CheckShardGrid(where, p.num_replicas, p.sparse_cores_per_replica, p.rows_per_shard));
   int64_t rows;
   SCE_RETURN_IF_ERROR(CheckedSize(where, "the table's rows (replicas * sparse cores * rows per shard)",
                                   {p.num_replicas, p.sparse_cores_per_replica, p.rows_per_shard},
