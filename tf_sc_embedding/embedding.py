@@ -442,11 +442,10 @@ class TPUEmbeddingV2(tf.Module):
                 ids = [by_path[f.path][0] for f in layout.features]
                 weights_ = [by_path[f.path][1] for f in layout.features]
                 splits = layout is self._plan.sharded and self._exchange != "all_to_all"
-                observe_coo, observe_maxima = (self._stats_observers(summarize)
-                                               if layout is self._plan.sharded else (None, None))
+                observe = (self._stats_observer(summarize)
+                           if layout is self._plan.sharded else None)
                 result.update(enqueue_lib.preprocess(layout, ids, weights_, with_splits=splits,
-                                                     observe_coo=observe_coo,
-                                                     observe_maxima=observe_maxima))
+                                                     observe_maxima=observe))
         return result
 
     def _enqueue_per_replica(self, features, weights, device):
@@ -525,18 +524,17 @@ class TPUEmbeddingV2(tf.Module):
         return ({n: v[stats_lib.MAX_IDS] for n, v in measured.items()},
                 {n: v[stats_lib.MAX_UNIQUE_IDS] for n, v in measured.items()})
 
-    def _stats_observers(self, summarize):
-        """(observe_coo, observe_maxima) for enqueue_lib.preprocess, or (None, None)."""
+    def _stats_observer(self, summarize):
+        """observe_maxima for enqueue_lib.preprocess, or None."""
         if self._stats is None:
-            return None, None
+            return None
         if summarize is None:   # one replica of the process writes the summaries
             context = tf.distribute.get_replica_context()
             summarize = True
             if context is not None and context.num_replicas_in_sync > 1:
                 replica = tf.get_static_value(context.replica_id_in_sync_group)
                 summarize = replica is None or int(replica) == self._group.local_replica_ids[0]
-        return (lambda lists: self._stats.observe(lists, summarize),
-                lambda maxima: self._stats.observe_maxima(maxima, summarize))
+        return lambda maxima: self._stats.observe_maxima(maxima, summarize)
 
     def _local_parameters(self, view):
         variables = self._storage.stacked_variables()

@@ -3,10 +3,10 @@
 Per feature, `convert_to_list_of_sparse_core_coo_tensors` applies the combiner and the stacking
 transform (sample offset, row offset, rotation); per stacked table the features' lists are
 concatenated in SparseCore-major order and `get_minibatch_splits_with_physical_replica` sorts,
-deduplicates and buckets them and proposes minibatch splits. When the per-feature lists are not
-needed otherwise (they are for the partition statistics of the all-to-all exchange), one
+deduplicates and buckets them and proposes minibatch splits. One
 `SceConvertFeaturesToMinibatchSplits` per stacked table does all of this (or, without splits,
-one `SceConvertFeaturesToStackedCooTensor` makes the concatenation).
+one `SceConvertFeaturesToStackedCooTensor` makes the concatenation; the per-feature ops remain
+for `compute_sparse_core_stats`).
 Packing into CSR buffers waits for the replicas to agree on the splits (see `lookup.py`).
 Everything here is plain TensorFlow ops on the host, so it also runs inside
 `tf.data.Dataset.map`.
@@ -155,66 +155,42 @@ def stacked_splits(layout, flat_features, flat_weights):
     return result, maxima
 
 
-def _concatenated_coo(layout, lists):
-    """feature_coo_lists' per-feature lists -> per stacked table (rows, cols, gains), SC-major."""
-    S = layout.sparse_cores_per_replica
-    result = {}
-    for name in layout.stacked_tables:
-        per_feature = lists[name]
-        # SparseCore-major order keeps rows sorted: SC i's rows are [i*B_sc, (i+1)*B_sc).
-        result[name] = tuple(
-            tf.concat([f[k][i] for i in range(S) for f in per_feature], axis=0)
-            for k in range(3))
-    return result
-
-
-def preprocess(layout, flat_features, flat_weights, with_splits=True, observe_coo=None,
-               observe_maxima=None):
+def preprocess(layout, flat_features, flat_weights, with_splits=True, observe_maxima=None):
     """Per stacked table name, the PreprocessedTable of one replica's batch.
 
     Without splits (the all-to-all exchange), the stacked table's COO (PreprocessedCoo) instead.
-    Partition statistics (tf_sc_embedding.stats): with splits and observe_maxima, observe_maxima
-    is called with {stacked table name: (max ids, max unique ids)}, the counts the minibatch-splits
-    op makes anyway; otherwise observe_coo is called with {stacked table name:
-    [(FeaturePlacement, per-SparseCore COO lists)]}, which are counted by extra ops.
+    Partition statistics (tf_sc_embedding.stats): observe_maxima, if given, is called with
+    {stacked table name: (max ids, max unique ids)} as the minibatch-splits op counts them. With
+    splits the op runs anyway; without, it runs on the stacked COO for the counts alone.
     """
-    if observe_coo is not None and (not with_splits or observe_maxima is None):
-        # The statistics need every feature's per-SparseCore lists.
-        observed = feature_coo_lists(layout, flat_features, flat_weights)
-        observe_coo(observed)   # stateful: runs in tf.function without a dependency
-        coo = _concatenated_coo(layout, {name: [per_sc for _, per_sc in observed.get(name, [])]
-                                         for name in layout.stacked_tables})
-        result, maxima = _pack(layout, coo, with_splits)
-    elif with_splits:
-        # No per-feature lists needed: one op per stacked table, from the ids to the splits.
+    if with_splits:
+        # One op per stacked table, from the ids to the splits.
         result, maxima = stacked_splits(layout, flat_features, flat_weights)
     else:
-        result, maxima = _pack(layout, stacked_coo(layout, flat_features, flat_weights), False)
-    if with_splits and observe_maxima is not None:
+        coo = stacked_coo(layout, flat_features, flat_weights)
+        result = {name: PreprocessedCoo(*coo[name]) for name in layout.stacked_tables}
+        maxima = coo_partition_maxima(layout, coo) if observe_maxima is not None else {}
+    if observe_maxima is not None:
         observe_maxima(maxima)   # stateful: runs in tf.function without a dependency
     return result
 
 
-def _pack(layout, coo, with_splits):
-    """(per stacked table its PreprocessedTable or PreprocessedCoo, per stacked table the
-    (max ids, max unique ids) per partition the splits op measured; {} without splits)."""
+def coo_partition_maxima(layout, coo):
+    """Per stacked table name, (max ids, max unique ids) per partition of its stacked COO (rows,
+    cols, gains in SparseCore-major order), counted by the minibatch-splits op with no limits (so
+    a batch the exchange can take is never rejected for the statistics' sake)."""
     S = layout.sparse_cores_per_replica
-    result, maxima = {}, {}
+    maxima = {}
     for name, stacked in layout.stacked_tables.items():
         rows, cols, gains = coo[name]
-        if not with_splits:
-            result[name] = PreprocessedCoo(rows, cols, gains)
-            continue
         splits = ops.get_minibatch_splits_with_physical_replica(
             tf.constant([""]), rows, cols, gains, sample_count=stacked.sample_count,
             num_replica=layout.num_replicas, table_vocab_size=stacked.total_rows,
             feature_width=stacked.padded_width, num_sc_per_chip=S, table_name=name,
-            mini_batch_splits="", max_ids_per_partition=stacked.max_ids_per_partition,
-            max_unique_ids_per_partition=stacked.max_unique_ids_per_partition)
-        result[name] = PreprocessedTable(splits.sorted_row_ids, splits.sorted_col_ids,
-                                         splits.sorted_gains, splits.splits, splits.id_counts)
+            mini_batch_splits="", max_ids_per_partition=_INT32_MAX,
+            max_unique_ids_per_partition=_INT32_MAX)
         maxima[name] = (splits.max_ids, splits.max_uniques)
-    return result, maxima
+    return maxima
 
 
 def feature_major_rows(layout, stacked):

@@ -4,9 +4,10 @@
 * `compute_sparse_core_stats(...)` is TensorFlow's `TPUEmbeddingV2.compute_sparse_core_stats`
   (same arguments, same result): for one batch, per stacked table, the maximum over source
   SparseCores and target partitions of the ids and of the unique ids a partition receives.
-* `RunningStats` measures the same on every `enqueue` of a `TPUEmbeddingV2` (from the COO lists
-  that enqueue computes anyway; one extra sort-and-count op per SparseCore and stacked table) and
-  keeps the running maxima, exposed as `TPUEmbeddingV2.sparse_core_stats` and
+* `RunningStats` measures the same on every `enqueue` of a `TPUEmbeddingV2` (from the counts
+  of the minibatch-splits op, which enqueue runs anyway except under the all-to-all exchange,
+  where it runs once per stacked table on the stacked COO for the counts) and keeps the running
+  maxima, exposed as `TPUEmbeddingV2.sparse_core_stats` and
   `suggested_sparse_core_limits()`, and written as TensorBoard scalars when a default
   `tf.summary` writer is active:
   ``sparse_core/<stacked table>/max_ids_per_partition`` and ``.../max_unique_ids_per_partition``
@@ -150,16 +151,10 @@ class RunningStats:
                                                      "sparse_core_stats_batches")
         self._lock = threading.Lock()
 
-    def observe(self, lists, summarize):
-        """Measures one replica's batch (its COO lists) and updates the maxima; returns the op."""
-        if _in_dataset_function():
-            return None
-        return self._record({name: table_stats(self.layout, name, lists[name])
-                             for name in self.names}, summarize)
-
     def observe_maxima(self, maxima, summarize):
-        """As observe, from measured values: {stacked table: (max ids, max unique ids)} (e.g.
-        the max_ids / max_uniques outputs of the minibatch-splits op, which counts the same)."""
+        """Updates the running maxima with one replica's batch, {stacked table: (max ids, max
+        unique ids)} (the max_ids / max_uniques outputs of the minibatch-splits op); returns the
+        op."""
         if _in_dataset_function():
             return None
         return self._record(maxima, summarize)

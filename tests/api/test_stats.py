@@ -99,11 +99,14 @@ def test_running_maxima_single_replica_and_summaries(tmp_path):
         stats["max_unique_ids_per_partition"]
 
 
-def test_running_maxima_two_replicas_match_static_method():
+@pytest.mark.parametrize("exchange", ["all_to_all", "all_gather"])
+def test_running_maxima_two_replicas_match_static_method(exchange):
+    # all-gather: the counts of the splits op the exchange runs; all-to-all: of one splits op
+    # per stacked table on the stacked COO. The static method counts with the statistics op.
     require_replicas(2)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():   # statistics cover the sharded tables (small ones are replicated)
-        embedding = sce.TPUEmbeddingV2(features_config(), optimizer=E.SGD(0.1),
+        embedding = sce.TPUEmbeddingV2(features_config(), optimizer=E.SGD(0.1), exchange=exchange,
                                        table_placement={"video": "sharded"})
     per_replica = [batch(seed=20), batch(seed=21, skew=True)]
     values = strategy.experimental_distribute_values_from_function(
