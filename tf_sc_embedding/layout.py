@@ -112,6 +112,32 @@ def _table_name(table, index):
     return table.name if table.name else f"table_{index}"
 
 
+def check_sparse_core_count(num_replicas, sparse_cores_per_replica):
+    """Every table is sharded over replicas x sparse_cores_per_replica SparseCores, id `i` on
+    SparseCore `(i + rotation) mod N` with TensorFlow's bit masks (docs/layout.md#stacking), so N
+    must be a power of two: rejected here, before any variable or op exists, instead of by the
+    preprocessing ops at the first step. (Replicated tables are laid out for one replica.)"""
+    counts = []
+    for name, value in (("number of replicas", num_replicas),
+                        ("sparse_cores_per_replica", sparse_cores_per_replica)):
+        try:
+            count = None if isinstance(value, bool) else operator.index(value)
+        except TypeError:
+            count = None
+        if count is None or count < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        counts.append(count)
+    total = counts[0] * counts[1]
+    if total & (total - 1):
+        raise ValueError(
+            f"{num_replicas} replica(s) x sparse_cores_per_replica={sparse_cores_per_replica} = "
+            f"{total} SparseCores: the SparseCore layout shards tables over a power-of-two "
+            "number of SparseCores (as on TPUs). Use a power-of-two number of replicas (workers "
+            "x replicas per worker: 1, 2, 4, 8, ...) and of sparse_cores_per_replica; tables "
+            "placed 'replicated' (table_placement) are held whole on every replica and work "
+            "with any number of replicas.")
+
+
 class EmbeddingLayout:
     """The stacked layout of a feature config for a number of replicas and SparseCores."""
 
@@ -119,6 +145,7 @@ class EmbeddingLayout:
                  output_shapes: Dict[str, Tuple[int, ...]], sparse_core_embedding_config=None,
                  tables: Optional[frozenset] = None):
         """`tables`: lay out only these table names (and their features); None: all."""
+        check_sparse_core_count(num_replicas, sparse_cores_per_replica)
         self.num_replicas = num_replicas
         self.sparse_cores_per_replica = sparse_cores_per_replica
         self.num_sparse_cores = num_replicas * sparse_cores_per_replica

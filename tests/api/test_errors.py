@@ -150,6 +150,67 @@ def test_build_without_batch_size():
         embedding.build()
 
 
+def test_three_replicas_are_rejected_at_construction():
+    # 3 x 4 SparseCores cannot hold TensorFlow's power-of-two layout: rejected before any
+    # variable exists, not by the preprocessing ops at the first step.
+    skip_without_devices(3)
+    tf.distribute.MirroredStrategy._collective_key_base += 100000
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1", "/cpu:2"])
+    initial = np.arange(64, dtype=np.float32).reshape(16, 4) / 64
+    table = E.TableConfig(vocabulary_size=16, dim=4, name="t", combiner="sum",
+                          initializer=tf.constant_initializer(initial))
+    with strategy.scope():
+        with pytest.raises(ValueError, match=r"3 replica\(s\) x sparse_cores_per_replica=4 = "
+                                             r"12 SparseCores: .*power-of-two"):
+            sce.TPUEmbeddingV2({"f": E.FeatureConfig(table=table)}, E.SGD(0.1),
+                               table_placement={"t": "sharded"})
+        # A replicated table is laid out for one replica: any replica count works.
+        embedding = sce.TPUEmbeddingV2({"f": E.FeatureConfig(table=table)}, E.SGD(0.1),
+                                       table_placement={"t": "replicated"})
+    embedding.build(per_replica_batch_size=4)
+
+    @tf.function
+    def step(ids):
+        def fn(ids):
+            activations, preserved = embedding(ids)
+            embedding.apply_gradients(activations, preserved)
+            return activations["f"]
+        return strategy.run(fn, args=(ids,))
+    step(IDS)
+    # Each of the three replicas looked up rows 1-4 and sends them back as gradients: SGD(0.1)
+    # applies their sum, 3 x the row.
+    want = initial.copy()
+    want[1:5] *= 1 - 0.1 * 3
+    np.testing.assert_allclose(
+        embedding.embedding_tables[embedding.feature_config["f"].table], want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("count,match", [
+    (3, r"1 replica\(s\) x sparse_cores_per_replica=3 = 3 SparseCores"),
+    (0, "sparse_cores_per_replica must be a positive integer, got 0"),
+    ("4", "sparse_cores_per_replica must be a positive integer, got '4'"),
+    (2.0, "sparse_cores_per_replica must be a positive integer, got 2.0"),
+    (True, "sparse_cores_per_replica must be a positive integer, got True"),
+])
+def test_bad_sparse_cores_per_replica(count, match):
+    table = E.TableConfig(vocabulary_size=16, dim=4, name="t")
+    with pytest.raises(ValueError, match=match):
+        sce.TPUEmbeddingV2({"f": E.FeatureConfig(table=table)}, E.SGD(0.1),
+                           sparse_cores_per_replica=count)
+    embedding = sce.TPUEmbeddingV2({"f": E.FeatureConfig(table=table)}, E.SGD(0.1),
+                                   sparse_cores_per_replica=np.int64(2))
+    embedding.build(per_replica_batch_size=4)
+    assert embedding({"f": tf.constant([1, 2, 3, 4])})[0]["f"].shape == (4, 4)
+
+
+def test_compute_sparse_core_stats_rejects_three_chips():
+    table = E.TableConfig(vocabulary_size=16, dim=4, name="t")
+    with pytest.raises(ValueError, match="power-of-two"):
+        sce.TPUEmbeddingV2.compute_sparse_core_stats(
+            {"f": tf.constant([1, 2, 3, 4])}, {"f": E.FeatureConfig(table=table)}, 3,
+            num_sc_per_chip=4)
+
+
 def _two_replica_embedding():
     skip_without_devices(2)
     tf.distribute.MirroredStrategy._collective_key_base += 100000
