@@ -25,13 +25,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                                 : sce_fuzz::Attr(in, 700);
   sce::GatheredSegmentSumArgs args{rows.data(), num_rows, width, positions.data(), gains.data(),
                                    segments.data(), static_cast<int64_t>(n), num_segments};
+  const int64_t max_ranges = in.ConsumeIntegralInRange<int64_t>(0, 9);  // any split into ranges
   if (!sce::ValidateGatheredSegmentSum(args, "fuzz").ok()) return 0;
   SCE_FUZZ_CHECK(num_segments >= 0 && num_segments * width <= (int64_t{1} << 28));
   // Accepted outputs of up to 1 GiB are fine for the op; filling them here only slows fuzzing
   // (and two of them would approach libFuzzer's memory limit).
   if (num_segments * width > (int64_t{1} << 16)) return 0;
   std::vector<float> out(num_segments * width, 1.0f);
-  sce::GatheredSegmentSum(args, out.data(), sce::RunSerially);
+  sce::GatheredSegmentSum(args, out.data(), sce::RunSerially, max_ranges);
   std::vector<float> expected(num_segments * width, 0.0f);
   for (size_t i = 0; i < n; ++i) {
     SCE_FUZZ_CHECK(positions[i] >= 0 && positions[i] < num_rows);

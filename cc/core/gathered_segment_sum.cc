@@ -8,10 +8,15 @@
 namespace sce {
 namespace {
 
-// Output rows per parallel range, at least; and at most this many ranges (each range reads all
-// segment ids once, so more ranges than threads only add reads).
+// Output rows per parallel range, at least; and at most this many ranges.
 constexpr int64_t kMinSegmentsPerRange = 256;
-constexpr int64_t kMaxRanges = 8;
+constexpr int64_t kMaxRanges = 64;
+// Entries whose segment is tested per block before the block's entries in the range are added.
+constexpr int64_t kFilterBlock = 2048;
+// How many of a block's entries ahead the row read and the output row are prefetched. On
+// synthetic exchange-sized inputs (80K entries, 40K rows of 32 floats) 16 took 5-9% less time
+// than none in both directions; 8 was slower than none on scattered segments.
+constexpr int64_t kPrefetchDistance = 16;
 
 // Index of the first entry of `values[0, n)` outside [0, limit), or -1.
 int64_t FirstOutOfRange(const int32_t* values, int64_t n, int64_t limit) {
@@ -21,18 +26,45 @@ int64_t FirstOutOfRange(const int32_t* values, int64_t n, int64_t limit) {
   return -1;
 }
 
-// Adds the entries whose segment is in [first, last) into out (rows [first, last) zeroed here).
+// Adds the entries whose segment is in [first, last) into out (rows [first, last) zeroed here),
+// in entry order. Entries are filtered a block at a time without a branch (an index is always
+// stored, the count advances only for an entry in range): a range then costs one predictable read
+// of every segment id, where a branch per entry would mispredict on unsorted segments.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void SumRange(
     const GatheredSegmentSumArgs& a, int64_t first, int64_t last, float* out) {
   const int64_t width = a.width;
   std::memset(out + first * width, 0, sizeof(float) * (last - first) * width);
-  for (int64_t i = 0; i < a.num_entries; ++i) {
-    const int64_t segment = a.segments[i];
-    if (segment < first || segment >= last) continue;
-    const float gain = a.gains[i];
-    const float* row = a.rows + static_cast<int64_t>(a.positions[i]) * width;
-    float* target = out + segment * width;
-    for (int64_t d = 0; d < width; ++d) target[d] += gain * row[d];
+  // Segments are validated to [0, num_segments) and num_segments <= kMaxInt32: the unsigned
+  // difference is below `span` exactly for the segments in [first, last).
+  const uint32_t span = static_cast<uint32_t>(last - first);
+  const uint32_t low = static_cast<uint32_t>(first);
+  const int64_t lines_per_row = (width * static_cast<int64_t>(sizeof(float)) + 63) / 64;
+  int32_t in_range[kFilterBlock];
+  for (int64_t base = 0; base < a.num_entries; base += kFilterBlock) {
+    const int64_t end = std::min(a.num_entries, base + kFilterBlock);
+    int64_t count = 0;
+    for (int64_t i = base; i < end; ++i) {
+      in_range[count] = static_cast<int32_t>(i);
+      count += static_cast<uint32_t>(a.segments[i]) - low < span;
+    }
+    for (int64_t k = 0; k < count; ++k) {
+      if (k + kPrefetchDistance < count) {
+        const int64_t ahead = in_range[k + kPrefetchDistance];
+        const char* row = reinterpret_cast<const char*>(
+            a.rows + static_cast<int64_t>(a.positions[ahead]) * width);
+        const char* target = reinterpret_cast<const char*>(
+            out + static_cast<int64_t>(a.segments[ahead]) * width);
+        for (int64_t line = 0; line < lines_per_row; ++line) {
+          __builtin_prefetch(row + 64 * line);
+          __builtin_prefetch(target + 64 * line, 1);
+        }
+      }
+      const int64_t i = in_range[k];
+      const float gain = a.gains[i];
+      const float* row = a.rows + static_cast<int64_t>(a.positions[i]) * width;
+      float* target = out + static_cast<int64_t>(a.segments[i]) * width;
+      for (int64_t d = 0; d < width; ++d) target[d] += gain * row[d];
+    }
   }
 }
 
@@ -70,10 +102,10 @@ Status ValidateGatheredSegmentSum(const GatheredSegmentSumArgs& a, const std::st
 }
 
 void GatheredSegmentSum(const GatheredSegmentSumArgs& a, float* out,
-                        const ParallelFor& parallel_for) {
+                        const ParallelFor& parallel_for, int64_t max_ranges) {
   if (a.num_segments == 0 || a.width == 0) return;
-  const int64_t ranges =
-      std::clamp<int64_t>(a.num_segments / kMinSegmentsPerRange, 1, kMaxRanges);
+  const int64_t ranges = std::clamp<int64_t>(
+      a.num_segments / kMinSegmentsPerRange, 1, std::clamp<int64_t>(max_ranges, 1, kMaxRanges));
   const int64_t per_range = (a.num_segments + ranges - 1) / ranges;
   // Cost per range in cycles, roughly: a read of every segment id plus its share of the rows.
   const int64_t cost = a.num_entries + (a.num_entries / ranges + per_range) * a.width;

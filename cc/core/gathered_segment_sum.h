@@ -39,10 +39,12 @@ struct GatheredSegmentSumArgs {
 Status ValidateGatheredSegmentSum(const GatheredSegmentSumArgs& args, const std::string& where);
 
 // Writes out[num_segments, width] (zero-filled first). Requires a validated `args`. Output rows
-// are split into ranges that run in parallel; each range reads every entry's segment and adds the
-// entries that fall in it, so no two threads write one row and the order within a row is fixed.
+// are split into at most `max_ranges` ranges that run in parallel; each range reads every entry's
+// segment and adds the entries that fall in it, so no two threads write one row and the order
+// within a row is fixed. Since every range reads all segment ids, pass the number of threads that
+// will run them (more ranges than threads only add reads).
 void GatheredSegmentSum(const GatheredSegmentSumArgs& args, float* out,
-                        const ParallelFor& parallel_for);
+                        const ParallelFor& parallel_for, int64_t max_ranges = 1);
 
 }  // namespace sce
 

@@ -52,7 +52,8 @@ class GatheredSegmentSumOp : public OpKernel {
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({args.num_segments, args.width}),
                                              &out));
-    sce::GatheredSegmentSum(args, out->flat<float>().data(), ThreadPoolFor(ctx));
+    sce::GatheredSegmentSum(args, out->flat<float>().data(), ThreadPoolFor(ctx),
+                            IntraOpThreads(ctx));
   }
 
  private:

@@ -34,6 +34,10 @@ sce::ParallelFor ThreadPoolFor(OpKernelContext* ctx) {
   };
 }
 
+int64_t IntraOpThreads(OpKernelContext* ctx) {
+  return ctx->device()->tensorflow_cpu_worker_threads()->workers->NumThreads();
+}
+
 int64_t SparseCoresOrDefault(int64_t n) {
   return n == -1 ? sce::kDefaultSparseCoresPerReplica : n;
 }

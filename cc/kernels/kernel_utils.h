@@ -22,6 +22,10 @@ absl::Status ToTf(const sce::Status& status);
 // Runs work over [0, n) on the kernel's intra-op thread pool.
 sce::ParallelFor ThreadPoolFor(OpKernelContext* ctx);
 
+// The number of threads of that pool (for algorithms whose work grows with the number of ranges
+// they split into).
+int64_t IntraOpThreads(OpKernelContext* ctx);
+
 // Resolves num_sparsecores_per_device = -1 to the default of 4 SparseCores.
 int64_t SparseCoresOrDefault(int64_t num_sparsecores_per_device);
 

@@ -2221,8 +2221,11 @@ void TestGatheredSegmentSum() {
     auto one_at_a_time_reversed = [](int64_t units, int64_t, const sce::RangeFn& work) {
       for (int64_t u = units - 1; u >= 0; --u) work(u, u + 1);
     };
-    sce::GatheredSegmentSum(a, got.data(), one_at_a_time_reversed);
-    CHECK(std::memcmp(got.data(), expected.data(), sizeof(float) * got.size()) == 0);
+    for (int64_t max_ranges : {1, 2, 3, 8, 1000}) {
+      std::fill(got.begin(), got.end(), 7.0f);
+      sce::GatheredSegmentSum(a, got.data(), one_at_a_time_reversed, max_ranges);
+      CHECK(std::memcmp(got.data(), expected.data(), sizeof(float) * got.size()) == 0);
+    }
   }
 
   // Checked input: indices, counts and the output size, before anything is written.
