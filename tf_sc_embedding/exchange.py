@@ -60,12 +60,22 @@ def unpack_by_replica(buffer, counts, widths):
     return replica_chunks.unpack_replica_chunks(tf.reshape(buffer, [-1]), counts, widths)
 
 
-def _chunks(view, send_counts, widths):
-    """Agreed chunk sizes (ids, floats) of the all-to-all buffers: the largest over all pairs."""
-    send_floats = send_counts * widths[None, :]
-    chunks = view.all_max(tf.stack([tf.reduce_max(tf.reduce_sum(send_counts, axis=1)),
-                                    tf.reduce_max(tf.reduce_sum(send_floats, axis=1))]))
-    return chunks[0], chunks[1]
+def _exchange_counts(view, send_counts, widths):
+    """(recv_counts [W source, T], id chunk, row chunk) of the all-to-all buffers, from one
+    all-gather of every replica's send_counts [W dest, T].
+
+    Every replica then knows what each replica sends to each other: its receive counts are its
+    column, and the chunk sizes all replicas must agree on are the largest any pair exchanges
+    (ids, and floats of the rows). One collective instead of an all-to-all of the counts and an
+    all-max of the chunks: a launch costs about 1 ms of wall time on loopback (BENCHMARKS.md),
+    and the gathered counts are W x W x T int32s.
+    """
+    W = view.num_replicas
+    every = tf.reshape(view.all_gather(send_counts[None]), [W, W, -1])   # [source, dest, T]
+    recv_counts = every[:, view.replica_id, :]
+    id_chunk = tf.reduce_max(tf.reduce_sum(every, axis=2))
+    row_chunk = tf.reduce_max(tf.reduce_sum(every * widths[None, None, :], axis=2))
+    return recv_counts, id_chunk, row_chunk
 
 
 def _all_to_all(view, buffer):
@@ -103,8 +113,7 @@ def lookup(view, layout, coo_by_table, table_shards):
             coo.col_ids, num_replicas=W, sparse_cores_per_replica=S,
             rows_per_shard=table.rows_per_shard, table_name=table.name)))
     send_counts = tf.stack([t["route"].counts for t in sources], axis=1)    # [W dest, T]
-    recv_counts = view.all_to_all(send_counts)                              # [W source, T]
-    id_chunk, row_chunk = _chunks(view, send_counts, widths)
+    recv_counts, id_chunk, row_chunk = _exchange_counts(view, send_counts, widths)
 
     # 2. unique ids to their owners (as rows of the owner's variable).
     recv_ids = _all_to_all(view, pack_by_replica([t["route"].rows for t in sources], send_counts,
@@ -180,6 +189,17 @@ def owned_rows_inputs(layout, replica_id, rows_and_gradients):
     return inputs
 
 
+def _with_ids(ids, rows):
+    """[n, width + 1] float32: each row after its int32 id, bit for bit, in column 0, so that ids
+    and rows travel in one buffer and one collective (collectives copy bytes, no arithmetic)."""
+    return tf.concat([tf.bitcast(ids, tf.float32)[:, None], rows], axis=1)
+
+
+def _split_ids(rows_with_ids):
+    """Inverse of _with_ids: (ids [n], rows [n, width])."""
+    return tf.bitcast(rows_with_ids[:, 0], tf.int32), rows_with_ids[:, 1:]
+
+
 def sparse_allreduce(view, layout, rows_and_gradients):
     """Every replica's (row, gradient row) pairs of replicated tables, summed, on every replica.
 
@@ -187,49 +207,36 @@ def sparse_allreduce(view, layout, rows_and_gradients):
     collectives for all tables: (1) reduce-scatter: each row goes to replica row mod W with an
     all-to-all, which sums the duplicates it receives; (2) all-gather of the reduced slices. A
     replica sends about its own unique rows in (1) and 1/W of the union of all replicas' rows,
-    times W-1, in (2): bounded by the table size, whatever the number of replicas.
+    times W-1, in (2): bounded by the table size, whatever the number of replicas. Each phase is
+    two collectives: the counts, then the rows with their ids in column 0 (_with_ids).
     Returns {stacked name: (rows, gradients)} in the same order on every replica.
     """
     W = view.num_replicas
     stacked = list(layout.stacked_tables.values())
-    width_list = [s.padded_width for s in stacked]
+    width_list = [s.padded_width + 1 for s in stacked]    # + the id column
     widths = tf.constant(width_list, tf.int32)
     # (1) reduce-scatter by owner = row mod W.
-    rows, grads, counts = [], [], []
+    pairs, counts = [], []
     for table in stacked:
         r, g = rows_and_gradients[table.name]
         owner = r % W
         order = tf.argsort(owner, stable=True)
-        rows.append(tf.gather(r, order))
-        grads.append(tf.gather(g, order))
+        pairs.append(_with_ids(tf.gather(r, order), tf.gather(g, order)))
         counts.append(tf.math.bincount(owner, minlength=W, maxlength=W, dtype=tf.int32))
     send_counts = tf.stack(counts, axis=1)                                     # [W, T]
-    recv_counts = view.all_to_all(send_counts)
-    id_chunk, row_chunk = _chunks(view, send_counts, widths)
-    recv_ids = unpack_by_replica(
-        _all_to_all(view, pack_by_replica(rows, send_counts, id_chunk)), recv_counts,
-        [None] * len(stacked))
-    recv_grads = unpack_by_replica(
-        _all_to_all(view, pack_by_replica(grads, send_counts, row_chunk)), recv_counts,
-        width_list)
-    reduced_ids, reduced_grads = [], []
-    for ids, g in zip(recv_ids, recv_grads):
+    recv_counts, _, chunk = _exchange_counts(view, send_counts, widths)
+    received = unpack_by_replica(
+        _all_to_all(view, pack_by_replica(pairs, send_counts, chunk)), recv_counts, width_list)
+    reduced = []
+    for ids, g in map(_split_ids, received):
         unique, inverse = tf.unique(ids, out_idx=tf.int32)
-        reduced_ids.append(unique)
         n = tf.size(ids)
-        reduced_grads.append(gathered_segment_sum(g, tf.range(n), tf.ones([n]), inverse,
-                                                  tf.size(unique)))
+        reduced.append(_with_ids(unique, gathered_segment_sum(
+            g, tf.range(n), tf.ones([n]), inverse, tf.size(unique))))
     # (2) all-gather of the reduced slices (equal shapes: padded to the largest slice).
-    mine = tf.stack([tf.size(u, out_type=tf.int32) for u in reduced_ids])           # [T]
+    mine = tf.stack([tf.shape(p, out_type=tf.int32)[0] for p in reduced])          # [T]
     all_counts = tf.reshape(view.all_gather(mine[None, :]), [W, len(stacked)])     # [W, T]
-    id_chunk = tf.reduce_max(tf.reduce_sum(all_counts, axis=1))
-    row_chunk = tf.reduce_max(tf.reduce_sum(all_counts * widths[None, :], axis=1))
-    one_chunk = tf.ones([1, len(stacked)], tf.int32)
-
-    def gathered(values, chunk):
-        local = pack_by_replica(values, tf.reshape(mine, [1, -1]) * one_chunk, chunk)
-        return view.all_gather(local[None, :])
-
-    ids = unpack_by_replica(gathered(reduced_ids, id_chunk), all_counts, [None] * len(stacked))
-    grads = unpack_by_replica(gathered(reduced_grads, row_chunk), all_counts, width_list)
-    return {table.name: (ids[i], grads[i]) for i, table in enumerate(stacked)}
+    chunk = tf.reduce_max(tf.reduce_sum(all_counts * widths[None, :], axis=1))
+    local = pack_by_replica(reduced, tf.reshape(mine, [1, -1]), chunk)
+    gathered = unpack_by_replica(view.all_gather(local[None, :]), all_counts, width_list)
+    return {table.name: _split_ids(gathered[i]) for i, table in enumerate(stacked)}
