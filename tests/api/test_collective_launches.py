@@ -1,0 +1,81 @@
+"""How many collectives one training step launches (docs/multi_worker.md#exchange).
+
+A launch costs about 1 ms of wall time between two processes on loopback, whatever its size
+(BENCHMARKS.md, "Collective launches"), so the all-to-all step launches a fixed number per step
+for all stacked tables together, never one per table: forward, one all-gather of the counts and
+two all-to-alls (ids out, rows back); backward, the agreement on non-finite gradients and one
+all-to-all of the gradient rows. Replicated tables add two phases of two collectives each.
+Counted in the traced step's graph, per replica, under MirroredStrategy.
+"""
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.devices import mirrored_strategy, require_replicas
+import tf_sc_embedding as sce
+
+E = tf.tpu.experimental.embedding
+BATCH = 8
+
+
+def feature_config(num_tables, dims):
+    tables = [E.TableConfig(vocabulary_size=1000 + 100 * i, dim=dims[i % len(dims)], name=f"t{i}")
+              for i in range(num_tables)]
+    return {f"f{i}": E.FeatureConfig(table=t) for i, t in enumerate(tables)}
+
+
+def launches_per_replica(replicas, config, **kwargs):
+    """{collective op type: count} of one replica's step (embedding call + apply_gradients)."""
+    strategy = mirrored_strategy(replicas)
+    with strategy.scope():
+        embedding = sce.TPUEmbeddingV2(config, E.Adagrad(0.1), **kwargs)
+    embedding.build(per_replica_batch_size=BATCH)
+    rng = np.random.default_rng(0)
+    ids = {name: tf.constant(rng.integers(0, 1000, BATCH), tf.int32) for name in config}
+
+    @tf.function
+    def step(ids):
+        def replica_step(ids):
+            activations, preserved = embedding(ids)
+            embedding.apply_gradients(activations, preserved)
+        strategy.run(replica_step, args=(ids,))
+
+    graph = step.get_concrete_function(ids).graph
+    counts = collections.Counter(op.type for op in graph.get_operations()
+                                 if op.type.startswith("Collective"))
+    assert all(n % replicas == 0 for n in counts.values()), counts
+    return {kind: n // replicas for kind, n in counts.items()}, embedding
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("num_tables,dims", [(1, [8]), (6, [8, 16, 8])])
+def test_sharded_step_launches_five_collectives_whatever_the_tables(replicas, num_tables, dims):
+    require_replicas(replicas)
+    counts, embedding = launches_per_replica(replicas, feature_config(num_tables, dims),
+                                             replication_threshold_bytes=0)
+    if num_tables > 1:
+        assert len({t.stacked_table_name
+                    for t in embedding.embedding_layouts.values()}) > 1   # several stacked tables
+    assert counts == {"CollectiveGatherV2": 2, "CollectiveAllToAllV2": 3}
+
+
+def test_skipping_non_finite_gradients_needs_no_agreement():
+    require_replicas(2)
+    counts, _ = launches_per_replica(2, feature_config(3, [8]), replication_threshold_bytes=0,
+                                     non_finite_gradients="skip")
+    assert counts == {"CollectiveGatherV2": 1, "CollectiveAllToAllV2": 3}
+
+
+def test_replicated_tables_add_two_phases_of_two_collectives():
+    require_replicas(2)
+    config = feature_config(4, [8])
+    counts, embedding = launches_per_replica(
+        2, config, table_placement={"t0": "replicated", "t1": "replicated", "t2": "sharded",
+                                    "t3": "sharded"})
+    assert sorted(p for p in embedding.placement_plan.values()) == [
+        "replicated", "replicated", "sharded", "sharded"]
+    # phase 1: counts (all-gather) + ids and rows (all-to-all); phase 2: counts + ids and rows
+    # (all-gather each).
+    assert counts == {"CollectiveGatherV2": 2 + 3, "CollectiveAllToAllV2": 3 + 1}
