@@ -637,9 +637,16 @@ class TPUEmbeddingV2(tf.Module):
                 return tf.constant(0, tf.int64)
 
         with tf.control_dependencies(before):
+            flags = None
             if mode == "error":
-                grads = self._require_finite(view, flat, grads)
-            inputs = self._update_inputs(view, preserved_outputs, grads)
+                flags = gradient_check.non_finite_flags(
+                    [None if g is None else tf.convert_to_tensor(g) for g in flat])
+                if not self._flags_ride_with_gradients():
+                    grads = self._require_finite(view.all_max(flags), grads)
+                    flags = None
+            inputs, agreed = self._update_inputs(view, preserved_outputs, grads, flags)
+            if agreed is not None:
+                inputs = self._require_finite(agreed, inputs)
             recording = pipelining.summaries_recording() if self._pipelining else True
             if recording is True:      # sequential (also while summaries are recorded)
                 skipped.append(run_now())
@@ -723,13 +730,15 @@ class TPUEmbeddingV2(tf.Module):
                     replica_id == 0)
         return targets
 
-    def _update_inputs(self, view, preserved, grads):
-        """{(part, stacked name): fused_update.UpdateInputs} of this step (exchanges included)."""
-        inputs = {}
+    def _update_inputs(self, view, preserved, grads, flags=None):
+        """({(part, stacked name): fused_update.UpdateInputs} of this step (exchanges included),
+        the agreed `flags` or None): flags (int32 [F]) are agreed in the sharded tables'
+        gradient all-to-all (see _flags_ride_with_gradients)."""
+        inputs, agreed = {}, None
         sharded, replicated = self._plan.sharded, self._plan.replicated
         if sharded is not None and self._exchange == "all_to_all":
-            received = all_to_all_exchange.exchange_gradients(view, sharded, preserved.sharded,
-                                                              grads)
+            received, agreed = all_to_all_exchange.exchange_gradients(
+                view, sharded, preserved.sharded, grads, flags)
             for name, value in all_to_all_exchange.owned_rows_inputs(
                     sharded, view.replica_id, received).items():
                 inputs[(SHARDED, name)] = value
@@ -738,29 +747,34 @@ class TPUEmbeddingV2(tf.Module):
                 inputs[(SHARDED, name)] = all_gather_exchange.update_inputs(
                     view, preserved.sharded[name], grads[name])
         if replicated is not None:
-            local_rows = all_to_all_exchange.exchange_gradients(
+            local_rows, _ = all_to_all_exchange.exchange_gradients(
                 collectives.LocalView(), replicated, preserved.replicated, grads)
             merged = all_to_all_exchange.sparse_allreduce(view, replicated, local_rows)
             for name, value in all_to_all_exchange.owned_rows_inputs(replicated, 0,
                                                                      merged).items():
                 inputs[(REPLICATED, name)] = value
-        return inputs
+        return inputs, agreed
 
-    def _require_finite(self, view, flat_gradients, stacked_gradients):
+    def _flags_ride_with_gradients(self):
+        """Whether the non-finite flags are agreed inside the all-to-all of the gradient rows
+        (exchange.exchange_gradients) instead of by an all-gather of their own: with sharded
+        tables under the all-to-all exchange and several replicas."""
+        return (self._plan.sharded is not None and self._exchange == "all_to_all" and
+                self._num_replicas > 1)
+
+    def _require_finite(self, agreed_flags, values):
         """The all-or-nothing check of docs/optimizers.md#non-finite-gradients.
 
-        Every replica marks the features whose gradient has a NaN or Inf; the marks are agreed
-        (one small all-gather) so that every replica takes the same decision, and the stateless
-        check fails the step on every replica before the gradient exchange and any write: both
-        consume the stacked gradients only as forwarded by the check.
+        Every replica marks the features whose gradient has a NaN or Inf, and the marks are
+        agreed over all replicas (`agreed_flags`: an all-gather of their own, or inside the
+        gradient exchange), so every replica takes the same decision. The stateless check fails
+        the step on every replica before any write: the updates consume `values` (the stacked
+        gradients, or the update inputs after the exchange) only as forwarded by the check.
         """
-        flags = gradient_check.non_finite_flags(
-            [None if g is None else tf.convert_to_tensor(g) for g in flat_gradients])
-        agreed = view.all_max(flags)
         tables = [feature.table.name for feature in tf.nest.flatten(self._feature_config)]
         checked = gradient_check.require_finite_gradients(
-            agreed, tf.nest.flatten(stacked_gradients), self._flat_paths, tables)
-        return tf.nest.pack_sequence_as(stacked_gradients, checked)
+            agreed_flags, tf.nest.flatten(values), self._flat_paths, tables)
+        return tf.nest.pack_sequence_as(values, checked)
 
     @tf.autograph.experimental.do_not_convert
     def _check_preserved(self, preserved):

@@ -140,11 +140,15 @@ def lookup(view, layout, coo_by_table, table_shards):
     return activations, (preserved, ExchangeSizes(send_counts, recv_counts, row_chunk))
 
 
-def exchange_gradients(view, layout, preserved, gradients):
+def exchange_gradients(view, layout, preserved, gradients, flags=None):
     """Step 5: one gradient row per unique id, sent to its owner.
 
-    Returns {stacked name: (rows of the owner's variable, [received, padded_width] gradients)} of
-    the rows this replica owns (several entries per row when several replicas touched it).
+    Returns ({stacked name: (rows of the owner's variable, [received, padded_width] gradients)}
+    of the rows this replica owns (several entries per row when several replicas touched it),
+    agreed flags). `flags` (int32 [F], e.g. this replica's non-finite gradient marks) ride in the
+    same all-to-all, bit-cast into an extra chunk entry per replica, so that agreeing on them
+    costs no launch of its own; the agreed flags are their elementwise max over all replicas
+    (None without flags).
     """
     tables, sizes = preserved
     stacked = list(layout.stacked_tables.values())
@@ -154,11 +158,24 @@ def exchange_gradients(view, layout, preserved, gradients):
         per_unique.append(gathered_segment_sum(
             gradients[table.name], state.sample_rows, state.gains, state.unique_positions,
             tf.reduce_sum(sizes.send_counts[:, i]), table_name=table.name))
+    widths = [t.padded_width for t in stacked]
+    send_counts, recv_counts, chunk = sizes.send_counts, sizes.recv_counts, sizes.row_chunk
+    if flags is not None:
+        W, count = view.num_replicas, int(flags.shape[0])
+        ones = tf.ones([W, 1], tf.int32)
+        per_unique.append(tf.tile(tf.bitcast(flags, tf.float32)[None, :], [W, 1]))
+        send_counts = tf.concat([send_counts, ones], axis=1)
+        recv_counts = tf.concat([recv_counts, ones], axis=1)
+        widths.append(count)
+        chunk = chunk + count
     received = unpack_by_replica(
-        _all_to_all(view, pack_by_replica(per_unique, sizes.send_counts, sizes.row_chunk)),
-        sizes.recv_counts, [t.padded_width for t in stacked])
-    return {table.name: (tables[table.name].received_rows, received[i])
-            for i, table in enumerate(stacked)}
+        _all_to_all(view, pack_by_replica(per_unique, send_counts, chunk)), recv_counts, widths)
+    agreed = None
+    if flags is not None:
+        agreed = tf.reduce_max(tf.bitcast(received.pop(), tf.int32), axis=0)
+    return ({table.name: (tables[table.name].received_rows, received[i])
+             for i, table in enumerate(stacked)}, agreed)
+
 
 def owned_rows_arguments(layout, replica_id):
     """The static shard attributes of the update of rows a replica owns (one source replica)."""

@@ -3,8 +3,9 @@
 A launch costs about 1 ms of wall time between two processes on loopback, whatever its size
 (BENCHMARKS.md, "Collective launches"), so the all-to-all step launches a fixed number per step
 for all stacked tables together, never one per table: forward, one all-gather of the counts and
-two all-to-alls (ids out, rows back); backward, the agreement on non-finite gradients and one
-all-to-all of the gradient rows. Replicated tables add two phases of two collectives each.
+two all-to-alls (ids out, rows back); backward, one all-to-all of the gradient rows, which also
+carries every replica's non-finite gradient marks. Replicated tables add two phases of two
+collectives each.
 Counted in the traced step's graph, per replica, under MirroredStrategy.
 """
 import collections
@@ -51,21 +52,27 @@ def launches_per_replica(replicas, config, **kwargs):
 
 @pytest.mark.parametrize("replicas", [2, 4])
 @pytest.mark.parametrize("num_tables,dims", [(1, [8]), (6, [8, 16, 8])])
-def test_sharded_step_launches_five_collectives_whatever_the_tables(replicas, num_tables, dims):
+def test_sharded_step_launches_four_collectives_whatever_the_tables(replicas, num_tables, dims):
     require_replicas(replicas)
     counts, embedding = launches_per_replica(replicas, feature_config(num_tables, dims),
                                              replication_threshold_bytes=0)
     if num_tables > 1:
         assert len({t.stacked_table_name
                     for t in embedding.embedding_layouts.values()}) > 1   # several stacked tables
-    assert counts == {"CollectiveGatherV2": 2, "CollectiveAllToAllV2": 3}
+    assert counts == {"CollectiveGatherV2": 1, "CollectiveAllToAllV2": 3}
 
 
-def test_skipping_non_finite_gradients_needs_no_agreement():
+@pytest.mark.parametrize("mode", ["error", "skip"])
+def test_all_gather_exchange_agrees_on_non_finite_gradients_with_one_gather(mode):
+    # The all-gather exchange has no gradient all-to-all to carry the marks: with "error" they
+    # take one small all-gather of their own; "skip" needs no agreement.
     require_replicas(2)
     counts, _ = launches_per_replica(2, feature_config(3, [8]), replication_threshold_bytes=0,
-                                     non_finite_gradients="skip")
-    assert counts == {"CollectiveGatherV2": 1, "CollectiveAllToAllV2": 3}
+                                     exchange="all_gather", non_finite_gradients=mode)
+    baseline, _ = launches_per_replica(2, feature_config(3, [8]), replication_threshold_bytes=0,
+                                       exchange="all_gather", non_finite_gradients="skip")
+    extra = 1 if mode == "error" else 0
+    assert counts["CollectiveGatherV2"] == baseline["CollectiveGatherV2"] + extra
 
 
 def test_replicated_tables_add_two_phases_of_two_collectives():
@@ -78,4 +85,4 @@ def test_replicated_tables_add_two_phases_of_two_collectives():
         "replicated", "replicated", "sharded", "sharded"]
     # phase 1: counts (all-gather) + ids and rows (all-to-all); phase 2: counts + ids and rows
     # (all-gather each).
-    assert counts == {"CollectiveGatherV2": 2 + 3, "CollectiveAllToAllV2": 3 + 1}
+    assert counts == {"CollectiveGatherV2": 1 + 3, "CollectiveAllToAllV2": 3 + 1}
