@@ -145,9 +145,9 @@ def exchange_gradients(view, layout, preserved, gradients, flags=None):
 
     Returns ({stacked name: (rows of the owner's variable, [received, padded_width] gradients)}
     of the rows this replica owns (several entries per row when several replicas touched it),
-    agreed flags). `flags` (int32 [F], e.g. this replica's non-finite gradient marks) ride in the
-    same all-to-all, bit-cast into an extra chunk entry per replica, so that agreeing on them
-    costs no launch of its own; the agreed flags are their elementwise max over all replicas
+    agreed flags). `flags` (int32 [F] of 0 and 1, e.g. this replica's non-finite gradient marks)
+    ride in the same all-to-all as floats, one extra chunk entry per replica, so that agreeing on
+    them costs no launch of its own; the agreed flags are their elementwise max over all replicas
     (None without flags).
     """
     tables, sizes = preserved
@@ -163,7 +163,7 @@ def exchange_gradients(view, layout, preserved, gradients, flags=None):
     if flags is not None:
         W, count = view.num_replicas, int(flags.shape[0])
         ones = tf.ones([W, 1], tf.int32)
-        per_unique.append(tf.tile(tf.bitcast(flags, tf.float32)[None, :], [W, 1]))
+        per_unique.append(tf.tile(tf.cast(flags, tf.float32)[None, :], [W, 1]))
         send_counts = tf.concat([send_counts, ones], axis=1)
         recv_counts = tf.concat([recv_counts, ones], axis=1)
         widths.append(count)
@@ -172,7 +172,7 @@ def exchange_gradients(view, layout, preserved, gradients, flags=None):
         _all_to_all(view, pack_by_replica(per_unique, send_counts, chunk)), recv_counts, widths)
     agreed = None
     if flags is not None:
-        agreed = tf.reduce_max(tf.bitcast(received.pop(), tf.int32), axis=0)
+        agreed = tf.cast(tf.reduce_max(received.pop(), axis=0), tf.int32)
     return ({table.name: (tables[table.name].received_rows, received[i])
              for i, table in enumerate(stacked)}, agreed)
 
@@ -213,8 +213,9 @@ def _with_ids(ids, rows):
 
 
 def _split_ids(rows_with_ids):
-    """Inverse of _with_ids: (ids [n], rows [n, width])."""
-    return tf.bitcast(rows_with_ids[:, 0], tf.int32), rows_with_ids[:, 1:]
+    """Inverse of _with_ids: (ids [n], rows [n, width]). The ids are sliced after the bit-cast
+    back to int32, so no float op ever touches them (a small id is a denormal float)."""
+    return tf.bitcast(rows_with_ids, tf.int32)[:, 0], rows_with_ids[:, 1:]
 
 
 def sparse_allreduce(view, layout, rows_and_gradients):
