@@ -736,6 +736,8 @@ class TPUEmbeddingV2(tf.Module):
         gradient all-to-all (see _flags_ride_with_gradients)."""
         inputs, agreed = {}, None
         sharded, replicated = self._plan.sharded, self._plan.replicated
+        if flags is not None and not self._flags_ride_with_gradients():
+            raise ValueError("non-finite flags can only travel with the gradient all-to-all")
         if sharded is not None and self._exchange == "all_to_all":
             received, agreed = all_to_all_exchange.exchange_gradients(
                 view, sharded, preserved.sharded, grads, flags)

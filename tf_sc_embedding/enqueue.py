@@ -177,8 +177,11 @@ def preprocess(layout, flat_features, flat_weights, with_splits=True, observe_ma
 
 def coo_partition_maxima(layout, coo):
     """Per stacked table name, (max ids, max unique ids) per partition of its stacked COO (rows,
-    cols, gains in SparseCore-major order), counted by the minibatch-splits op with no limits (so
-    a batch the exchange can take is never rejected for the statistics' sake)."""
+    cols, gains in SparseCore-major order), counted by the minibatch-splits op without limits and
+    without vocabulary divisions: the maxima are over whole partitions, so they do not depend on
+    the division level, and level 0 keeps the op's id_counts output at S x R x S + 1 entries (the
+    default level 6 multiplies it by 64 and exceeds the op's size limit at large replica counts,
+    which would reject batches the exchange takes)."""
     S = layout.sparse_cores_per_replica
     maxima = {}
     for name, stacked in layout.stacked_tables.items():
@@ -188,7 +191,7 @@ def coo_partition_maxima(layout, coo):
             num_replica=layout.num_replicas, table_vocab_size=stacked.total_rows,
             feature_width=stacked.padded_width, num_sc_per_chip=S, table_name=name,
             mini_batch_splits="", max_ids_per_partition=_INT32_MAX,
-            max_unique_ids_per_partition=_INT32_MAX)
+            max_unique_ids_per_partition=_INT32_MAX, max_division_level=0)
         maxima[name] = (splits.max_ids, splits.max_uniques)
     return maxima
 

@@ -5,8 +5,8 @@ only ids and rows, never activations of the whole global batch (docs/multi_worke
 
 forward, for all stacked tables at once:
 1. each replica deduplicates the ids of its batch per table and groups the unique ids by the
-   replica that owns their shard (the owner; ops/id_routing.py); the counts per (owner, table) go
-   out in one all-to-all, and one max-reduce agrees on the chunk sizes;
+   replica that owns their shard (the owner; ops/id_routing.py); one all-gather of the counts
+   per (owner, table) gives every replica its receive counts and the agreed chunk sizes;
 2. one all-to-all sends every owner the unique ids it holds (as rows of its own variable);
 3. each owner looks its rows up with the lookup kernel (a CSR whose entries are the received
    ids, so the variable is read in place) and one all-to-all returns the rows;
@@ -14,11 +14,13 @@ forward, for all stacked tables at once:
    gather + segment sum per table (ops/segment_sum.py).
 backward:
 5. each replica reduces its activation gradients to one gradient row per unique id, one
-   all-to-all sends them to the owners, and each owner applies the fused optimizer kernel once per
-   touched row, summing the contributions of all replicas first (the same CSR as in 3).
+   all-to-all sends them to the owners (with every replica's non-finite gradient marks, one
+   extra chunk entry), and each owner applies the fused optimizer kernel once per touched row,
+   summing the contributions of all replicas first (the same CSR as in 3).
 
-Bytes sent per replica per step are (unique ids x 4) + (unique ids x width x 4) x 2 plus W
-counts per table: they depend on the replica's own batch, not on the number of replicas.
+Bytes sent per replica per step are (unique ids x 4) + (unique ids x width x 4) x 2, plus the
+W x T counts it all-gathers to W - 1 replicas and the marks (one float per feature per peer):
+the first part depends on the replica's own batch, not on the number of replicas.
 """
 import collections
 

@@ -44,7 +44,7 @@ Status ValidateGatheredSegmentSum(const GatheredSegmentSumArgs& args, const std:
 // within a row is fixed. Since every range reads all segment ids, pass the number of threads that
 // will run them (more ranges than threads only add reads).
 void GatheredSegmentSum(const GatheredSegmentSumArgs& args, float* out,
-                        const ParallelFor& parallel_for, int64_t max_ranges = 1);
+                        const ParallelFor& parallel_for, int64_t max_ranges);
 
 }  // namespace sce
 

@@ -2189,7 +2189,7 @@ void TestGatheredSegmentSum() {
   args.num_segments = 3;
   CHECK_OK(sce::ValidateGatheredSegmentSum(args, "table 't'"));
   FloatVec out(6, -1.0f);  // the op zero-fills every output row
-  sce::GatheredSegmentSum(args, out.data(), sce::RunSerially);
+  sce::GatheredSegmentSum(args, out.data(), sce::RunSerially, 1);
   CHECK_EQ(out, (FloatVec{21, 42, 0, 0, 5, 10}));
 
   // Random inputs over many ranges: the result is the entry-order reference bit for bit, however

@@ -146,13 +146,22 @@ def test_sequential_while_summaries_are_recorded(tmp_path):
     reference.check_tables(sequential, "recording")
 
 
-def test_failed_step_applies_the_kept_update_once_and_drops_its_own():
-    trainer, reference = _pipelined("sgd")
-    steps = random_steps(4, "sum", "ragged", True, 1, steps=3)
+@pytest.mark.parametrize("replicas,replicated", [(1, ()), (2, ()), (2, ("small",))])
+def test_failed_step_applies_the_kept_update_once_and_drops_its_own(replicas, replicated):
+    # With 2 replicas the non-finite marks are agreed inside the gradient all-to-all; only
+    # replica 1's gradient is bad, and both replicas must fail the step alike.
+    if replicas == 1:
+        trainer, reference = _pipelined("sgd")
+    else:
+        optimizer = make_optimizer("sgd")
+        trainer = Trainer(replicas, optimizer, "sum", "ragged", replicated=replicated,
+                          pipeline_execution_with_tensor_core=True)
+        reference = DelayedReference(optimizer)
+    steps = random_steps(4, "sum", "ragged", True, num_replicas(replicas), steps=4)
     _train(trainer, reference, steps[:1], "step 0")
     feats, targets = steps[1]
     bad = {k: v.copy() for k, v in targets.items()}
-    bad["c"][0, 0] = np.nan
+    bad["c"][targets["c"].shape[0] - 1, 0] = np.nan   # the last replica's last sample
     reference.step(feats, bad, fails=True)
     with pytest.raises(tf.errors.InvalidArgumentError, match="feature 'c'"):
         trainer.step(feats, bad)

@@ -278,3 +278,21 @@ def test_dropped_ids_are_counted_like_the_op_counts_them():
     plain = sce.TPUEmbeddingV2(features_config(), optimizer=E.SGD(0.1))
     plain(batch(seed=50))
     assert plain.num_dropped_ids() == 0
+
+
+@pytest.mark.parametrize("replicas", [2, 32768])
+def test_all_to_all_statistics_match_the_static_method_at_any_replica_count(replicas):
+    # The all-to-all enqueue counts with one splits op per stacked table at division level 0:
+    # at the default level its id_counts output (S x R x S x 64 entries) would exceed the op's
+    # size limit at 32768 replicas and fail batches the exchange accepts.
+    from tf_sc_embedding import enqueue   # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.layout import EmbeddingLayout   # pylint: disable=import-outside-toplevel
+    ids = batch(seed=40)
+    layout = EmbeddingLayout(features_config(), E.SGD(0.1), replicas, 4, {"watched": (B,)})
+    observed = {}
+    enqueue.preprocess(layout, [ids["watched"]], [None], with_splits=False,
+                       observe_maxima=observed.update)
+    max_ids, max_unique = sce.TPUEmbeddingV2.compute_sparse_core_stats(
+        ids, features_config(), replicas, optimizer=E.SGD(0.1))
+    assert {name: (int(a), int(b)) for name, (a, b) in observed.items()} == {
+        "video": (int(max_ids["video"]), int(max_unique["video"]))}

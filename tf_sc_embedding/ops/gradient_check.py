@@ -1,9 +1,9 @@
 """The all-or-nothing check of activation gradients (docs/optimizers.md#non-finite-gradients).
 
 `TPUEmbeddingV2.apply_gradients` marks every feature whose activation gradient has a NaN or Inf,
-agrees the marks across replicas, and passes them here before the exchange of gradients and any
-update: one marked feature anywhere fails the step on every replica, naming each marked feature
-and its table, before any table or slot is written.
+agrees the marks across replicas (with an all-gather, or inside the all-to-all of the gradient
+rows), and passes them here before any update: one marked feature anywhere fails the step on
+every replica, naming each marked feature and its table, before any table or slot is written.
 """
 import tensorflow as tf
 
@@ -23,8 +23,8 @@ def non_finite_flags(gradients):
 def require_finite_gradients(non_finite, values, feature_names, table_names, name=None):
     """`values` unchanged, or InvalidArgumentError naming each feature marked in `non_finite`.
 
-    Pass what the rest of the step consumes (the gradients) as `values`: the check then runs
-    before any of it. The op is stateless, so TensorFlow's automatic control dependencies do not
+    Pass what the rest of the step consumes as `values` (the gradients, or the updates' inputs
+    after the gradient exchange): the check then runs before any of it. The op is stateless, so TensorFlow's automatic control dependencies do not
     chain it with the collectives of other replicas (see cc/ops/gradient_check_ops.cc).
     """
     return _lib.sce_require_finite_gradients(
