@@ -13,12 +13,12 @@ Usage: python bench/bench_collective_launch.py [--workers 2] [--chain 11] [--cal
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+from common import free_loopback_ports, wait_or_kill
 
 
 def parse_args():
@@ -73,35 +73,18 @@ def worker(args):
     return 0
 
 
-def free_ports(n):
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def main():
     args = parse_args()
     if args.index >= 0:
         return worker(args)
-    ports = ",".join(str(p) for p in free_ports(args.workers))
+    ports = ",".join(str(p) for p in free_loopback_ports(args.workers))
     command = [sys.executable, os.path.abspath(__file__), "--ports", ports,
                "--chain", str(args.chain), "--calls", str(args.calls)]
     env = dict(os.environ)
     env.pop("TF_CONFIG", None)
     processes = [subprocess.Popen(command + ["--index", str(i)], env=env, start_new_session=True)
                  for i in range(args.workers)]
-    deadline = time.monotonic() + args.timeout
-    try:
-        codes = [p.wait(timeout=max(1, deadline - time.monotonic())) for p in processes]
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    codes = wait_or_kill(processes, args.timeout)
     return max(abs(c) for c in codes)
 
 

@@ -18,8 +18,6 @@ Usage: python bench/bench_multiworker.py [--workers 1,2,4] [--batch 1024] [--ste
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +25,8 @@ import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from common import free_loopback_ports, wait_or_kill  # noqa: E402
 
 
 def parse_args():
@@ -135,18 +135,8 @@ def worker(args):
 
 
 # ------------------------------------------------------------------------------------ driver
-def free_ports(n):
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def run_cluster(args, workers, exchange, directory):
-    ports = ",".join(str(p) for p in free_ports(workers))
+    ports = ",".join(str(p) for p in free_loopback_ports(workers))
     common = [sys.executable, os.path.abspath(__file__), "--role", "worker", "--ports", ports,
               "--exchange", exchange, "--out", directory, "--batch", str(args.batch),
               "--dim", str(args.dim), "--vocab-cap", str(args.vocab_cap),
@@ -157,14 +147,9 @@ def run_cluster(args, workers, exchange, directory):
     processes = [subprocess.Popen(common + ["--index", str(i)], stdout=logs[i],
                                   stderr=subprocess.STDOUT, env=env, start_new_session=True)
                  for i in range(workers)]
-    deadline = time.monotonic() + args.timeout
     try:
-        codes = [p.wait(timeout=max(1, deadline - time.monotonic())) for p in processes]
+        codes = wait_or_kill(processes, args.timeout)
     finally:
-        for p in processes:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
         for log in logs:
             log.close()
     if any(codes):

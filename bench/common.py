@@ -1,4 +1,7 @@
-"""Timing helpers shared by the benchmarks."""
+"""Timing and process helpers shared by the benchmarks."""
+import os
+import signal
+import socket
 import statistics
 import time
 
@@ -34,3 +37,29 @@ def ragged_features(batch):
     weights = {f"f{i}": tf.RaggedTensor.from_row_splits(w, s)
                for i, (w, s) in enumerate(zip(batch.weights, batch.row_splits))}
     return ids, weights
+
+
+def free_loopback_ports(n):
+    """n TCP ports that are free on 127.0.0.1 (bound, read and released) for worker processes."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def wait_or_kill(processes, timeout):
+    """The exit codes of `processes` (started with start_new_session=True), waiting at most
+    `timeout` seconds for all of them; whatever still runs then (or when waiting fails) is killed
+    with its process group, so no worker outlives the benchmark."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.wait(timeout=max(1, deadline - time.monotonic())) for p in processes]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
