@@ -11,14 +11,13 @@ the process, medians over --calls calls.
 Usage: python bench/bench_collective_launch.py [--workers 2] [--chain 11] [--calls 100]
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 
-from common import free_loopback_ports, wait_or_kill
+from common import free_loopback_ports, loopback_tf_config, wait_or_kill
 
 
 def parse_args():
@@ -34,9 +33,7 @@ def parse_args():
 
 def worker(args):
     ports = args.ports.split(",")
-    os.environ["TF_CONFIG"] = json.dumps({
-        "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-        "task": {"type": "worker", "index": args.index}})
+    os.environ["TF_CONFIG"] = loopback_tf_config(ports, args.index)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     strategy = tf.distribute.MultiWorkerMirroredStrategy()

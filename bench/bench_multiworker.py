@@ -26,7 +26,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from common import free_loopback_ports, wait_or_kill  # noqa: E402
+from common import free_loopback_ports, loopback_tf_config, wait_or_kill  # noqa: E402
 
 
 def parse_args():
@@ -59,9 +59,7 @@ def parse_args():
 # ------------------------------------------------------------------------------------ worker
 def worker(args):
     ports = args.ports.split(",")
-    os.environ["TF_CONFIG"] = json.dumps({
-        "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-        "task": {"type": "worker", "index": args.index}})
+    os.environ["TF_CONFIG"] = loopback_tf_config(ports, args.index)
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     import tf_sc_embedding as sce  # pylint: disable=import-outside-toplevel

@@ -1,4 +1,5 @@
 """Timing and process helpers shared by the benchmarks."""
+import json
 import os
 import signal
 import socket
@@ -62,4 +63,10 @@ def wait_or_kill(processes, timeout):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+def loopback_tf_config(ports, index):
+    """TF_CONFIG (a JSON string) of worker `index` in a cluster of workers on 127.0.0.1:ports."""
+    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                       "task": {"type": "worker", "index": index}})
 
