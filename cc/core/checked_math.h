@@ -85,15 +85,21 @@ inline Status CheckInRange(const std::string& where, const char* name, int64_t v
   return Status::Ok();
 }
 
-// The shard grid of an exchange op: num_replicas (W) in [1, kMaxReplicas],
-// sparse_cores_per_replica (S) in [1, kMaxSparseCoresPerChip], rows_per_shard (R) in
-// [1, kMaxInt32]. Products of them are checked by the caller, which knows which one it needs.
-inline Status CheckShardGrid(const std::string& where, int64_t num_replicas,
-                             int64_t sparse_cores_per_replica, int64_t rows_per_shard) {
-  SCE_RETURN_IF_ERROR(CheckInRange(where, "num_replicas", num_replicas, 1, kMaxReplicas));
-  SCE_RETURN_IF_ERROR(CheckInRange(where, "sparse_cores_per_replica", sparse_cores_per_replica,
-                                   1, kMaxSparseCoresPerChip));
-  return CheckInRange(where, "rows_per_shard", rows_per_shard, 1, kMaxInt32);
+// The shard grid of the all-to-all exchange ops: W replicas of S SparseCore shards of R rows
+// each (the routing and the owner's CSR both take it).
+struct ShardGrid {
+  int64_t num_replicas = 1;               // W
+  int64_t sparse_cores_per_replica = 1;   // S
+  int64_t rows_per_shard = 1;             // R
+};
+
+// W in [1, kMaxReplicas], S in [1, kMaxSparseCoresPerChip], R in [1, kMaxInt32]. Products of them
+// are checked by the caller, which knows which one it needs.
+inline Status CheckShardGrid(const std::string& where, const ShardGrid& grid) {
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "num_replicas", grid.num_replicas, 1, kMaxReplicas));
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "sparse_cores_per_replica",
+                                   grid.sparse_cores_per_replica, 1, kMaxSparseCoresPerChip));
+  return CheckInRange(where, "rows_per_shard", grid.rows_per_shard, 1, kMaxInt32);
 }
 
 // *out = product of the factors, which must not overflow and must not exceed max_value.

@@ -10,7 +10,7 @@ namespace sce {
 Status ValidateIdRouting(const IdRoutingParams& p, const int32_t* ids, int64_t n,
                          const std::string& where) {
   SCE_RETURN_IF_ERROR(
-      CheckShardGrid(where, p.num_replicas, p.sparse_cores_per_replica, p.rows_per_shard));
+      CheckShardGrid(where, p));
   int64_t rows;
   SCE_RETURN_IF_ERROR(CheckedSize(where, "the table's rows (replicas * sparse cores * rows per shard)",
                                   {p.num_replicas, p.sparse_cores_per_replica, p.rows_per_shard},

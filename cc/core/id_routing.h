@@ -18,15 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "cc/core/checked_math.h"
 #include "cc/core/status.h"
 
 namespace sce {
 
-struct IdRoutingParams {
-  int64_t num_replicas = 1;               // W
-  int64_t sparse_cores_per_replica = 1;   // S
-  int64_t rows_per_shard = 1;             // R
-};
+using IdRoutingParams = ShardGrid;
 
 struct IdRoute {
   std::vector<int32_t> rows;       // [unique ids]: row in the owner's variable, grouped by owner

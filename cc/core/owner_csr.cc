@@ -46,7 +46,7 @@ void CountSegments(const OwnerCsrParams& p, int64_t n, const std::vector<int32_t
 Status ValidateOwnerCsr(const OwnerCsrParams& p, const int32_t* rows, int64_t n,
                         const std::string& where, OwnerCsrSizes* sizes) {
   SCE_RETURN_IF_ERROR(
-      CheckShardGrid(where, p.num_replicas, p.sparse_cores_per_replica, p.rows_per_shard));
+      CheckShardGrid(where, p));
   SCE_RETURN_IF_ERROR(CheckInRange(where, "replica_id", p.replica_id, 0, p.num_replicas - 1));
   const int64_t S = p.sparse_cores_per_replica;
   int64_t local_rows;

@@ -16,14 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "cc/core/checked_math.h"
 #include "cc/core/status.h"
 
 namespace sce {
 
-struct OwnerCsrParams {
-  int64_t num_replicas = 1;               // W
-  int64_t sparse_cores_per_replica = 1;   // S
-  int64_t rows_per_shard = 1;             // R
+struct OwnerCsrParams : ShardGrid {
   int64_t replica_id = 0;                 // this replica, in [0, W)
 };
 

@@ -13,10 +13,7 @@ class RouteIdsToOwnersOp : public OpKernel {
  public:
   explicit RouteIdsToOwnersOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     std::string table;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_replicas", &params_.num_replicas));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("sparse_cores_per_replica",
-                                     &params_.sparse_cores_per_replica));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("rows_per_shard", &params_.rows_per_shard));
+    OP_REQUIRES_OK(ctx, GetShardGridAttrs(ctx, &params_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table));
     where_ = "SceRouteIdsToOwners, table '" + table + "'";
     // The attributes alone (no ids) are checked once, here.

@@ -34,6 +34,12 @@ sce::ParallelFor ThreadPoolFor(OpKernelContext* ctx) {
   };
 }
 
+absl::Status GetShardGridAttrs(OpKernelConstruction* ctx, sce::ShardGrid* grid) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr("num_replicas", &grid->num_replicas));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("sparse_cores_per_replica", &grid->sparse_cores_per_replica));
+  return ctx->GetAttr("rows_per_shard", &grid->rows_per_shard);
+}
+
 int64_t IntraOpThreads(OpKernelContext* ctx) {
   return ctx->device()->tensorflow_cpu_worker_threads()->workers->NumThreads();
 }

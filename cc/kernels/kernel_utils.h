@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "cc/core/checked_math.h"
 #include "cc/core/coo.h"
 #include "cc/core/csr_view.h"
 #include "cc/core/minibatch_splits.h"
@@ -25,6 +26,10 @@ sce::ParallelFor ThreadPoolFor(OpKernelContext* ctx);
 // The number of threads of that pool (for algorithms whose work grows with the number of ranges
 // they split into).
 int64_t IntraOpThreads(OpKernelContext* ctx);
+
+// Reads the num_replicas, sparse_cores_per_replica and rows_per_shard attributes of the exchange
+// ops (their ranges are checked by the core's validation).
+absl::Status GetShardGridAttrs(OpKernelConstruction* ctx, sce::ShardGrid* grid);
 
 // Resolves num_sparsecores_per_device = -1 to the default of 4 SparseCores.
 int64_t SparseCoresOrDefault(int64_t num_sparsecores_per_device);
