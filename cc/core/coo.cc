@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cc/core/adjacent_merge.h"
 #include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
 
@@ -165,55 +166,25 @@ void SampleOfEveryId(const IdInput& in, int32_t* rows) {
   } else if (in.index_rank == 1) {  // ragged row_splits, non-decreasing, ending at n
     const int32_t* splits = in.index_data;
     for (int64_t r = 0; r + 1 < in.index_dim0 && splits[r + 1] < n; ++r) ++rows[splits[r + 1]];
-    int32_t sample = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      sample += rows[i];
-      rows[i] = sample;
-    }
+    PrefixSumInPlace(rows, n);
   } else {  // SparseTensor indices [n, 2]
     for (int64_t i = 0; i < n; ++i) rows[i] = in.index_data[2 * i];
   }
 }
 
-// The sum combiner's entries, one pass over the ids: consecutive equal ids of a sample merge
-// (gains summed in input order), exactly as the per-sample loop below does. Returns the number of
-// entries. rows / cols / gains hold num_values entries, rows zeros; rows doubles as each id's sample
-// (every entry is written at or before the position it reads).
-// Also flags in *bad whether an id is negative or not below `vocabulary_size` (when >= 0): this
-// pass reads every id anyway, so CheckIds only runs to name the first bad one.
-template <bool kPerIdWeights>
+// The sum combiner's entries (adjacent_merge.h, once each id's sample is known). rows / cols /
+// gains hold num_values entries, rows zeros. Also flags in *bad whether an id is negative or not below
+// `vocabulary_size` (when >= 0): this pass reads every id anyway, so CheckIds only runs to name
+// the first bad one.
 int64_t MergeSumEntries(const IdInput& in, int64_t vocabulary_size, int32_t* rows, int32_t* cols,
                         float* gains, bool* bad) {
   SampleOfEveryId(in, rows);
-  const int64_t n = in.num_values;
-  const int32_t* values = in.values;
-  const float* weights = in.weights;
-  // Ids are int32, so no bound needs to exceed 2^31; as unsigned, negative ids are at least 2^31
-  // and so beyond every bound.
-  const uint64_t bound = static_cast<uint64_t>(
+  // Ids are int32, so no bound needs to exceed 2^31.
+  const uint32_t bound = static_cast<uint32_t>(
       vocabulary_size >= 0 ? std::min<int64_t>(vocabulary_size, int64_t{1} << 31)
                            : int64_t{1} << 31);
-  uint64_t flagged = 0;
-  int64_t count = 0;
-  int32_t prev_row = -1, prev_col = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t row = rows[i];
-    const int32_t col = values[i];
-    flagged |= static_cast<uint64_t>(static_cast<uint32_t>(col)) >= bound;
-    const float w = kPerIdWeights ? weights[i] : weights[0];
-    if (row == prev_row && col == prev_col) {
-      gains[count - 1] += w;
-      continue;
-    }
-    rows[count] = row;
-    cols[count] = col;
-    gains[count] = w;
-    ++count;
-    prev_row = row;
-    prev_col = col;
-  }
-  *bad = flagged != 0;
-  return count;
+  return MergeAdjacentDuplicates(in.values, in.weights, in.weights_rank == 1, in.num_values,
+                                 bound, rows, cols, gains, bad);
 }
 
 // The shared first half of docs/preprocessing.md#coo-conversion and docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform: validated, merged and normalised entries in input order.
@@ -235,8 +206,7 @@ Status BuildEntries(const IdInput& in, int64_t sample_count, Combiner combiner,
   if (combiner == Combiner::kSum) {
     bool bad = false;
     const int64_t count =
-        per_id ? MergeSumEntries<true>(in, vocabulary_size, out_rows, out_cols, out_gains, &bad)
-               : MergeSumEntries<false>(in, vocabulary_size, out_rows, out_cols, out_gains, &bad);
+        MergeSumEntries(in, vocabulary_size, out_rows, out_cols, out_gains, &bad);
     if (bad) return CheckIds(in, vocabulary_size, ctx);  // names the first bad id
     out->rows.resize(count);
     out->cols.resize(count);

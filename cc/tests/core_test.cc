@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "cc/core/adjacent_merge.h"
 #include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
 #include "cc/core/coo.h"
@@ -1719,6 +1720,100 @@ void TestStableSortByKey() {
   }
 }
 
+// docs/preprocessing.md#adjacent-merge: both versions of the prefix sum and of the merge of
+// adjacent duplicates against a plain reference, bit for bit (gains compared as bits), on random
+// inputs with runs of every length (across the 16-lane blocks too), per-id and single weights,
+// and ids out of range.
+void TestAdjacentMerge() {
+  g_test = "AdjacentMerge docs/preprocessing.md#adjacent-merge";
+  std::mt19937 rng(7);
+  struct Merged {
+    IntVec rows, cols;
+    std::vector<uint32_t> gain_bits;
+    bool bad = false;
+    bool operator==(const Merged& o) const {
+      return rows == o.rows && cols == o.cols && gain_bits == o.gain_bits && bad == o.bad;
+    }
+  };
+  auto bits = [](const FloatVec& gains, int64_t count) {
+    std::vector<uint32_t> out(count);
+    std::memcpy(out.data(), gains.data(), sizeof(float) * count);
+    return out;
+  };
+  using MergeFn = int64_t (*)(const int32_t*, const float*, bool, int64_t, uint32_t, int32_t*,
+                              int32_t*, float*, bool*);
+  std::vector<MergeFn> versions = {&sce::MergeAdjacentDuplicatesBaseline,
+                                   &sce::MergeAdjacentDuplicates};
+  std::vector<void (*)(int32_t*, int64_t)> sums = {&sce::PrefixSumInPlaceBaseline,
+                                                   &sce::PrefixSumInPlace};
+  if (sce::CpuHasAvx512F()) {
+    versions.push_back(&sce::MergeAdjacentDuplicatesAvx512);
+    sums.push_back(&sce::PrefixSumInPlaceAvx512);
+  }
+  int mismatches = 0, merged_runs = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int64_t n = trial < 40 ? trial : static_cast<int64_t>(rng() % 300);
+    const int repeat_percent = std::vector<int>{0, 5, 30, 70, 95}[trial % 5];
+    const bool per_id = trial % 3 != 0;
+    const uint32_t bound = trial % 7 == 0 ? 50 : (uint32_t{1} << 31);
+    IntVec samples(n), ids(n);
+    FloatVec weights(per_id ? n : 1);
+    int32_t sample = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const bool repeat = i > 0 && static_cast<int>(rng() % 100) < repeat_percent;
+      if (!repeat && rng() % 3 == 0) sample += 1 + static_cast<int32_t>(rng() % 2);
+      samples[i] = repeat ? samples[i - 1] : sample;
+      ids[i] = repeat ? ids[i - 1]
+                      : (rng() % 50 == 0 ? -static_cast<int32_t>(rng() % 5) - 1
+                                          : static_cast<int32_t>(rng() % 60));
+    }
+    for (auto& w : weights) w = static_cast<float>(rng() % 1000) / 7.0f - 40.0f;
+    if (n == 0 && !per_id) weights.clear();  // read only when n > 0
+    // The reference: one entry per run of equal adjacent (sample, id), gains summed in order.
+    Merged want;
+    IntVec want_rows;
+    FloatVec want_gains;
+    for (int64_t i = 0; i < n; ++i) {
+      const float w = per_id ? weights[i] : weights[0];
+      want.bad = want.bad || static_cast<uint32_t>(ids[i]) >= bound;
+      if (i > 0 && samples[i] == samples[i - 1] && ids[i] == ids[i - 1]) {
+        want_gains.back() += w;
+        ++merged_runs;
+        continue;
+      }
+      want.rows.push_back(samples[i]);
+      want.cols.push_back(ids[i]);
+      want_gains.push_back(w);
+    }
+    want.gain_bits = bits(want_gains, static_cast<int64_t>(want_gains.size()));
+    for (MergeFn merge : versions) {
+      Merged got;
+      IntVec rows = samples, cols(n);
+      FloatVec gains(n);
+      const int64_t count = merge(ids.data(), weights.data(), per_id, n, bound, rows.data(),
+                                  cols.data(), gains.data(), &got.bad);
+      rows.resize(count);
+      cols.resize(count);
+      got.rows = rows;
+      got.cols = cols;
+      got.gain_bits = bits(gains, count);
+      if (!(got == want)) ++mismatches;
+    }
+    // Prefix sums of small increments (the ragged form's per-id sample increments).
+    IntVec increments(n);
+    for (auto& x : increments) x = static_cast<int32_t>(rng() % 3);
+    IntVec want_sums = increments;
+    for (int64_t i = 1; i < n; ++i) want_sums[i] += want_sums[i - 1];
+    for (auto sum : sums) {
+      IntVec got = increments;
+      sum(got.data(), n);
+      if (got != want_sums) ++mismatches;
+    }
+  }
+  CHECK_EQ(mismatches, 0);
+  CHECK(merged_runs > 1000);  // the inputs did exercise merging
+}
+
 void TestStableSortWords() {
   g_test = "radix sort of words: stable by the key bits, for keys of 1 to 64 bits (1 to 6 passes)";
   uint64_t state = 99;
@@ -2394,7 +2489,7 @@ int main() {
       TestRequireFiniteFeatureGradients, TestRaisePartitionLimits,
       TestShardContributionsAreMergedStably, TestFusedUpdateIsaVersionsAgree,
       TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice, TestStableSortByKey,
-      TestStableSortWords,
+      TestStableSortWords, TestAdjacentMerge,
       TestFeatureMajorActivations, TestLookupOverwritesActivations, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
       TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks, TestIdRouting, TestOwnerCsr,
   };
