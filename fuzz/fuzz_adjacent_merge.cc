@@ -1,4 +1,4 @@
-// libFuzzer target: the two versions of each per-id pass of docs/preprocessing.md#adjacent-merge
+// libFuzzer target: the two versions of each per-id pass of docs/preprocessing.md#coo-conversion
 // (the portable one and, where the CPU has AVX-512, the vectorized one) on arbitrary samples, ids,
 // weights (NaN and Inf included) and bounds must agree bit for bit (NaN payloads aside), and stay
 // inside their buffers.
@@ -61,7 +61,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ids[i] = repeat ? ids[i - 1] : sce_fuzz::Id(in, 8);
   }
   std::vector<float> weights(per_id ? n : (n > 0 ? 1 : 0));
-  for (float& w : weights) w = sce_fuzz::Value(in);
+  // Mostly sevenths (not exact in binary, so a sum taken in another order gives other bits),
+  // sometimes NaN, Inf or an arbitrary float.
+  for (float& w : weights) {
+    w = in.ConsumeIntegralInRange<int>(0, 7) == 0
+            ? sce_fuzz::Value(in)
+            : static_cast<float>(in.ConsumeIntegralInRange<int>(-300, 300)) / 7.0f;
+  }
 
   const Result want = Run(&sce::MergeAdjacentDuplicatesBaseline, samples, ids, weights, per_id,
                           bound);

@@ -2,13 +2,6 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-// GCC 12's AVX-512 headers build some intrinsics (_mm512_alignr_epi32 among them) on a
-// deliberately undefined vector (unused under a full mask), which -W(maybe-)uninitialized
-// reports wherever they are inlined.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 #endif
 
 namespace sce {
@@ -44,10 +37,21 @@ __attribute__((always_inline)) inline int64_t MergeScalar(
 }
 
 #if defined(__x86_64__)
+// GCC 12's AVX-512 headers build some intrinsics (_mm512_alignr_epi32, _mm512_permutexvar_epi32)
+// on a deliberately undefined vector, unused under their full mask, which -W(maybe-)uninitialized
+// reports wherever they are inlined: silenced for the vector code only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 // Lane 15 of v.
 __attribute__((target("avx512f"), always_inline)) inline int32_t LastLane(__m512i v) {
   return _mm512_cvtsi512_si32(_mm512_alignr_epi32(v, v, 15));
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 }  // namespace
@@ -78,6 +82,11 @@ int64_t MergeAdjacentDuplicatesBaseline(const int32_t* values, const float* weig
 }
 
 #if defined(__x86_64__)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 // 16 elements at a time: a scan inside the register (4 shifted adds) plus the running total,
 // instead of one dependent add per element.
 __attribute__((target("avx512f"))) void PrefixSumInPlaceAvx512(int32_t* x, int64_t n) {
@@ -108,9 +117,9 @@ __attribute__((target("avx512f"))) void PrefixSumInPlaceAvx512(int32_t* x, int64
 // memory, in order. Within the block, each kept lane's gain becomes w[k] + w[k + 1] + ... over
 // the merged lanes after it, one lane at a time in input order (the loop runs as often as the
 // longest run of merges, usually once). The kept lanes are then packed to the front
-// (vpcompressd between registers: its memory form is slow on AMD Zen 4) and stored whole; the
-// lanes after them land at or before the block's own position and are overwritten later or cut
-// off with the buffer.
+// (vpcompressd between registers: its memory form is slow on AMD Zen 4) and stored as a whole
+// vector at `count` <= i: the lanes after them land no further than the block's last position,
+// whose input is already in registers, and are overwritten later or lie past the final count.
 __attribute__((target("avx512f"))) int64_t MergeAdjacentDuplicatesAvx512(
     const int32_t* values, const float* weights, bool per_id_weights, int64_t n, uint32_t bound,
     int32_t* rows, int32_t* cols, float* gains, bool* bad) {
@@ -159,6 +168,9 @@ __attribute__((target("avx512f"))) int64_t MergeAdjacentDuplicatesAvx512(
   *bad = *bad || flagged != 0;
   return count;
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #else
 void PrefixSumInPlaceAvx512(int32_t* x, int64_t n) { PrefixSumInPlaceBaseline(x, n); }
 

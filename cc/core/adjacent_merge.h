@@ -1,9 +1,9 @@
-// The two per-id passes of the sum combiner's COO conversion (docs/preprocessing.md#adjacent-merge),
+// The two per-id passes of the sum combiner's COO conversion (docs/preprocessing.md#coo-conversion),
 // vectorized: each id's sample from the ragged row_splits (a prefix sum), and the merge of
 // adjacent duplicate (sample, id) pairs into one entry.
 //
 // They run once per id per step for every feature, so each has an AVX-512 version next to the
-// portable one, picked at run time (TensorFlow's wheel targets SSE only). Both versions give the
+// portable one, picked at run time (the library is built for the baseline x86-64 ISA, no -march). Both versions give the
 // same results bit for bit (a NaN gain is a NaN in both, its payload aside): integer sums, and
 // the merged gains added one weight at a time in input order. The portable versions are the
 // specification; the tests and fuzz/fuzz_adjacent_merge.cc compare the two.
@@ -28,7 +28,7 @@ void PrefixSumInPlaceAvx512(int32_t* x, int64_t n);  // only where CpuHasAvx512F
 // n > 0). Writes the entries to rows / cols / gains (rows in place: an entry is written at or
 // before the position it is read from; each buffer holds n) and returns their number. Sets *bad
 // to whether any id, as unsigned, is >= `bound` (so negative ids count as out of range for any
-// bound <= 2^31).
+// bound <= 2^31). What the buffers hold past the returned count differs between the versions.
 int64_t MergeAdjacentDuplicates(const int32_t* values, const float* weights, bool per_id_weights,
                                 int64_t n, uint32_t bound, int32_t* rows, int32_t* cols,
                                 float* gains, bool* bad);

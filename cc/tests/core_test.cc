@@ -1720,12 +1720,12 @@ void TestStableSortByKey() {
   }
 }
 
-// docs/preprocessing.md#adjacent-merge: both versions of the prefix sum and of the merge of
+// docs/preprocessing.md#coo-conversion: both versions of the prefix sum and of the merge of
 // adjacent duplicates against a plain reference, bit for bit (gains compared as bits), on random
 // inputs with runs of every length (across the 16-lane blocks too), per-id and single weights,
 // and ids out of range.
 void TestAdjacentMerge() {
-  g_test = "AdjacentMerge docs/preprocessing.md#adjacent-merge";
+  g_test = "AdjacentMerge docs/preprocessing.md#coo-conversion";
   std::mt19937 rng(7);
   struct Merged {
     IntVec rows, cols;
@@ -1749,6 +1749,9 @@ void TestAdjacentMerge() {
   if (sce::CpuHasAvx512F()) {
     versions.push_back(&sce::MergeAdjacentDuplicatesAvx512);
     sums.push_back(&sce::PrefixSumInPlaceAvx512);
+  } else {
+    std::fprintf(stderr, "note: no AVX-512 on this CPU; TestAdjacentMerge checks the portable "
+                         "versions only\n");
   }
   int mismatches = 0, merged_runs = 0;
   for (int trial = 0; trial < 400; ++trial) {
