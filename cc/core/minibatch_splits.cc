@@ -5,6 +5,11 @@
 #include <memory>
 #include <numeric>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "cc/core/adjacent_merge.h"
 #include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
 #include "cc/core/radix_sort.h"
@@ -139,17 +144,20 @@ struct Geometry {
   }
 };
 
-// One deduplicated id of a source SparseCore, before it is scattered into the output.
-struct Kept {
-  int32_t local_row, col;
-  float gain;
-};
-
-// A SparseCore's deduplicated ids in output order. A plain array written through a pointer: a
-// std::vector's push_back keeps its end pointer in memory and checks capacity on every id.
+// A SparseCore's deduplicated ids in output order, as the output's three columns (rows inside the
+// SparseCore, rows inside the shard, gains), so that scattering them is three copies. Plain
+// arrays written through pointers (a std::vector's push_back keeps its end pointer in memory and
+// checks capacity on every id), default-initialized: nothing is written twice.
 struct KeptIds {
-  std::unique_ptr<Kept[]> data;  // default-initialized: nothing is written twice
+  std::unique_ptr<int32_t[]> local_rows, shard_rows;
+  std::unique_ptr<float[]> gains;
   int64_t size = 0;
+  void Reset(int64_t n) {
+    local_rows.reset(new int32_t[n]);
+    shard_rows.reset(new int32_t[n]);
+    gains.reset(new float[n]);
+    size = 0;
+  }
 };
 
 // Per (shard, division) counts of one SparseCore; at most n <= 2^31 - 1 ids, so int32 (these
@@ -201,6 +209,187 @@ struct ScScratch {
   }
 };
 
+// The running state of DedupAndCountSc's pass over the sorted ids.
+struct DedupState {
+  int64_t size = 0;                    // kept ids so far
+  int32_t prev_row = -1, prev_col = -1;  // the previous id's (-1 before the first: matches none)
+  // The division of the current col: recomputed only when a col leaves it (within a shard cols
+  // arrive in increasing order, so at most D - 1 times per shard).
+  int32_t bucket = 0;
+  int64_t bucket_begin = 0, bucket_end = -1;
+  // The counts of the current (shard, division) slot, kept in registers and stored when the slot
+  // changes (at most P * D times): incrementing the same memory word for every id makes each id
+  // wait for the previous id's store. Slot 0 is no (shard, division) slot.
+  int64_t run_slot = 0;
+  int32_t run_ids = 0, run_uniques = 0;
+};
+
+// One sorted id of DedupAndCountSc: merged into the previous kept id when (row, col) repeats,
+// else counted in its slot and kept.
+__attribute__((always_inline)) inline void DedupOne(int32_t row, int32_t col, float gain,
+                                                    const Geometry& g, DedupState* st,
+                                                    int32_t* ids, int32_t* uniques,
+                                                    KeptIds* kept) {
+  if (row == st->prev_row && col == st->prev_col) {
+    kept->gains[st->size - 1] += gain;
+    return;
+  }
+  if (col >= st->bucket_end || col < st->bucket_begin) {
+    st->bucket = g.BucketOf(col);
+    st->bucket_begin = st->bucket * g.division_size;
+    st->bucket_end =
+        st->bucket == g.D - 1 ? INT64_MAX : (st->bucket + int64_t{1}) * g.division_size;
+  }
+  const int64_t slot = (col & g.mask) * (g.D + 1) + st->bucket + 1;
+  if (slot != st->run_slot) {
+    ids[st->run_slot] += st->run_ids;
+    uniques[st->run_slot] += st->run_uniques;
+    st->run_slot = slot;
+    st->run_ids = 0;
+    st->run_uniques = 0;
+  }
+  ++st->run_ids;
+  st->run_uniques += col != st->prev_col;
+  kept->local_rows[st->size] = row;
+  kept->shard_rows[st->size] = col >> g.pbits;
+  kept->gains[st->size] = gain;
+  ++st->size;
+  st->prev_row = row;
+  st->prev_col = col;
+}
+
+// The sorted words [begin, end) of DedupAndCountSc, one at a time: the word gives the position,
+// the key and (with rows_in_words) the row; the gain is gathered by position.
+__attribute__((always_inline)) inline void DedupScalar(
+    const uint64_t* sorted, int64_t begin, int64_t end, const SortWordFormat& f,
+    const int32_t* rows, const float* gains, const Geometry& g, DedupState* st, int32_t* ids,
+    int32_t* uniques, KeptIds* kept) {
+  // Decoded into locals: the int32 stores into `kept` would otherwise make the compiler assume
+  // that the inputs may have changed.
+  const uint64_t position_mask = (uint64_t{1} << f.position_bits) - 1;
+  const uint64_t row_mask = (uint64_t{1} << f.row_bits) - 1;
+  const int32_t shard_row_mask = static_cast<int32_t>((int64_t{1} << f.shard_row_bits) - 1);
+  const bool rows_in_words = f.rows_in_words;
+  const int key_shift = f.key_shift, position_bits = f.position_bits;
+  const int shard_row_bits = f.shard_row_bits;
+  for (int64_t k = begin; k < end; ++k) {
+    const uint64_t word = sorted[k];
+    const int64_t i = static_cast<int64_t>(word & position_mask);
+    const int32_t key = static_cast<int32_t>(word >> key_shift);
+    const int32_t col = ((key & shard_row_mask) << g.pbits) | (key >> shard_row_bits);
+    const int32_t row = rows_in_words
+                            ? static_cast<int32_t>((word >> position_bits) & row_mask)
+                            : rows[i];
+    DedupOne(row, col, gains[i], g, st, ids, uniques, kept);
+  }
+}
+
+void DedupLoopBaseline(const uint64_t* sorted, int64_t n, const SortWordFormat& f,
+                       const int32_t* rows, const float* gains, const Geometry& g,
+                       DedupState* st, int32_t* ids, int32_t* uniques, KeptIds* kept) {
+  DedupScalar(sorted, 0, n, f, rows, gains, g, st, ids, uniques, kept);
+}
+
+#if defined(__x86_64__)
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's AVX-512 headers build some intrinsics on a deliberately undefined vector, unused under
+// their full mask, which -W(maybe-)uninitialized reports wherever they are inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+// The 32-bit lanes of two vectors of 8 64-bit values, low vector first.
+__attribute__((target("avx512f"), always_inline)) inline __m512i Narrow(__m512i lo, __m512i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(lo)),
+                            _mm512_cvtepi64_epi32(hi), 1);
+}
+
+// The same with AVX-512, 16 words at a time, for words that hold the rows. A block whose ids all
+// fall into the current (shard, division) slot (the common case: its first and last col do, and
+// the cols are sorted) is decoded, deduplicated and counted in registers: the duplicates merge as
+// in adjacent_merge.cc (a run at the block's start into the last kept gain, one at a time; inside
+// the block each kept lane adds the merged lanes after it, one lane per step, in input order), the
+// slot's counts grow by the kept lanes and by the lanes whose col differs from the one before,
+// and the kept lanes are packed to the front and stored. Any other block takes DedupScalar.
+// Same kept ids, counts and summation order as the scalar loop.
+__attribute__((target("avx512f"))) void DedupLoopAvx512(
+    const uint64_t* sorted, int64_t n, const SortWordFormat& f, const int32_t* rows,
+    const float* gains, const Geometry& g, DedupState* st, int32_t* ids, int32_t* uniques,
+    KeptIds* kept) {
+  const __m512i position_mask = _mm512_set1_epi64((int64_t{1} << f.position_bits) - 1);
+  const __m512i row_mask = _mm512_set1_epi64((int64_t{1} << f.row_bits) - 1);
+  const __m512i shard_row_mask = _mm512_set1_epi32((int32_t{1} << f.shard_row_bits) - 1);
+  const __m128i key_shift = _mm_cvtsi32_si128(f.key_shift);
+  const __m128i position_bits = _mm_cvtsi32_si128(f.position_bits);
+  const __m128i pbits = _mm_cvtsi32_si128(g.pbits);
+  const __m128i shard_row_bits = _mm_cvtsi32_si128(f.shard_row_bits);
+  const __m512i zero = _mm512_setzero_si512();
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) {
+    const __m512i w0 = _mm512_loadu_si512(sorted + k);
+    const __m512i w1 = _mm512_loadu_si512(sorted + k + 8);
+    const __m512i key = Narrow(_mm512_srl_epi64(w0, key_shift), _mm512_srl_epi64(w1, key_shift));
+    const __m512i col =
+        _mm512_or_si512(_mm512_sll_epi32(_mm512_and_si512(key, shard_row_mask), pbits),
+                        _mm512_srl_epi32(key, shard_row_bits));
+    alignas(64) int32_t cols[16];
+    _mm512_store_si512(cols, col);
+    // The block's first and last col in the current slot: every col between them is.
+    const int32_t first = cols[0], last = cols[15];
+    const int64_t first_slot = (first & g.mask) * (g.D + 1) + st->bucket + 1;
+    if (first < st->bucket_begin || last >= st->bucket_end || (first & g.mask) != (last & g.mask) ||
+        first_slot != st->run_slot) {
+      DedupScalar(sorted, k, k + 16, f, rows, gains, g, st, ids, uniques, kept);
+      continue;
+    }
+    const __m512i row = Narrow(
+        _mm512_and_si512(_mm512_srl_epi64(w0, position_bits), row_mask),
+        _mm512_and_si512(_mm512_srl_epi64(w1, position_bits), row_mask));
+    const __m512i position =
+        Narrow(_mm512_and_si512(w0, position_mask), _mm512_and_si512(w1, position_mask));
+    const __m512 gain = _mm512_i32gather_ps(position, gains, 4);
+    const __m512i prev_rows = _mm512_set1_epi32(st->prev_row);
+    const __m512i prev_cols = _mm512_set1_epi32(st->prev_col);
+    // Lane j of alignr(v, previous, 15) is the id before lane j (lane 15 of `previous` for j = 0).
+    const __mmask16 new_col = _mm512_cmpneq_epi32_mask(col, _mm512_alignr_epi32(col, prev_cols, 15));
+    const unsigned merges =
+        _mm512_cmpeq_epi32_mask(row, _mm512_alignr_epi32(row, prev_rows, 15)) &
+        static_cast<unsigned>(static_cast<__mmask16>(~new_col));
+    __m512 sums = gain;
+    if (merges != 0) {
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, gain);
+      for (int j = 0; j < 16 && ((merges >> j) & 1); ++j) kept->gains[st->size - 1] += lanes[j];
+      __m512i following = _mm512_castps_si512(gain);
+      unsigned continuing = merges >> 1;  // lanes whose next j lanes all merge into them
+      for (int j = 1; continuing != 0; ++j) {
+        following = _mm512_alignr_epi32(zero, following, 1);  // lane l: gain[l + j]
+        sums = _mm512_mask_add_ps(sums, static_cast<__mmask16>(continuing), sums,
+                                  _mm512_castsi512_ps(following));
+        continuing &= merges >> (j + 1);
+      }
+    }
+    const __mmask16 kept_lanes = static_cast<__mmask16>(~merges);
+    const int64_t count = __builtin_popcount(static_cast<unsigned>(kept_lanes));
+    // Every lane of new_col is a kept lane (a merged lane repeats its col).
+    st->run_ids += static_cast<int32_t>(count);
+    st->run_uniques += __builtin_popcount(static_cast<unsigned>(new_col));
+    _mm512_storeu_si512(kept->local_rows.get() + st->size,
+                        _mm512_maskz_compress_epi32(kept_lanes, row));
+    _mm512_storeu_si512(kept->shard_rows.get() + st->size,
+                        _mm512_maskz_compress_epi32(kept_lanes, _mm512_and_si512(key, shard_row_mask)));
+    _mm512_storeu_ps(kept->gains.get() + st->size, _mm512_maskz_compress_ps(kept_lanes, sums));
+    st->size += count;
+    st->prev_row = _mm512_cvtsi512_si32(_mm512_alignr_epi32(row, row, 15));
+    st->prev_col = last;
+  }
+  DedupScalar(sorted, k, n, f, rows, gains, g, st, ids, uniques, kept);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif  // defined(__x86_64__)
+
 // Sorts the ids of source SparseCore s by (shard, col), sums the gains of duplicate (row, col)
 // pairs into `kept` and counts ids and unique ids per (shard, division). `kept` is then in output
 // order: by shard, division (a division is a range of cols), col, row.
@@ -208,9 +397,6 @@ Status DedupAndCountSc(const SplitsIdSource& source, int64_t s, const Geometry& 
                        ScScratch* scratch, ScCounts* counts, KeptIds* kept) {
   const int64_t n = source.Count(s);
   const SortWordFormat f = FormatFor(n, source.MaxCol(s), g);
-  const uint64_t position_mask = (uint64_t{1} << f.position_bits) - 1;
-  const uint64_t row_mask = (uint64_t{1} << f.row_bits) - 1;
-  const int32_t shard_row_mask = static_cast<int32_t>((int64_t{1} << f.shard_row_bits) - 1);
   scratch->Reserve(std::max<int64_t>(n, 1));
   uint64_t* words = scratch->words.get();
   const float* gains = nullptr;
@@ -220,62 +406,18 @@ Status DedupAndCountSc(const SplitsIdSource& source, int64_t s, const Geometry& 
   const uint64_t* sorted = StableSortWords(words, words + n, n, f.key_shift, f.key_bits);
   std::fill(counts->ids.begin(), counts->ids.end(), 0);
   std::fill(counts->uniques.begin(), counts->uniques.end(), 0);
-  kept->data.reset(new Kept[std::max<int64_t>(n, 1)]);
-  Kept* out = kept->data.get();
-  int64_t size = 0;
-  int32_t prev_row = -1, prev_col = -1;
-  // Within a shard cols arrive in increasing order, so the division changes at most D - 1 times
-  // per shard: it is recomputed only when a col leaves the current one.
-  int32_t bucket = 0;
-  int64_t bucket_begin = 0, bucket_end = -1;
-  // The counts of the current (shard, division) slot are kept in registers and stored when the
-  // slot changes (at most P * D times): incrementing the same memory word for every id makes
-  // each id wait for the previous id's store.
-  int64_t run_slot = 0;
-  int32_t run_ids = 0, run_uniques = 0;
-  int32_t* ids = counts->ids.data();
-  int32_t* uniques = counts->uniques.data();
-  const bool rows_in_words = f.rows_in_words;
-  const int key_shift = f.key_shift, position_bits = f.position_bits;
-  const int shard_row_bits = f.shard_row_bits;
-  for (int64_t k = 0; k < n; ++k) {
-    // Decoded into locals: the int32 stores into `out` below would otherwise make the compiler
-    // assume that the inputs may have changed.
-    const uint64_t word = sorted[k];
-    const int64_t i = static_cast<int64_t>(word & position_mask);
-    const int32_t key = static_cast<int32_t>(word >> key_shift);
-    const int32_t col = ((key & shard_row_mask) << g.pbits) | (key >> shard_row_bits);
-    const int32_t row = rows_in_words
-                            ? static_cast<int32_t>((word >> position_bits) & row_mask)
-                            : rows[i];
-    const float gain = gains[i];
-    if (row == prev_row && col == prev_col) {
-      out[size - 1].gain += gain;
-      continue;
-    }
-    if (col >= bucket_end || col < bucket_begin) {
-      bucket = g.BucketOf(col);
-      bucket_begin = bucket * g.division_size;
-      bucket_end = bucket == g.D - 1 ? INT64_MAX : (bucket + int64_t{1}) * g.division_size;
-    }
-    const int64_t slot = (col & g.mask) * (g.D + 1) + bucket + 1;
-    if (slot != run_slot) {
-      ids[run_slot] += run_ids;
-      uniques[run_slot] += run_uniques;
-      run_slot = slot;
-      run_ids = 0;
-      run_uniques = 0;
-    }
-    ++run_ids;
-    run_uniques += col != prev_col;
-    out[size++] = {row, col, gain};
-    prev_row = row;
-    prev_col = col;
-  }
-  // Slot 0 is never a (shard, division) slot: the first flush adds zeros to it.
-  ids[run_slot] += run_ids;
-  uniques[run_slot] += run_uniques;
-  kept->size = size;
+  kept->Reset(std::max<int64_t>(n, 1));
+  DedupState st;
+  auto* loop = &DedupLoopBaseline;
+#if defined(__x86_64__)
+  // The vector loop stores whole 16-lane vectors at the kept count (<= the words read so far),
+  // so its buffers need n >= 16; it reads the rows from the words.
+  if (CpuHasAvx512F() && f.rows_in_words && n >= 16) loop = &DedupLoopAvx512;
+#endif
+  loop(sorted, n, f, rows, gains, g, &st, counts->ids.data(), counts->uniques.data(), kept);
+  counts->ids[st.run_slot] += st.run_ids;  // slot 0 gets the zeros of an empty pass
+  counts->uniques[st.run_slot] += st.run_uniques;
+  kept->size = st.size;
   return Status::Ok();
 }
 
@@ -356,15 +498,11 @@ void Scatter(const std::vector<KeptIds>& kept_per_sc, const Geometry& g,
   const int64_t total = id_counts.back();
   parallel_for(g.S, 4 * (total / g.S + 1), [&](int64_t first, int64_t last) {
     for (int64_t s = first; s < last; ++s) {
-      int64_t slot = id_counts[s * g.P * g.D];
+      const int64_t slot = id_counts[s * g.P * g.D];
       const KeptIds& kept = kept_per_sc[s];
-      for (int64_t j = 0; j < kept.size; ++j) {
-        const Kept& k = kept.data[j];
-        buffers.rows[slot] = k.local_row;
-        buffers.cols[slot] = k.col >> g.pbits;
-        buffers.gains[slot] = k.gain;
-        ++slot;
-      }
+      std::copy_n(kept.local_rows.get(), kept.size, buffers.rows + slot);
+      std::copy_n(kept.shard_rows.get(), kept.size, buffers.cols + slot);
+      std::copy_n(kept.gains.get(), kept.size, buffers.gains + slot);
     }
   });
 }

@@ -721,12 +721,14 @@ void TestGetMinibatchSplits() {
               "multiple");
 }
 
-// The minibatch splits' ids against the obvious computation: per SparseCore, a std::stable_sort by
-// (shard, row inside the shard), duplicates (row, col) merged. One division (level 0), so that is
-// the whole output order. Large vocabularies and batches do not fit (key, row, position) in one
-// sort word and take the other path of DedupAndCountSc.
+// The minibatch splits' ids and counts against the obvious computation: per SparseCore, a
+// std::stable_sort by (shard, row inside the shard), duplicates (row, col) merged, and the kept ids
+// counted per (SparseCore, shard, division). Divisions are col ranges, so the order is the same at
+// any division level. Large vocabularies and batches do not fit (key, row, position) in one sort
+// word and take the other path of DedupAndCountSc. The gains are not exact in binary, so a merge
+// that added them in another order would show.
 void CheckSplitIdsAgainstStableSort(int64_t vocab, int64_t per_sc, int64_t ids_per_sc,
-                                    uint32_t seed) {
+                                    uint32_t seed, int division_level = 0) {
   std::mt19937 rng(seed);
   const int64_t S = 4, n = S * ids_per_sc;
   IntVec rows(n), cols(n);
@@ -736,14 +738,17 @@ void CheckSplitIdsAgainstStableSort(int64_t vocab, int64_t per_sc, int64_t ids_p
     rows[i] = static_cast<int32_t>(sc * per_sc + (per_sc * (i % ids_per_sc)) / ids_per_sc);
     // A few repeated ids, so duplicates (same row and col) occur.
     cols[i] = rng() % 8 == 0 ? 7 : static_cast<int32_t>(rng() % vocab);
-    gains[i] = 0.25f * static_cast<float>(rng() % 8);
+    gains[i] = static_cast<float>(rng() % 1000) / 7.0f - 40.0f;
   }
   sce::MinibatchSplitsParams p = SplitsParams("t", S * per_sc, S, vocab, 1 << 30);
-  p.max_division_level = 0;
+  p.max_division_level = division_level;
+  const int64_t D = int64_t{1} << division_level;
+  const int64_t division_size = (vocab + D - 1) / D;
   sce::MinibatchSplits out;
   CHECK_OK(sce::GetMinibatchSplits(rows.data(), cols.data(), gains.data(), n, n, n, p, &out));
   IntVec want_rows, want_cols;
   FloatVec want_gains;
+  std::vector<int64_t> kept_per_slot(S * S * D, 0), uniques_per_pair(S * S, 0);
   for (int64_t sc = 0; sc < S; ++sc) {
     std::vector<int64_t> order(ids_per_sc);
     std::iota(order.begin(), order.end(), sc * ids_per_sc);
@@ -756,6 +761,9 @@ void CheckSplitIdsAgainstStableSort(int64_t vocab, int64_t per_sc, int64_t ids_p
         want_gains.back() += gains[i];
         continue;
       }
+      const int64_t shard = cols[i] % S;
+      ++kept_per_slot[(sc * S + shard) * D + std::min<int64_t>(cols[i] / division_size, D - 1)];
+      if (k == 0 || cols[i] != cols[order[k - 1]]) ++uniques_per_pair[sc * S + shard];
       want_rows.push_back(static_cast<int32_t>(rows[i] - sc * per_sc));
       want_cols.push_back(cols[i] / S);
       want_gains.push_back(gains[i]);
@@ -763,13 +771,31 @@ void CheckSplitIdsAgainstStableSort(int64_t vocab, int64_t per_sc, int64_t ids_p
   }
   CHECK(out.rows == want_rows);
   CHECK(out.cols == want_cols);
-  CHECK(out.gains == want_gains);
+  CHECK(out.gains.size() == want_gains.size() &&
+        std::memcmp(out.gains.data(), want_gains.data(), sizeof(float) * want_gains.size()) == 0);
+  std::vector<int32_t> want_counts(1, 0);
+  int64_t max_ids = 0;
+  for (int64_t pair = 0; pair < S * S; ++pair) {
+    int64_t pair_ids = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      pair_ids += kept_per_slot[pair * D + d];
+      want_counts.push_back(want_counts.back() +
+                            static_cast<int32_t>(kept_per_slot[pair * D + d]));
+    }
+    max_ids = std::max(max_ids, pair_ids);
+  }
+  CHECK(out.id_counts == want_counts);
+  CHECK_EQ(out.max_ids, max_ids);
+  CHECK_EQ(out.max_uniques,
+           *std::max_element(uniques_per_pair.begin(), uniques_per_pair.end()));
 }
 
 void TestSplitIdsMatchStableSort() {
   g_test = "GetMinibatchSplits: ids sorted and merged as a plain stable sort does";
   for (uint32_t seed = 0; seed < 3; ++seed) {
     CheckSplitIdsAgainstStableSort(1000, 64, 300, seed);              // words with rows
+    CheckSplitIdsAgainstStableSort(1000, 16, 3000, seed, 3);          // long runs, 8 divisions
+    CheckSplitIdsAgainstStableSort(100000, 4096, 40000, seed, 2);     // the benchmark's scale
     CheckSplitIdsAgainstStableSort(2000000000, 1 << 20, 20000, seed);  // 31 + 20 + 15 bits > 64
     CheckSplitIdsAgainstStableSort(50, 8, 40, seed);                   // short: std::stable_sort
   }
