@@ -1,12 +1,13 @@
-// The two per-id passes of the sum combiner's COO conversion (docs/preprocessing.md#coo-conversion),
-// vectorized: each id's sample from the ragged row_splits (a prefix sum), and the merge of
-// adjacent duplicate (sample, id) pairs into one entry.
+// The two per-id passes of the sum combiner's COO conversion
+// (docs/preprocessing.md#coo-conversion), vectorized: each id's sample from the ragged row_splits
+// (a prefix sum), and the merge of adjacent duplicate (sample, id) pairs into one entry.
 //
 // They run once per id per step for every feature, so each has an AVX-512 version next to the
-// portable one, picked at run time (the library is built for the baseline x86-64 ISA, no -march). Both versions give the
-// same results bit for bit (a NaN gain is a NaN in both, its payload aside): integer sums, and
-// the merged gains added one weight at a time in input order. The portable versions are the
-// specification; the tests and fuzz/fuzz_adjacent_merge.cc compare the two.
+// portable one, picked at run time (the library is built for the baseline x86-64 ISA, with no
+// -march). Both versions give the same results bit for bit (a NaN gain is a NaN in both, its
+// payload aside): integer sums, and the merged gains added one weight at a time in input order.
+// The portable versions are the specification; the tests and fuzz/fuzz_adjacent_merge.cc compare
+// the two.
 #ifndef SCE_CORE_ADJACENT_MERGE_H_
 #define SCE_CORE_ADJACENT_MERGE_H_
 

@@ -318,7 +318,8 @@ __attribute__((target("avx512f"))) void DedupLoopAvx512(
     KeptIds* kept) {
   const __m512i position_mask = _mm512_set1_epi64((int64_t{1} << f.position_bits) - 1);
   const __m512i row_mask = _mm512_set1_epi64((int64_t{1} << f.row_bits) - 1);
-  const __m512i shard_row_mask = _mm512_set1_epi32((int32_t{1} << f.shard_row_bits) - 1);
+  const __m512i shard_row_mask =
+      _mm512_set1_epi32(static_cast<int32_t>((int64_t{1} << f.shard_row_bits) - 1));
   const __m128i key_shift = _mm_cvtsi32_si128(f.key_shift);
   const __m128i position_bits = _mm_cvtsi32_si128(f.position_bits);
   const __m128i pbits = _mm_cvtsi32_si128(g.pbits);
@@ -334,7 +335,8 @@ __attribute__((target("avx512f"))) void DedupLoopAvx512(
                         _mm512_srl_epi32(key, shard_row_bits));
     alignas(64) int32_t cols[16];
     _mm512_store_si512(cols, col);
-    // The block's first and last col in the current slot: every col between them is.
+    // The block's first and last col in the current slot: every col between them is. A block
+    // that lies wholly or partly in another slot (or starts a new one) takes the scalar loop.
     const int32_t first = cols[0], last = cols[15];
     const int64_t first_slot = (first & g.mask) * (g.D + 1) + st->bucket + 1;
     if (first < st->bucket_begin || last >= st->bucket_end || (first & g.mask) != (last & g.mask) ||
@@ -351,7 +353,8 @@ __attribute__((target("avx512f"))) void DedupLoopAvx512(
     const __m512i prev_rows = _mm512_set1_epi32(st->prev_row);
     const __m512i prev_cols = _mm512_set1_epi32(st->prev_col);
     // Lane j of alignr(v, previous, 15) is the id before lane j (lane 15 of `previous` for j = 0).
-    const __mmask16 new_col = _mm512_cmpneq_epi32_mask(col, _mm512_alignr_epi32(col, prev_cols, 15));
+    const __mmask16 new_col =
+        _mm512_cmpneq_epi32_mask(col, _mm512_alignr_epi32(col, prev_cols, 15));
     const unsigned merges =
         _mm512_cmpeq_epi32_mask(row, _mm512_alignr_epi32(row, prev_rows, 15)) &
         static_cast<unsigned>(static_cast<__mmask16>(~new_col));
@@ -376,8 +379,9 @@ __attribute__((target("avx512f"))) void DedupLoopAvx512(
     st->run_uniques += __builtin_popcount(static_cast<unsigned>(new_col));
     _mm512_storeu_si512(kept->local_rows.get() + st->size,
                         _mm512_maskz_compress_epi32(kept_lanes, row));
+    const __m512i shard_rows = _mm512_and_si512(key, shard_row_mask);  // col >> pbits
     _mm512_storeu_si512(kept->shard_rows.get() + st->size,
-                        _mm512_maskz_compress_epi32(kept_lanes, _mm512_and_si512(key, shard_row_mask)));
+                        _mm512_maskz_compress_epi32(kept_lanes, shard_rows));
     _mm512_storeu_ps(kept->gains.get() + st->size, _mm512_maskz_compress_ps(kept_lanes, sums));
     st->size += count;
     st->prev_row = _mm512_cvtsi512_si32(_mm512_alignr_epi32(row, row, 15));
@@ -490,8 +494,8 @@ void SplitPair(const ScCounts& counts, int64_t p, const Geometry& g,
 
 // Writes the kept ids of every SparseCore into the output, grouped by (SC, shard, division):
 // each SparseCore's kept ids are already in that order (DedupAndCountSc), so SparseCore s's
-// block, which starts at id_counts[s * P * D], is written in one sequential pass. The blocks are
-// disjoint, so they are written in parallel.
+// block, which starts at id_counts[s * P * D], is three copies of its kept columns. The blocks
+// are disjoint, so they are written in parallel.
 void Scatter(const std::vector<KeptIds>& kept_per_sc, const Geometry& g,
              const std::vector<int32_t>& id_counts, const SplitIdBuffers& buffers,
              const ParallelFor& parallel_for) {

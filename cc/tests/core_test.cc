@@ -725,8 +725,10 @@ void TestGetMinibatchSplits() {
 // std::stable_sort by (shard, row inside the shard), duplicates (row, col) merged, and the kept ids
 // counted per (SparseCore, shard, division). Divisions are col ranges, so the order is the same at
 // any division level. Large vocabularies and batches do not fit (key, row, position) in one sort
-// word and take the other path of DedupAndCountSc. The gains are not exact in binary, so a merge
-// that added them in another order would show.
+// word, so DedupAndCountSc reads their rows by position and takes the scalar loop; the others take
+// the AVX-512 loop where the CPU has it. The gains are not exact in binary, so a merge that added
+// them in another order would show. (The split masks under small limits are compared with the
+// numpy reference in tests/ops/test_property_preprocessing.py.)
 void CheckSplitIdsAgainstStableSort(int64_t vocab, int64_t per_sc, int64_t ids_per_sc,
                                     uint32_t seed, int division_level = 0) {
   std::mt19937 rng(seed);
