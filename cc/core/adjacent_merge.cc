@@ -1,8 +1,5 @@
 #include "cc/core/adjacent_merge.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 namespace sce {
 
@@ -112,11 +109,8 @@ __attribute__((target("avx512f"))) void PrefixSumInPlaceAvx512(int32_t* x, int64
 }
 
 // 16 ids at a time. A block's (sample, id) pairs are compared with their predecessors in
-// registers, which gives the lanes that merge into the entry before them. A run of merges at the
-// block's start continues the last entry already written: their weights are added to its gain in
-// memory, in order. Within the block, each kept lane's gain becomes w[k] + w[k + 1] + ... over
-// the merged lanes after it, one lane at a time in input order (the loop runs as often as the
-// longest run of merges, usually once). The kept lanes are then packed to the front
+// registers, which gives the lanes that merge into the entry before them; SumMergedRunsAvx512
+// (adjacent_merge.h) adds their weights in input order. The kept lanes are then packed to the front
 // (vpcompressd between registers: its memory form is slow on AMD Zen 4) and stored as a whole
 // vector at `count` <= i: the lanes after them land no further than the block's last position,
 // whose input is already in registers, and are overwritten later or lie past the final count.
@@ -129,7 +123,6 @@ __attribute__((target("avx512f"))) int64_t MergeAdjacentDuplicatesAvx512(
   // matches no sample, before the first block, so the first id always starts an entry).
   __m512i previous_rows = _mm512_set1_epi32(-1), previous_cols = _mm512_set1_epi32(-1);
   const __m512i bounds = _mm512_set1_epi32(static_cast<int32_t>(bound));
-  const __m512i zero = _mm512_setzero_si512();
   const __m512 same_weight = _mm512_set1_ps(per_id_weights || n == 0 ? 0.0f : weights[0]);
   __mmask16 flagged = 0;
   for (; i + 16 <= n; i += 16) {
@@ -143,20 +136,9 @@ __attribute__((target("avx512f"))) int64_t MergeAdjacentDuplicatesAvx512(
         _mm512_cmpeq_epi32_mask(c, _mm512_alignr_epi32(c, previous_cols, 15));
     previous_rows = r;
     previous_cols = c;
-    __m512 sums = w;
-    if (merges != 0) {
-      alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, w);
-      for (int k = 0; k < 16 && ((merges >> k) & 1); ++k) gains[count - 1] += lanes[k];
-      __m512i following = _mm512_castps_si512(w);
-      unsigned continuing = merges >> 1;  // lanes whose next j lanes all merge into them
-      for (int j = 1; continuing != 0; ++j) {
-        following = _mm512_alignr_epi32(zero, following, 1);  // lane k: w[k + j]
-        sums = _mm512_mask_add_ps(sums, static_cast<__mmask16>(continuing), sums,
-                                  _mm512_castsi512_ps(following));
-        continuing &= merges >> (j + 1);
-      }
-    }
+    // The first id of all never merges (-1 above), so an entry exists when a block starts with a
+    // merge.
+    const __m512 sums = SumMergedRunsAvx512(w, merges, gains + (count > 0 ? count - 1 : 0));
     const __mmask16 kept = static_cast<__mmask16>(~merges);
     _mm512_storeu_si512(rows + count, _mm512_maskz_compress_epi32(kept, r));
     _mm512_storeu_si512(cols + count, _mm512_maskz_compress_epi32(kept, c));

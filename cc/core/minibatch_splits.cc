@@ -306,10 +306,8 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i Narrow(__m512i 
 
 // The same with AVX-512, 16 words at a time, for words that hold the rows. A block whose ids all
 // fall into the current (shard, division) slot (the common case: its first and last col do, and
-// the cols are sorted) is decoded, deduplicated and counted in registers: the duplicates merge as
-// in adjacent_merge.cc (a run at the block's start into the last kept gain, one at a time; inside
-// the block each kept lane adds the merged lanes after it, one lane per step, in input order), the
-// slot's counts grow by the kept lanes and by the lanes whose col differs from the one before,
+// the cols are sorted) is decoded, deduplicated and counted in registers: the duplicates' gains
+// add in input order (SumMergedRunsAvx512, adjacent_merge.h), the slot's counts grow by the kept lanes and by the lanes whose col differs from the one before,
 // and the kept lanes are packed to the front and stored. Any other block takes DedupScalar.
 // Same kept ids, counts and summation order as the scalar loop.
 __attribute__((target("avx512f"))) void DedupLoopAvx512(
@@ -324,7 +322,6 @@ __attribute__((target("avx512f"))) void DedupLoopAvx512(
   const __m128i position_bits = _mm_cvtsi32_si128(f.position_bits);
   const __m128i pbits = _mm_cvtsi32_si128(g.pbits);
   const __m128i shard_row_bits = _mm_cvtsi32_si128(f.shard_row_bits);
-  const __m512i zero = _mm512_setzero_si512();
   int64_t k = 0;
   for (; k + 16 <= n; k += 16) {
     const __m512i w0 = _mm512_loadu_si512(sorted + k);
@@ -358,20 +355,9 @@ __attribute__((target("avx512f"))) void DedupLoopAvx512(
     const unsigned merges =
         _mm512_cmpeq_epi32_mask(row, _mm512_alignr_epi32(row, prev_rows, 15)) &
         static_cast<unsigned>(static_cast<__mmask16>(~new_col));
-    __m512 sums = gain;
-    if (merges != 0) {
-      alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, gain);
-      for (int j = 0; j < 16 && ((merges >> j) & 1); ++j) kept->gains[st->size - 1] += lanes[j];
-      __m512i following = _mm512_castps_si512(gain);
-      unsigned continuing = merges >> 1;  // lanes whose next j lanes all merge into them
-      for (int j = 1; continuing != 0; ++j) {
-        following = _mm512_alignr_epi32(zero, following, 1);  // lane l: gain[l + j]
-        sums = _mm512_mask_add_ps(sums, static_cast<__mmask16>(continuing), sums,
-                                  _mm512_castsi512_ps(following));
-        continuing &= merges >> (j + 1);
-      }
-    }
+    // The vector path starts after an id was kept (run_slot is 0 until then), so a leading
+    // merge has an entry to add to.
+    const __m512 sums = SumMergedRunsAvx512(gain, merges, kept->gains.get() + st->size - 1);
     const __mmask16 kept_lanes = static_cast<__mmask16>(~merges);
     const int64_t count = __builtin_popcount(static_cast<unsigned>(kept_lanes));
     // Every lane of new_col is a kept lane (a merged lane repeats its col).
