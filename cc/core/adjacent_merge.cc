@@ -1,5 +1,6 @@
 #include "cc/core/adjacent_merge.h"
 
+#include "cc/core/avx512.h"
 
 namespace sce {
 
@@ -33,24 +34,6 @@ __attribute__((always_inline)) inline int64_t MergeScalar(
   return count;
 }
 
-#if defined(__x86_64__)
-// GCC 12's AVX-512 headers build some intrinsics (_mm512_alignr_epi32, _mm512_permutexvar_epi32)
-// on a deliberately undefined vector, unused under their full mask, which -W(maybe-)uninitialized
-// reports wherever they are inlined: silenced for the vector code only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-// Lane 15 of v.
-__attribute__((target("avx512f"), always_inline)) inline int32_t LastLane(__m512i v) {
-  return _mm512_cvtsi512_si32(_mm512_alignr_epi32(v, v, 15));
-}
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-#endif
-
 }  // namespace
 
 bool CpuHasAvx512F() {
@@ -79,11 +62,8 @@ int64_t MergeAdjacentDuplicatesBaseline(const int32_t* values, const float* weig
 }
 
 #if defined(__x86_64__)
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+SCE_AVX512_CODE_BEGIN
+
 // 16 elements at a time: a scan inside the register (4 shifted adds) plus the running total,
 // instead of one dependent add per element.
 __attribute__((target("avx512f"))) void PrefixSumInPlaceAvx512(int32_t* x, int64_t n) {
@@ -110,7 +90,7 @@ __attribute__((target("avx512f"))) void PrefixSumInPlaceAvx512(int32_t* x, int64
 
 // 16 ids at a time. A block's (sample, id) pairs are compared with their predecessors in
 // registers, which gives the lanes that merge into the entry before them; SumMergedRunsAvx512
-// (adjacent_merge.h) adds their weights in input order. The kept lanes are then packed to the front
+// (avx512.h) adds their weights in input order. The kept lanes are then packed to the front
 // (vpcompressd between registers: its memory form is slow on AMD Zen 4) and stored as a whole
 // vector at `count` <= i: the lanes after them land no further than the block's last position,
 // whose input is already in registers, and are overwritten later or lie past the final count.
@@ -150,9 +130,7 @@ __attribute__((target("avx512f"))) int64_t MergeAdjacentDuplicatesAvx512(
   *bad = *bad || flagged != 0;
   return count;
 }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+SCE_AVX512_CODE_END
 #else
 void PrefixSumInPlaceAvx512(int32_t* x, int64_t n) { PrefixSumInPlaceBaseline(x, n); }
 

@@ -13,10 +13,6 @@
 
 #include <cstdint>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 namespace sce {
 
 // Whether this CPU runs the AVX-512 (F) versions below; checked once.
@@ -44,43 +40,6 @@ int64_t MergeAdjacentDuplicatesBaseline(const int32_t* values, const float* weig
 int64_t MergeAdjacentDuplicatesAvx512(const int32_t* values, const float* weights,
                                       bool per_id_weights, int64_t n, uint32_t bound,
                                       int32_t* rows, int32_t* cols, float* gains, bool* bad);
-
-#if defined(__x86_64__)
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12's AVX-512 headers build some intrinsics (_mm512_alignr_epi32 among them) on a
-// deliberately undefined vector, unused under their full mask, which -W(maybe-)uninitialized
-// reports wherever they are inlined: silenced for the vector code only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-// The gains of a block of 16 weights `w` in which bit k of `merges` marks a lane that merges into
-// the entry before it (the lane before, or for a run at the block's start the last entry already
-// written, whose gain is *last). Adds that leading run to *last, one weight at a time, and returns
-// every kept lane's gain: its weight plus those of the merged lanes after it, added one lane at a
-// time in input order, the order of the scalar merge. The loop runs as often as the longest run of
-// merges. Shared by the two AVX-512 merges (adjacent_merge.cc, minibatch_splits.cc).
-__attribute__((target("avx512f"), always_inline)) inline __m512 SumMergedRunsAvx512(
-    __m512 w, unsigned merges, float* last) {
-  if (merges == 0) return w;
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, w);
-  for (int k = 0; k < 16 && ((merges >> k) & 1); ++k) *last += lanes[k];
-  __m512 sums = w;
-  __m512i following = _mm512_castps_si512(w);
-  unsigned continuing = merges >> 1;  // lanes whose next j lanes all merge into them
-  for (int j = 1; continuing != 0; ++j) {
-    following = _mm512_alignr_epi32(_mm512_setzero_si512(), following, 1);  // lane k: w[k + j]
-    sums = _mm512_mask_add_ps(sums, static_cast<__mmask16>(continuing), sums,
-                              _mm512_castsi512_ps(following));
-    continuing &= merges >> (j + 1);
-  }
-  return sums;
-}
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-#endif  // defined(__x86_64__)
 
 }  // namespace sce
 

@@ -5,11 +5,9 @@
 #include <memory>
 #include <numeric>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include "cc/core/adjacent_merge.h"
+#include "cc/core/avx512.h"
 #include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
 #include "cc/core/radix_sort.h"
@@ -291,13 +289,8 @@ void DedupLoopBaseline(const uint64_t* sorted, int64_t n, const SortWordFormat& 
 }
 
 #if defined(__x86_64__)
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12's AVX-512 headers build some intrinsics on a deliberately undefined vector, unused under
-// their full mask, which -W(maybe-)uninitialized reports wherever they are inlined.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+SCE_AVX512_CODE_BEGIN
+
 // The 32-bit lanes of two vectors of 8 64-bit values, low vector first.
 __attribute__((target("avx512f"), always_inline)) inline __m512i Narrow(__m512i lo, __m512i hi) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(lo)),
@@ -307,9 +300,10 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i Narrow(__m512i 
 // The same with AVX-512, 16 words at a time, for words that hold the rows. A block whose ids all
 // fall into the current (shard, division) slot (the common case: its first and last col do, and
 // the cols are sorted) is decoded, deduplicated and counted in registers: the duplicates' gains
-// add in input order (SumMergedRunsAvx512, adjacent_merge.h), the slot's counts grow by the kept lanes and by the lanes whose col differs from the one before,
-// and the kept lanes are packed to the front and stored. Any other block takes DedupScalar.
-// Same kept ids, counts and summation order as the scalar loop.
+// add in input order (SumMergedRunsAvx512, avx512.h), the slot's counts grow by the kept lanes
+// and by the lanes whose col differs from the one before, and the kept lanes are packed to the
+// front and stored. Any other block takes DedupScalar. Same kept ids, counts and summation order
+// as the scalar loop.
 __attribute__((target("avx512f"))) void DedupLoopAvx512(
     const uint64_t* sorted, int64_t n, const SortWordFormat& f, const int32_t* rows,
     const float* gains, const Geometry& g, DedupState* st, int32_t* ids, int32_t* uniques,
@@ -370,14 +364,12 @@ __attribute__((target("avx512f"))) void DedupLoopAvx512(
                         _mm512_maskz_compress_epi32(kept_lanes, shard_rows));
     _mm512_storeu_ps(kept->gains.get() + st->size, _mm512_maskz_compress_ps(kept_lanes, sums));
     st->size += count;
-    st->prev_row = _mm512_cvtsi512_si32(_mm512_alignr_epi32(row, row, 15));
+    st->prev_row = LastLane(row);
     st->prev_col = last;
   }
   DedupScalar(sorted, k, n, f, rows, gains, g, st, ids, uniques, kept);
 }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+SCE_AVX512_CODE_END
 #endif  // defined(__x86_64__)
 
 // Sorts the ids of source SparseCore s by (shard, col), sums the gains of duplicate (row, col)
