@@ -172,11 +172,12 @@ void SampleOfEveryId(const IdInput& in, int32_t* rows) {
   }
 }
 
-// The sum combiner's entries (adjacent_merge.h, once each id's sample is known). rows / cols /
-// gains hold num_values entries, rows zeros. Also flags in *bad whether an id is negative or not below
+// The merged entries of every combiner (adjacent_merge.h, once each id's sample is known); mean
+// and sqrtn then scale them (ScaleByCombiner). rows / cols / gains hold num_values entries, rows
+// zeros. Also flags in *bad whether an id is negative or not below
 // `vocabulary_size` (when >= 0): this pass reads every id anyway, so CheckIds only runs to name
 // the first bad one.
-int64_t MergeSumEntries(const IdInput& in, int64_t vocabulary_size, int32_t* rows, int32_t* cols,
+int64_t MergeEntries(const IdInput& in, int64_t vocabulary_size, int32_t* rows, int32_t* cols,
                         float* gains, bool* bad) {
   SampleOfEveryId(in, rows);
   // Ids are int32, so no bound needs to exceed 2^31.
@@ -185,6 +186,24 @@ int64_t MergeSumEntries(const IdInput& in, int64_t vocabulary_size, int32_t* row
                            : int64_t{1} << 31);
   return MergeAdjacentDuplicates(in.values, in.weights, in.weights_rank == 1, in.num_values,
                                  bound, rows, cols, gains, bad);
+}
+
+// Mean and sqrtn: scales the merged entries [0, count) of every sample (they are grouped by
+// sample, in input order) by the combiner factor of all the sample's ids' weights, summed in
+// input order before any merging (CombinerFactor).
+void ScaleByCombiner(const IdInput& in, Combiner combiner, int64_t count, const int32_t* rows,
+                     float* gains) {
+  const bool per_id = in.weights_rank == 1;
+  int64_t entry = 0;
+  ForEachSampleRun(in, [&](int32_t row, int64_t begin, int64_t end) {
+    float weight_sum = 0.0f;
+    for (int64_t i = begin; i < end; ++i) {
+      const float w = per_id ? in.weights[i] : in.weights[0];
+      weight_sum += combiner == Combiner::kMean ? w : w * w;
+    }
+    const float factor = CombinerFactor(weight_sum, combiner);
+    for (; entry < count && rows[entry] == row; ++entry) gains[entry] *= factor;
+  });
 }
 
 // The shared first half of docs/preprocessing.md#coo-conversion and docs/preprocessing.md#per-sparsecore-lists-and-the-stacking-transform: validated, merged and normalised entries in input order.
@@ -196,52 +215,16 @@ Status BuildEntries(const IdInput& in, int64_t sample_count, Combiner combiner,
   }
   // Written through raw pointers into pre-sized vectors: this loop runs once per id per step.
   const int64_t n = in.num_values;
-  out->rows.assign(n, 0);  // zeros: MergeSumEntries counts samples in it
+  out->rows.assign(n, 0);  // zeros: MergeEntries counts samples in it
   out->cols.resize(n);
   out->gains.resize(n);
   int32_t* out_rows = out->rows.data();
   int32_t* out_cols = out->cols.data();
   float* out_gains = out->gains.data();
-  const bool per_id = in.weights_rank == 1;
-  if (combiner == Combiner::kSum) {
-    bool bad = false;
-    const int64_t count =
-        MergeSumEntries(in, vocabulary_size, out_rows, out_cols, out_gains, &bad);
-    if (bad) return CheckIds(in, vocabulary_size, ctx);  // names the first bad id
-    out->rows.resize(count);
-    out->cols.resize(count);
-    out->gains.resize(count);
-    return Status::Ok();
-  }
-  SCE_RETURN_IF_ERROR(CheckIds(in, vocabulary_size, ctx));
-  int64_t count = 0;
-  // One sample at a time: its consecutive duplicate ids are merged (gains summed), then, for
-  // mean and sqrtn, its entries are scaled by the combiner factor of all its ids' weights. The
-  // previous id is kept in a local: the int32 stores to the outputs would otherwise force the
-  // compiler to reload it on every id.
-  ForEachSampleRun(in, [&](int32_t row, int64_t begin, int64_t end) {
-    const int64_t first = count;
-    int32_t prev_col = -1;  // ids are >= 0: matches nothing
-    float weight_sum = 0.0f;
-    for (int64_t i = begin; i < end; ++i) {
-      const int32_t col = in.values[i];
-      const float w = per_id ? in.weights[i] : in.weights[0];
-      if (combiner != Combiner::kSum) weight_sum += combiner == Combiner::kMean ? w : w * w;
-      if (col == prev_col) {
-        out_gains[count - 1] += w;
-        continue;
-      }
-      out_rows[count] = row;
-      out_cols[count] = col;
-      out_gains[count] = w;
-      ++count;
-      prev_col = col;
-    }
-    if (combiner != Combiner::kSum) {
-      const float factor = CombinerFactor(weight_sum, combiner);
-      for (int64_t k = first; k < count; ++k) out_gains[k] *= factor;
-    }
-  });
+  bool bad = false;
+  const int64_t count = MergeEntries(in, vocabulary_size, out_rows, out_cols, out_gains, &bad);
+  if (bad) return CheckIds(in, vocabulary_size, ctx);  // names the first bad id
+  if (combiner != Combiner::kSum) ScaleByCombiner(in, combiner, count, out_rows, out_gains);
   out->rows.resize(count);
   out->cols.resize(count);
   out->gains.resize(count);
