@@ -36,15 +36,6 @@ __attribute__((always_inline)) inline int64_t MergeScalar(
 
 }  // namespace
 
-bool CpuHasAvx512F() {
-#if defined(__x86_64__)
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
-#else
-  return false;
-#endif
-}
-
 void PrefixSumInPlaceBaseline(int32_t* x, int64_t n) {
   int32_t sum = 0;
   for (int64_t i = 0; i < n; ++i) {

@@ -13,10 +13,9 @@
 
 #include <cstdint>
 
-namespace sce {
+#include "cc/core/vector_isa.h"  // CpuHasAvx512F
 
-// Whether this CPU runs the AVX-512 (F) versions below; checked once.
-bool CpuHasAvx512F();
+namespace sce {
 
 // x[i] becomes x[0] + ... + x[i]. The sums must fit in int32 (here they are sample numbers).
 void PrefixSumInPlace(int32_t* x, int64_t n);

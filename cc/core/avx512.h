@@ -1,6 +1,6 @@
 // What the hand-vectorized AVX-512 loops share (adjacent_merge.cc, minibatch_splits.cc). Each such
 // loop is a function built with __attribute__((target("avx512f"))) next to a portable version,
-// picked at run time by CpuHasAvx512F() (adjacent_merge.h): the library itself is built for the
+// picked at run time by CpuHasAvx512F() (vector_isa.h): the library itself is built for the
 // baseline x86-64 ISA. Everything here is x86-64 only.
 #ifndef SCE_CORE_AVX512_H_
 #define SCE_CORE_AVX512_H_

@@ -9,19 +9,6 @@
 
 namespace sce {
 
-VectorIsa BestVectorIsa() {
-  static const VectorIsa best = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")) {
-      return VectorIsa::kAvx512;
-    }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return VectorIsa::kAvx2;
-    return VectorIsa::kBaseline;
-  }();
-  return best;
-}
-
 Status ParseNonFiniteGradients(const std::string& name, NonFiniteGradients* mode) {
   if (name == "error") {
     *mode = NonFiniteGradients::kError;
@@ -33,7 +20,8 @@ Status ParseNonFiniteGradients(const std::string& name, NonFiniteGradients* mode
   return Status::Ok();
 }
 
-__attribute__((target_clones("avx2", "default"))) bool AllFinite(const float* x, int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) bool AllFinite(const float* x,
+                                                                         int64_t n) {
   // A float is NaN or +-Inf exactly when its exponent bits are all ones. OR-ing a per-element
   // flag (no early exit) keeps the loop branch-free so it vectorizes.
   constexpr uint32_t kExponent = 0x7f800000u;

@@ -20,6 +20,7 @@
 #include "cc/core/csr_view.h"
 #include "cc/core/optimizers.h"
 #include "cc/core/parallel.h"
+#include "cc/core/vector_isa.h"
 
 namespace sce {
 
@@ -37,13 +38,6 @@ __attribute__((always_inline)) inline void AccumulateScaled(float* sum, const fl
                                                             int64_t dim) {
   for (int64_t j = 0; j < dim; ++j) sum[j] += gain * g[j];
 }
-
-// The instruction sets the update loop is compiled for (see UpdateShards): AVX-512 (F, VL, BW,
-// DQ), AVX2 with FMA (AMD Zen 1-3, Intel Haswell to Alder Lake), and the build's baseline.
-enum class VectorIsa { kBaseline, kAvx2, kAvx512 };
-
-// The widest of those the CPU runs; checked once.
-VectorIsa BestVectorIsa();
 
 // All contributions to shard p (a global shard index), sorted by token (stable, so the summation
 // order is fixed: source SparseCore, minibatch, position). The update's fallback for CSRs whose
@@ -90,7 +84,7 @@ enum class NonFiniteGradients { kError, kSkip };
 Status ParseNonFiniteGradients(const std::string& name, NonFiniteGradients* mode);
 
 // True when no value of x[0:n] is NaN or +-Inf. One vectorizable pass (bit test on the exponent),
-// multiversioned for AVX2.
+// multiversioned for AVX-512 and AVX2.
 bool AllFinite(const float* x, int64_t n);
 
 // The first contribution (in shard, source SparseCore, minibatch, position order) of the local

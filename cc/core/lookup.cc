@@ -28,16 +28,18 @@ inline float Quantize(float v, float low, float high, float quantum) {
   return std::floor((v - low) / quantum + 0.5f) * quantum + low;
 }
 
-// Sums one segment's gain-weighted rows into the activation block. Built for AVX-512, AVX2 and
-// the baseline ISA; the loader picks the best one for the CPU (TensorFlow's wheel targets SSE
-// only). Every version adds the same products in the same order (no FMA contraction), so the
-// activations are bit-identical. Upcoming table rows and activation rows are prefetched: both
-// are read at random (entries are sorted by row, samples are not).
-// Sample i of the segment's source SparseCore goes to row out_rows[i] of `activations`, or to row
-// first_row + i when out_rows is null (SparseCore-major order).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void AccumulateSegment(
-    const CsrView& view, int64_t begin, int64_t end, const float* shard, int64_t dim,
+// Sums one segment's gain-weighted rows into the activation block. Every version adds the same
+// products in the same order (no FMA contraction), so the activations are bit-identical. Upcoming
+// table rows and activation rows are prefetched: both are read at random (entries are sorted by
+// row, samples are not). Sample i of the segment's source SparseCore goes to row out_rows[i] of
+// `activations`, or to row first_row + i when out_rows is null (SparseCore-major order).
+// kDim > 0 fixes the row width at compile time (it must equal `runtime_dim`), so a row is whole
+// vectors with no remainder loop.
+template <int64_t kDim>
+__attribute__((always_inline)) inline void AccumulateSegmentBody(
+    const CsrView& view, int64_t begin, int64_t end, const float* shard, int64_t runtime_dim,
     float* activations, int64_t first_row, const int32_t* out_rows) {
+  const int64_t dim = kDim > 0 ? kDim : runtime_dim;
   const int64_t lines_per_row = (dim * static_cast<int64_t>(sizeof(float)) + 63) / 64;
   // Measured with bench/kernel_ab.py on the benchmark workload: 16 beats 8 by 5-6% and 12 or 24
   // by about 1%.
@@ -64,6 +66,41 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void AccumulateSegm
   }
 }
 
+// One out-of-line build of AccumulateSegmentBody per instruction set (the same body, compiled
+// for `target`), each for the common widths fixed at compile time and for any width.
+#define SCE_DEFINE_ACCUMULATE_SEGMENT(name, target)                                           \
+  template <int64_t kDim>                                                                    \
+  target void name(const CsrView& view, int64_t begin, int64_t end, const float* shard,       \
+                   int64_t dim, float* activations, int64_t first_row,                       \
+                   const int32_t* out_rows) {                                                \
+    AccumulateSegmentBody<kDim>(view, begin, end, shard, dim, activations, first_row,         \
+                                out_rows);                                                   \
+  }
+SCE_DEFINE_ACCUMULATE_SEGMENT(AccumulateSegmentAvx512,
+                              __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"))))
+SCE_DEFINE_ACCUMULATE_SEGMENT(AccumulateSegmentAvx2, __attribute__((target("avx2,fma"))))
+SCE_DEFINE_ACCUMULATE_SEGMENT(AccumulateSegmentBaseline, )
+#undef SCE_DEFINE_ACCUMULATE_SEGMENT
+
+using AccumulateSegmentFn = void (*)(const CsrView&, int64_t, int64_t, const float*, int64_t,
+                                     float*, int64_t, const int32_t*);
+
+// The build of the accumulation loop for `isa` and `dim`. Fixing the width at compile time made
+// the forward lookup of the benchmark workload 25-28% faster (bench/kernel_ab.py, BENCHMARKS.md,
+// eleventh round), with the same bits.
+AccumulateSegmentFn AccumulateSegmentFor(VectorIsa isa, int64_t dim) {
+  // Rows: VectorIsa kBaseline, kAvx2, kAvx512. Columns: dim 16, 32, 64, any other.
+  static constexpr AccumulateSegmentFn kBuilds[3][4] = {
+      {&AccumulateSegmentBaseline<16>, &AccumulateSegmentBaseline<32>,
+       &AccumulateSegmentBaseline<64>, &AccumulateSegmentBaseline<0>},
+      {&AccumulateSegmentAvx2<16>, &AccumulateSegmentAvx2<32>, &AccumulateSegmentAvx2<64>,
+       &AccumulateSegmentAvx2<0>},
+      {&AccumulateSegmentAvx512<16>, &AccumulateSegmentAvx512<32>,
+       &AccumulateSegmentAvx512<64>, &AccumulateSegmentAvx512<0>}};
+  const int width = dim == 16 ? 0 : dim == 32 ? 1 : dim == 64 ? 2 : 3;
+  return kBuilds[static_cast<int>(isa)][width];
+}
+
 void AccumulateQuantizedSegment(const CsrView& view, int64_t begin, int64_t end,
                                 const float* shard, int64_t dim, const Quantization& q,
                                 float quantum, float* activations, int64_t first_row,
@@ -82,7 +119,7 @@ void AccumulateQuantizedSegment(const CsrView& view, int64_t begin, int64_t end,
 
 void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
                        const Quantization& q, float* activations, const ParallelFor& parallel_for,
-                       const FeatureRowsPerSc& feature_rows_per_sc) {
+                       const FeatureRowsPerSc& feature_rows_per_sc, VectorIsa isa) {
   const int64_t samples_per_sc = view.samples_per_sc();
   const int64_t rows_per_shard = view.rows_per_shard();
   const float quantum = q.enabled() ? (q.high - q.low) / static_cast<float>(q.num_buckets - 1) : 0;
@@ -90,6 +127,7 @@ void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
   const FeatureMajorRows order =
       feature_major ? MakeFeatureMajorRows(view, feature_rows_per_sc) : FeatureMajorRows();
   const int64_t F = static_cast<int64_t>(feature_rows_per_sc.size());
+  const AccumulateSegmentFn accumulate = AccumulateSegmentFor(isa, dim);
   // Each source SparseCore owns a disjoint set of activation rows, so SCs run in parallel.
   const int64_t num_sources = view.num_source_sparse_cores();
   parallel_for(num_sources, 64 * view.num_token_ids / num_sources + 1,
@@ -119,7 +157,7 @@ void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
             AccumulateQuantizedSegment(view, begin, end, shard, dim, q, quantum, activations,
                                        first_row, out_rows);
           } else {
-            AccumulateSegment(view, begin, end, shard, dim, activations, first_row, out_rows);
+            accumulate(view, begin, end, shard, dim, activations, first_row, out_rows);
           }
         }
       }

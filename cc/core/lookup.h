@@ -9,6 +9,7 @@
 #include "cc/core/activation_rows.h"
 #include "cc/core/csr_view.h"
 #include "cc/core/parallel.h"
+#include "cc/core/vector_isa.h"
 
 namespace sce {
 
@@ -22,11 +23,14 @@ struct Quantization {
 Status ValidateQuantization(const Quantization& q, const std::string& table_name);
 
 // `view` must have passed ValidateCsrView, `feature_rows_per_sc` ValidateFeatureRows. `table` is
-// [view.table_rows, dim]; `activations` is [view.input_size, dim] and is overwritten.
+// [view.table_rows, dim]; `activations` is [view.input_size, dim] and is overwritten. `isa` picks
+// the instruction set of the accumulation loop (default: the widest the CPU has; every version
+// gives the same bits); it must be one the CPU runs.
 void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
                        const Quantization& quantization, float* activations,
                        const ParallelFor& parallel_for,
-                       const FeatureRowsPerSc& feature_rows_per_sc = {});
+                       const FeatureRowsPerSc& feature_rows_per_sc = {},
+                       VectorIsa isa = BestVectorIsa());
 
 }  // namespace sce
 

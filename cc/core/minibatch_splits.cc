@@ -6,12 +6,12 @@
 #include <numeric>
 
 
-#include "cc/core/adjacent_merge.h"
 #include "cc/core/avx512.h"
 #include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
 #include "cc/core/radix_sort.h"
 #include "cc/core/split_encoding.h"
+#include "cc/core/vector_isa.h"
 
 namespace sce {
 

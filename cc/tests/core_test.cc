@@ -2093,6 +2093,31 @@ void ForEachLookupCase(Fn fn) {
   }
 }
 
+// The forward lookup by its definition: zeros, then every valid entry's gain-weighted table row
+// added to its sample's row in buffer order (SparseCore-major rows). Marks the rows reached.
+FloatVec LookupReference(const RandomCsr& csr, const FloatVec& table, int64_t dim,
+                         std::vector<bool>* reached) {
+  FloatVec expected(csr.view.input_size * dim, 0.0f);
+  reached->assign(csr.view.input_size, false);
+  const int64_t samples_per_sc = csr.view.samples_per_sc();
+  for (int64_t sc = 0; sc < csr.view.num_source_sparse_cores(); ++sc) {
+    for (int64_t b = 0; b < csr.view.num_minibatches; ++b) {
+      for (int64_t p = 0; p < csr.view.num_shards(); ++p) {
+        int64_t begin, end;
+        csr.view.Segment(sc, b, p, &begin, &end);
+        for (int64_t i = begin; i < end; ++i) {
+          if (csr.tokens[i] == sce::kPad || csr.samples[i] == sce::kPad) continue;
+          const float* row = &table[(p * csr.view.rows_per_shard() + csr.tokens[i]) * dim];
+          float* out = &expected[(sc * samples_per_sc + csr.samples[i]) * dim];
+          for (int64_t j = 0; j < dim; ++j) out[j] += csr.gains[i] * row[j];
+          (*reached)[sc * samples_per_sc + csr.samples[i]] = true;
+        }
+      }
+    }
+  }
+  return expected;
+}
+
 void TestLookupOverwritesActivations() {
   g_test = "lookup: every activation row is overwritten; rows without entries are +0";
   int64_t rows_with_entries = 0, all_rows = 0;
@@ -2100,25 +2125,8 @@ void TestLookupOverwritesActivations() {
     const int64_t dim = kLookupTestDim;
     // Row 0 holds negative zeros: 0 + gain * (-0) is +0, as when the block starts zero-filled.
     std::fill(table.begin(), table.begin() + dim, -0.0f);
-    // The reference: zeros, then every entry added in buffer order.
-    FloatVec expected(csr.view.input_size * dim, 0.0f);
-    std::vector<bool> reached(csr.view.input_size, false);
-    const int64_t samples_per_sc = csr.view.samples_per_sc();
-    for (int64_t sc = 0; sc < csr.view.num_source_sparse_cores(); ++sc) {
-      for (int64_t b = 0; b < csr.view.num_minibatches; ++b) {
-        for (int64_t p = 0; p < csr.view.num_shards(); ++p) {
-          int64_t begin, end;
-          csr.view.Segment(sc, b, p, &begin, &end);
-          for (int64_t i = begin; i < end; ++i) {
-            if (csr.tokens[i] == sce::kPad || csr.samples[i] == sce::kPad) continue;
-            const float* row = &table[(p * csr.view.rows_per_shard() + csr.tokens[i]) * dim];
-            float* out = &expected[(sc * samples_per_sc + csr.samples[i]) * dim];
-            for (int64_t j = 0; j < dim; ++j) out[j] += csr.gains[i] * row[j];
-            reached[sc * samples_per_sc + csr.samples[i]] = true;
-          }
-        }
-      }
-    }
+    std::vector<bool> reached;
+    const FloatVec expected = LookupReference(csr, table, dim, &reached);
     rows_with_entries += std::count(reached.begin(), reached.end(), true);
     all_rows += csr.view.input_size;
     const sce::FeatureRowsPerSc features = {3, 0, 4};
@@ -2141,6 +2149,37 @@ void TestLookupOverwritesActivations() {
     }
   });
   CHECK(0 < rows_with_entries && rows_with_entries < all_rows);  // both kinds of rows occur
+}
+
+void TestLookupIsaVersionsAgree() {
+  g_test = "lookup: every instruction set and row width gives the reference's bits";
+  // 16, 32 and 64 have builds with the width fixed at compile time; the others take the loop
+  // over a width read at run time.
+  for (int64_t dim : {1, 5, 16, 17, 32, 48, 64, 100}) {
+    for (uint32_t seed = 0; seed < 3; ++seed) {
+      RandomCsr csr(seed, 2, 4, 2, 9, 7);
+      CHECK_OK(sce::ValidateCsrView(csr.view));
+      FloatVec table(csr.view.table_rows * dim);
+      for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.3f * i + seed);
+      std::vector<bool> reached;
+      const FloatVec expected = LookupReference(csr, table, dim, &reached);
+      const sce::FeatureRowsPerSc features = {3, 0, 4};
+      FloatVec baseline_feature_major(expected.size(), std::nanf(""));
+      sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(),
+                             baseline_feature_major.data(), sce::RunSerially, features,
+                             sce::VectorIsa::kBaseline);
+      for (sce::VectorIsa isa : SupportedIsas()) {
+        FloatVec sc_major(expected.size(), std::nanf("")), feature_major(sc_major);
+        sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(), sc_major.data(),
+                               sce::RunSerially, {}, isa);
+        sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(),
+                               feature_major.data(), sce::RunSerially, features, isa);
+        CHECK(std::memcmp(sc_major.data(), expected.data(), expected.size() * 4) == 0);
+        CHECK(std::memcmp(feature_major.data(), baseline_feature_major.data(),
+                          expected.size() * 4) == 0);
+      }
+    }
+  }
 }
 
 void TestFeatureMajorActivations() {
@@ -2522,7 +2561,7 @@ int main() {
       TestShardContributionsAreMergedStably, TestFusedUpdateIsaVersionsAgree,
       TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice, TestStableSortByKey,
       TestStableSortWords, TestAdjacentMerge,
-      TestFeatureMajorActivations, TestLookupOverwritesActivations, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
+      TestFeatureMajorActivations, TestLookupOverwritesActivations, TestLookupIsaVersionsAgree, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
       TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks, TestIdRouting, TestOwnerCsr,
   };
   for (const auto& test : tests) test();
