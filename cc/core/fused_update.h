@@ -364,16 +364,16 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
     const int64_t shard = view.first_local_shard + p;
     const int64_t shard_row = p * view.rows_per_shard();
     if (FindSortedRuns(view, shard, &runs)) {
-      // The common widths get a version with the width fixed at compile time.
+      // The common widths get a version with the width fixed at compile time (vector_isa.h).
 #define SCE_UPDATE_SHARD_FROM_RUNS(kDim)                                                      \
   UpdateShardFromRuns<Optimizer, kSkipNonFinite, kDim>(view, runs.data(), runs.size(),         \
                                                        shard_row, grads, dim, learning_rate,   \
                                                        hypers, clip, table, slots,             \
                                                        bad_activation_rows, sum.data())
-      switch (dim) {
-        case 16: skipped += SCE_UPDATE_SHARD_FROM_RUNS(16); break;
-        case 32: skipped += SCE_UPDATE_SHARD_FROM_RUNS(32); break;
-        case 64: skipped += SCE_UPDATE_SHARD_FROM_RUNS(64); break;
+      switch (RowWidthBuild(dim)) {
+        case 0: skipped += SCE_UPDATE_SHARD_FROM_RUNS(16); break;
+        case 1: skipped += SCE_UPDATE_SHARD_FROM_RUNS(32); break;
+        case 2: skipped += SCE_UPDATE_SHARD_FROM_RUNS(64); break;
         default: skipped += SCE_UPDATE_SHARD_FROM_RUNS(0); break;
       }
 #undef SCE_UPDATE_SHARD_FROM_RUNS

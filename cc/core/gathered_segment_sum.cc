@@ -30,9 +30,11 @@ int64_t FirstOutOfRange(const int32_t* values, int64_t n, int64_t limit) {
 // in entry order. Entries are filtered a block at a time without a branch (an index is always
 // stored, the count advances only for an entry in range): a range then costs one predictable read
 // of every segment id, where a branch per entry would mispredict on unsorted segments.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void SumRange(
-    const GatheredSegmentSumArgs& a, int64_t first, int64_t last, float* out) {
-  const int64_t width = a.width;
+// kDim > 0 fixes the row width at compile time (it must equal a.width; vector_isa.h).
+template <int64_t kDim>
+__attribute__((always_inline)) inline void SumRangeBody(const GatheredSegmentSumArgs& a,
+                                                        int64_t first, int64_t last, float* out) {
+  const int64_t width = kDim > 0 ? kDim : a.width;
   std::memset(out + first * width, 0, sizeof(float) * (last - first) * width);
   // Segments are validated to [0, num_segments) and num_segments <= kMaxInt32: the unsigned
   // difference is below `span` exactly for the segments in [first, last).
@@ -66,6 +68,29 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void SumRange(
       for (int64_t d = 0; d < width; ++d) target[d] += gain * row[d];
     }
   }
+}
+
+// One out-of-line build of SumRangeBody per instruction set (the same body, compiled for
+// `target`); every build adds the same products in the same order, so the results are the same.
+#define SCE_DEFINE_SUM_RANGE(name, target)                                                       \
+  template <int64_t kDim>                                                                       \
+  target void name(const GatheredSegmentSumArgs& a, int64_t first, int64_t last, float* out) {  \
+    SumRangeBody<kDim>(a, first, last, out);                                                    \
+  }
+SCE_DEFINE_SUM_RANGE(SumRangeAvx512, __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"))))
+SCE_DEFINE_SUM_RANGE(SumRangeAvx2, __attribute__((target("avx2,fma"))))
+SCE_DEFINE_SUM_RANGE(SumRangeBaseline, )
+#undef SCE_DEFINE_SUM_RANGE
+
+using SumRangeFn = void (*)(const GatheredSegmentSumArgs&, int64_t, int64_t, float*);
+
+// The build of SumRange for `isa` and the row width.
+SumRangeFn SumRangeFor(VectorIsa isa, int64_t width) {
+  // Rows: VectorIsa kBaseline, kAvx2, kAvx512. Columns: RowWidthBuild(width).
+  static constexpr SumRangeFn kBuilds[3][4] = {SCE_ROW_WIDTH_BUILDS(SumRangeBaseline),
+                                               SCE_ROW_WIDTH_BUILDS(SumRangeAvx2),
+                                               SCE_ROW_WIDTH_BUILDS(SumRangeAvx512)};
+  return kBuilds[static_cast<int>(isa)][RowWidthBuild(width)];
 }
 
 }  // namespace
@@ -102,18 +127,19 @@ Status ValidateGatheredSegmentSum(const GatheredSegmentSumArgs& a, const std::st
 }
 
 void GatheredSegmentSum(const GatheredSegmentSumArgs& a, float* out,
-                        const ParallelFor& parallel_for, int64_t max_ranges) {
+                        const ParallelFor& parallel_for, int64_t max_ranges, VectorIsa isa) {
   if (a.num_segments == 0 || a.width == 0) return;
   const int64_t ranges = std::clamp<int64_t>(
       a.num_segments / kMinSegmentsPerRange, 1, std::clamp<int64_t>(max_ranges, 1, kMaxRanges));
   const int64_t per_range = (a.num_segments + ranges - 1) / ranges;
   // Cost per range in cycles, roughly: a read of every segment id plus its share of the rows.
   const int64_t cost = a.num_entries + (a.num_entries / ranges + per_range) * a.width;
+  const SumRangeFn sum_range = SumRangeFor(isa, a.width);
   parallel_for(ranges, cost, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t first = r * per_range;
       const int64_t last = std::min(a.num_segments, first + per_range);
-      if (first < last) SumRange(a, first, last, out);
+      if (first < last) sum_range(a, first, last, out);
     }
   });
 }

@@ -19,6 +19,7 @@
 
 #include "cc/core/parallel.h"
 #include "cc/core/status.h"
+#include "cc/core/vector_isa.h"
 
 namespace sce {
 
@@ -42,9 +43,12 @@ Status ValidateGatheredSegmentSum(const GatheredSegmentSumArgs& args, const std:
 // are split into at most `max_ranges` ranges that run in parallel; each range reads every entry's
 // segment and adds the entries that fall in it, so no two threads write one row and the order
 // within a row is fixed. Since every range reads all segment ids, pass the number of threads that
-// will run them (more ranges than threads only add reads).
+// will run them (more ranges than threads only add reads). `isa` picks the instruction set
+// (default: the widest the CPU has; every version gives the same bits); it must be one the CPU
+// runs.
 void GatheredSegmentSum(const GatheredSegmentSumArgs& args, float* out,
-                        const ParallelFor& parallel_for, int64_t max_ranges);
+                        const ParallelFor& parallel_for, int64_t max_ranges,
+                        VectorIsa isa = BestVectorIsa());
 
 }  // namespace sce
 

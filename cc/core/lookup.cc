@@ -89,16 +89,11 @@ using AccumulateSegmentFn = void (*)(const CsrView&, int64_t, int64_t, const flo
 // the forward lookup of the benchmark workload 25-28% faster (bench/kernel_ab.py, BENCHMARKS.md,
 // eleventh round), with the same bits.
 AccumulateSegmentFn AccumulateSegmentFor(VectorIsa isa, int64_t dim) {
-  // Rows: VectorIsa kBaseline, kAvx2, kAvx512. Columns: dim 16, 32, 64, any other.
+  // Rows: VectorIsa kBaseline, kAvx2, kAvx512. Columns: RowWidthBuild(dim).
   static constexpr AccumulateSegmentFn kBuilds[3][4] = {
-      {&AccumulateSegmentBaseline<16>, &AccumulateSegmentBaseline<32>,
-       &AccumulateSegmentBaseline<64>, &AccumulateSegmentBaseline<0>},
-      {&AccumulateSegmentAvx2<16>, &AccumulateSegmentAvx2<32>, &AccumulateSegmentAvx2<64>,
-       &AccumulateSegmentAvx2<0>},
-      {&AccumulateSegmentAvx512<16>, &AccumulateSegmentAvx512<32>,
-       &AccumulateSegmentAvx512<64>, &AccumulateSegmentAvx512<0>}};
-  const int width = dim == 16 ? 0 : dim == 32 ? 1 : dim == 64 ? 2 : 3;
-  return kBuilds[static_cast<int>(isa)][width];
+      SCE_ROW_WIDTH_BUILDS(AccumulateSegmentBaseline), SCE_ROW_WIDTH_BUILDS(AccumulateSegmentAvx2),
+      SCE_ROW_WIDTH_BUILDS(AccumulateSegmentAvx512)};
+  return kBuilds[static_cast<int>(isa)][RowWidthBuild(dim)];
 }
 
 void AccumulateQuantizedSegment(const CsrView& view, int64_t begin, int64_t end,

@@ -2338,7 +2338,7 @@ void TestFusedUpdateGradientOrders() {
 }
 
 void TestGatheredSegmentSum() {
-  g_test = "gathered segment sum: worked example, any split into ranges, checked input";
+  g_test = "gathered segment sum: worked example, any split into ranges and ISA, checked input";
   // rows r0 = (1, 2), r1 = (10, 20); out[0] = 2*r1 + 1*r0, out[1] untouched, out[2] = 0.5*r1.
   const FloatVec rows = {1, 2, 10, 20};
   const IntVec positions = {1, 1, 0};
@@ -2362,7 +2362,10 @@ void TestGatheredSegmentSum() {
   // the ranges are handed out (one at a time, in reverse).
   std::mt19937 rng(5);
   for (int round = 0; round < 20; ++round) {
-    const int64_t num_rows = 1 + rng() % 50, width = 1 + rng() % 40, n = rng() % 5000;
+    // Every other round takes a width with a build of its own (16, 32, 64; vector_isa.h).
+    const int64_t fixed_widths[3] = {16, 32, 64};
+    const int64_t num_rows = 1 + rng() % 50, n = rng() % 5000;
+    const int64_t width = round % 2 ? fixed_widths[rng() % 3] : 1 + rng() % 40;
     const int64_t num_segments = 1 + rng() % 3000;
     FloatVec r(num_rows * width), g(n);
     IntVec p(n), s(n);
@@ -2388,9 +2391,11 @@ void TestGatheredSegmentSum() {
       for (int64_t u = units - 1; u >= 0; --u) work(u, u + 1);
     };
     for (int64_t max_ranges : {1, 2, 3, 8, 1000}) {
-      std::fill(got.begin(), got.end(), 7.0f);
-      sce::GatheredSegmentSum(a, got.data(), one_at_a_time_reversed, max_ranges);
-      CHECK(std::memcmp(got.data(), expected.data(), sizeof(float) * got.size()) == 0);
+      for (sce::VectorIsa isa : SupportedIsas()) {
+        std::fill(got.begin(), got.end(), 7.0f);
+        sce::GatheredSegmentSum(a, got.data(), one_at_a_time_reversed, max_ranges, isa);
+        CHECK(std::memcmp(got.data(), expected.data(), sizeof(float) * got.size()) == 0);
+      }
     }
   }
 
