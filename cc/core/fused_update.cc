@@ -20,6 +20,8 @@ Status ParseNonFiniteGradients(const std::string& name, NonFiniteGradients* mode
   return Status::Ok();
 }
 
+// The AVX-512 clone: 0.30 instead of 0.44 ms for the 13.6 MB of a benchmark batch's gradients
+// when they are in cache (single thread, best of 25); out of cache both take the memory's time.
 __attribute__((target_clones("avx512f", "avx2", "default"))) bool AllFinite(const float* x,
                                                                          int64_t n) {
   // A float is NaN or +-Inf exactly when its exponent bits are all ones. OR-ing a per-element

@@ -371,9 +371,9 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
                                                        hypers, clip, table, slots,             \
                                                        bad_activation_rows, sum.data())
       switch (RowWidthBuild(dim)) {
-        case 0: skipped += SCE_UPDATE_SHARD_FROM_RUNS(16); break;
-        case 1: skipped += SCE_UPDATE_SHARD_FROM_RUNS(32); break;
-        case 2: skipped += SCE_UPDATE_SHARD_FROM_RUNS(64); break;
+        case 0: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[0]); break;
+        case 1: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[1]); break;
+        case 2: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[2]); break;
         default: skipped += SCE_UPDATE_SHARD_FROM_RUNS(0); break;
       }
 #undef SCE_UPDATE_SHARD_FROM_RUNS
@@ -399,9 +399,8 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
                                                    clip, table, slots, bad_activation_rows,      \
                                                    p_begin, p_end);                              \
   }
-SCE_DEFINE_UPDATE_SHARDS(UpdateShardsAvx512,
-                         __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"))))
-SCE_DEFINE_UPDATE_SHARDS(UpdateShardsAvx2, __attribute__((target("avx2,fma"))))
+SCE_DEFINE_UPDATE_SHARDS(UpdateShardsAvx512, SCE_TARGET_AVX512)
+SCE_DEFINE_UPDATE_SHARDS(UpdateShardsAvx2, SCE_TARGET_AVX2)
 SCE_DEFINE_UPDATE_SHARDS(UpdateShardsBaseline, )
 #undef SCE_DEFINE_UPDATE_SHARDS
 
@@ -413,7 +412,7 @@ SCE_DEFINE_UPDATE_SHARDS(UpdateShardsBaseline, )
 // plain fused update. Otherwise a table row that any contribution with a flagged activation row or
 // a non-finite gain would touch is left unchanged (table and slots), and the number of such rows is
 // returned. `isa` picks the instruction set (default: the widest the CPU has; the results are the
-// same, see UpdateShards); it must be one the CPU runs.
+// same, see UpdateShards); one the CPU lacks runs as UsableIsa says.
 template <typename Optimizer, bool kSkipNonFinite>
 int64_t FusedUpdateImpl(const CsrView& view, const GradientRows& grads, int64_t dim,
                         float learning_rate,
@@ -423,6 +422,7 @@ int64_t FusedUpdateImpl(const CsrView& view, const GradientRows& grads, int64_t 
                         VectorIsa isa) {
   // The build of the update loop for `isa` (one function per instruction set, same signature).
   auto* update_shards = &UpdateShardsBaseline<Optimizer, kSkipNonFinite>;
+  isa = UsableIsa(isa);
   if (isa == VectorIsa::kAvx2) update_shards = &UpdateShardsAvx2<Optimizer, kSkipNonFinite>;
   if (isa == VectorIsa::kAvx512) update_shards = &UpdateShardsAvx512<Optimizer, kSkipNonFinite>;
   std::atomic<int64_t> skipped{0};

@@ -77,8 +77,8 @@ __attribute__((always_inline)) inline void SumRangeBody(const GatheredSegmentSum
   target void name(const GatheredSegmentSumArgs& a, int64_t first, int64_t last, float* out) {  \
     SumRangeBody<kDim>(a, first, last, out);                                                    \
   }
-SCE_DEFINE_SUM_RANGE(SumRangeAvx512, __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"))))
-SCE_DEFINE_SUM_RANGE(SumRangeAvx2, __attribute__((target("avx2,fma"))))
+SCE_DEFINE_SUM_RANGE(SumRangeAvx512, SCE_TARGET_AVX512)
+SCE_DEFINE_SUM_RANGE(SumRangeAvx2, SCE_TARGET_AVX2)
 SCE_DEFINE_SUM_RANGE(SumRangeBaseline, )
 #undef SCE_DEFINE_SUM_RANGE
 
@@ -90,7 +90,7 @@ SumRangeFn SumRangeFor(VectorIsa isa, int64_t width) {
   static constexpr SumRangeFn kBuilds[3][4] = {SCE_ROW_WIDTH_BUILDS(SumRangeBaseline),
                                                SCE_ROW_WIDTH_BUILDS(SumRangeAvx2),
                                                SCE_ROW_WIDTH_BUILDS(SumRangeAvx512)};
-  return kBuilds[static_cast<int>(isa)][RowWidthBuild(width)];
+  return kBuilds[static_cast<int>(UsableIsa(isa))][RowWidthBuild(width)];
 }
 
 }  // namespace

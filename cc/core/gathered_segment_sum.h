@@ -44,8 +44,8 @@ Status ValidateGatheredSegmentSum(const GatheredSegmentSumArgs& args, const std:
 // segment and adds the entries that fall in it, so no two threads write one row and the order
 // within a row is fixed. Since every range reads all segment ids, pass the number of threads that
 // will run them (more ranges than threads only add reads). `isa` picks the instruction set
-// (default: the widest the CPU has; every version gives the same bits); it must be one the CPU
-// runs.
+// (default: the widest the CPU has; every version gives the same bits); one the CPU lacks runs
+// as UsableIsa (vector_isa.h) says.
 void GatheredSegmentSum(const GatheredSegmentSumArgs& args, float* out,
                         const ParallelFor& parallel_for, int64_t max_ranges,
                         VectorIsa isa = BestVectorIsa());

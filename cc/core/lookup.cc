@@ -76,9 +76,8 @@ __attribute__((always_inline)) inline void AccumulateSegmentBody(
     AccumulateSegmentBody<kDim>(view, begin, end, shard, dim, activations, first_row,         \
                                 out_rows);                                                   \
   }
-SCE_DEFINE_ACCUMULATE_SEGMENT(AccumulateSegmentAvx512,
-                              __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"))))
-SCE_DEFINE_ACCUMULATE_SEGMENT(AccumulateSegmentAvx2, __attribute__((target("avx2,fma"))))
+SCE_DEFINE_ACCUMULATE_SEGMENT(AccumulateSegmentAvx512, SCE_TARGET_AVX512)
+SCE_DEFINE_ACCUMULATE_SEGMENT(AccumulateSegmentAvx2, SCE_TARGET_AVX2)
 SCE_DEFINE_ACCUMULATE_SEGMENT(AccumulateSegmentBaseline, )
 #undef SCE_DEFINE_ACCUMULATE_SEGMENT
 
@@ -93,7 +92,7 @@ AccumulateSegmentFn AccumulateSegmentFor(VectorIsa isa, int64_t dim) {
   static constexpr AccumulateSegmentFn kBuilds[3][4] = {
       SCE_ROW_WIDTH_BUILDS(AccumulateSegmentBaseline), SCE_ROW_WIDTH_BUILDS(AccumulateSegmentAvx2),
       SCE_ROW_WIDTH_BUILDS(AccumulateSegmentAvx512)};
-  return kBuilds[static_cast<int>(isa)][RowWidthBuild(dim)];
+  return kBuilds[static_cast<int>(UsableIsa(isa))][RowWidthBuild(dim)];
 }
 
 void AccumulateQuantizedSegment(const CsrView& view, int64_t begin, int64_t end,

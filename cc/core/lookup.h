@@ -25,7 +25,7 @@ Status ValidateQuantization(const Quantization& q, const std::string& table_name
 // `view` must have passed ValidateCsrView, `feature_rows_per_sc` ValidateFeatureRows. `table` is
 // [view.table_rows, dim]; `activations` is [view.input_size, dim] and is overwritten. `isa` picks
 // the instruction set of the accumulation loop (default: the widest the CPU has; every version
-// gives the same bits); it must be one the CPU runs.
+// gives the same bits); one the CPU lacks runs as UsableIsa (vector_isa.h) says.
 void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
                        const Quantization& quantization, float* activations,
                        const ParallelFor& parallel_for,

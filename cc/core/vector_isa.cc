@@ -19,6 +19,15 @@ VectorIsa BestVectorIsa() {
 #endif
 }
 
+VectorIsa UsableIsa(VectorIsa requested) {
+  const VectorIsa best = BestVectorIsa();
+  if (requested != VectorIsa::kBaseline && requested != VectorIsa::kAvx2 &&
+      requested != VectorIsa::kAvx512) {
+    return VectorIsa::kBaseline;
+  }
+  return requested < best ? requested : best;
+}
+
 bool CpuHasAvx512F() {
 #if defined(__x86_64__)
   static const bool has = [] {

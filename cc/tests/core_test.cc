@@ -1423,8 +1423,9 @@ struct RandomCsr {
   IntVec row_pointers, samples, tokens;
   FloatVec gains;
   sce::CsrView view;
+  // Segments hold 0 to max_entries entries (before padding).
   RandomCsr(uint32_t seed, int64_t G, int64_t S, int64_t M, int64_t R, int64_t samples_per_sc,
-            bool sorted_segments = true) {
+            bool sorted_segments = true, uint32_t max_entries = 11) {
     uint32_t state = seed * 2654435761u + 1;
     auto next = [&state](uint32_t n) {
       state = state * 1664525u + 1013904223u;
@@ -1443,7 +1444,7 @@ struct RandomCsr {
         for (int64_t b = 0; b < M; ++b) {
           for (int64_t p = 0; p < block; ++p) {
             if (p < S) {
-              const int64_t count = next(12);
+              const int64_t count = next(max_entries + 1);
               std::vector<int32_t> segment;
               for (int64_t i = 0; i < count; ++i) segment.push_back(next(R));
               if (sorted_segments) std::sort(segment.begin(), segment.end());
@@ -2154,20 +2155,35 @@ void TestLookupOverwritesActivations() {
 void TestLookupIsaVersionsAgree() {
   g_test = "lookup: every instruction set and row width gives the reference's bits";
   // 16, 32 and 64 have builds with the width fixed at compile time; the others take the loop
-  // over a width read at run time.
+  // over a width read at run time. Segments of up to 40 entries also take the loop's prefetch of
+  // the entry 16 ahead.
+  const int64_t G = 2, S = 4, samples_per_sc = 7;
+  const sce::FeatureRowsPerSc features = {3, 0, 4};
   for (int64_t dim : {1, 5, 16, 17, 32, 48, 64, 100}) {
     for (uint32_t seed = 0; seed < 3; ++seed) {
-      RandomCsr csr(seed, 2, 4, 2, 9, 7);
+      RandomCsr csr(seed, G, S, 2, 9, samples_per_sc, /*sorted_segments=*/true,
+                    /*max_entries=*/40);
       CHECK_OK(sce::ValidateCsrView(csr.view));
       FloatVec table(csr.view.table_rows * dim);
       for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.3f * i + seed);
       std::vector<bool> reached;
       const FloatVec expected = LookupReference(csr, table, dim, &reached);
-      const sce::FeatureRowsPerSc features = {3, 0, 4};
-      FloatVec baseline_feature_major(expected.size(), std::nanf(""));
-      sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(),
-                             baseline_feature_major.data(), sce::RunSerially, features,
-                             sce::VectorIsa::kBaseline);
+      // Feature-major: sample j of feature f (local row offset_f + j) of source SparseCore
+      // sc = g * S + s lands at row g * S * samples_per_sc + S * offset_f + s * rows_f + j.
+      FloatVec expected_feature_major(expected.size(), std::nanf(""));
+      for (int64_t sc = 0; sc < G * S; ++sc) {
+        const int64_t g = sc / S, s = sc % S;
+        int64_t offset = 0;
+        for (int64_t rows_f : features) {
+          for (int64_t j = 0; j < rows_f; ++j) {
+            const int64_t from = sc * samples_per_sc + offset + j;
+            const int64_t to = g * S * samples_per_sc + S * offset + s * rows_f + j;
+            std::memcpy(&expected_feature_major[to * dim], &expected[from * dim],
+                        dim * sizeof(float));
+          }
+          offset += rows_f;
+        }
+      }
       for (sce::VectorIsa isa : SupportedIsas()) {
         FloatVec sc_major(expected.size(), std::nanf("")), feature_major(sc_major);
         sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(), sc_major.data(),
@@ -2175,11 +2191,15 @@ void TestLookupIsaVersionsAgree() {
         sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(),
                                feature_major.data(), sce::RunSerially, features, isa);
         CHECK(std::memcmp(sc_major.data(), expected.data(), expected.size() * 4) == 0);
-        CHECK(std::memcmp(feature_major.data(), baseline_feature_major.data(),
+        CHECK(std::memcmp(feature_major.data(), expected_feature_major.data(),
                           expected.size() * 4) == 0);
       }
     }
   }
+  // An instruction set the CPU lacks, or no instruction set at all, runs as UsableIsa says.
+  CHECK(sce::UsableIsa(sce::VectorIsa::kAvx512) == sce::BestVectorIsa());
+  CHECK(sce::UsableIsa(static_cast<sce::VectorIsa>(7)) == sce::VectorIsa::kBaseline);
+  CHECK(sce::UsableIsa(sce::VectorIsa::kBaseline) == sce::VectorIsa::kBaseline);
 }
 
 void TestFeatureMajorActivations() {
@@ -2362,10 +2382,9 @@ void TestGatheredSegmentSum() {
   // the ranges are handed out (one at a time, in reverse).
   std::mt19937 rng(5);
   for (int round = 0; round < 20; ++round) {
-    // Every other round takes a width with a build of its own (16, 32, 64; vector_isa.h).
-    const int64_t fixed_widths[3] = {16, 32, 64};
+    // Every other round takes a width with a build of its own (vector_isa.h), each in turn.
     const int64_t num_rows = 1 + rng() % 50, n = rng() % 5000;
-    const int64_t width = round % 2 ? fixed_widths[rng() % 3] : 1 + rng() % 40;
+    const int64_t width = round % 2 ? sce::kFixedRowWidths[round / 2 % 3] : 1 + rng() % 40;
     const int64_t num_segments = 1 + rng() % 3000;
     FloatVec r(num_rows * width), g(n);
     IntVec p(n), s(n);
