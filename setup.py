@@ -14,6 +14,9 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CORE_SOURCES = sorted(glob.glob("cc/core/*.cc"))
+# setuptools rebuilds an extension only when one of its sources or `depends` is newer than it: with
+# the headers listed, editing only a header (an inline kernel template) rebuilds too.
+HEADERS = sorted(glob.glob("cc/**/*.h", recursive=True))
 COMMON_FLAGS = ["-O3", "-Wno-deprecated-declarations", "-ffp-contract=off", "-fno-math-errno", "-fvisibility=hidden", "-Wno-sign-compare"]
 
 
@@ -74,12 +77,14 @@ setup(
         Extension(
             "tf_sc_embedding._sc_ops",
             sources=CORE_SOURCES + sorted(glob.glob("cc/ops/*.cc")) + sorted(glob.glob("cc/kernels/*.cc")),
+            depends=HEADERS,
             include_dirs=[ROOT],
             language="c++",
         ),
         Extension(
             "tf_sc_embedding._core",
             sources=CORE_SOURCES + ["cc/python/core_pybind.cc"],
+            depends=HEADERS,
             include_dirs=[ROOT, pybind11.get_include()],
             extra_compile_args=COMMON_FLAGS + ["-std=c++17"],
             language="c++",
