@@ -86,11 +86,10 @@ using SumRangeFn = void (*)(const GatheredSegmentSumArgs&, int64_t, int64_t, flo
 
 // The build of SumRange for `isa` and the row width.
 SumRangeFn SumRangeFor(VectorIsa isa, int64_t width) {
-  // Rows: VectorIsa kBaseline, kAvx2, kAvx512. Columns: RowWidthBuild(width).
   static constexpr SumRangeFn kBuilds[3][4] = {SCE_ROW_WIDTH_BUILDS(SumRangeBaseline),
                                                SCE_ROW_WIDTH_BUILDS(SumRangeAvx2),
                                                SCE_ROW_WIDTH_BUILDS(SumRangeAvx512)};
-  return kBuilds[static_cast<int>(UsableIsa(isa))][RowWidthBuild(width)];
+  return SelectRowLoopBuild(kBuilds, isa, width);
 }
 
 }  // namespace

@@ -88,11 +88,10 @@ using AccumulateSegmentFn = void (*)(const CsrView&, int64_t, int64_t, const flo
 // the forward lookup of the benchmark workload 25-28% faster (bench/kernel_ab.py, BENCHMARKS.md,
 // eleventh round), with the same bits.
 AccumulateSegmentFn AccumulateSegmentFor(VectorIsa isa, int64_t dim) {
-  // Rows: VectorIsa kBaseline, kAvx2, kAvx512. Columns: RowWidthBuild(dim).
   static constexpr AccumulateSegmentFn kBuilds[3][4] = {
       SCE_ROW_WIDTH_BUILDS(AccumulateSegmentBaseline), SCE_ROW_WIDTH_BUILDS(AccumulateSegmentAvx2),
       SCE_ROW_WIDTH_BUILDS(AccumulateSegmentAvx512)};
-  return kBuilds[static_cast<int>(UsableIsa(isa))][RowWidthBuild(dim)];
+  return SelectRowLoopBuild(kBuilds, isa, dim);
 }
 
 void AccumulateQuantizedSegment(const CsrView& view, int64_t begin, int64_t end,

@@ -46,6 +46,13 @@ constexpr int RowWidthBuild(int64_t dim) {
   return 3;
 }
 
+// The build of a row loop for `isa` (as UsableIsa gives it) and `dim`, from its table of builds:
+// rows VectorIsa kBaseline, kAvx2, kAvx512; columns RowWidthBuild's order.
+template <typename Fn>
+Fn SelectRowLoopBuild(const Fn (&builds)[3][4], VectorIsa isa, int64_t dim) {
+  return builds[static_cast<int>(UsableIsa(isa))][RowWidthBuild(dim)];
+}
+
 // The builds of a row loop template `fn<kDim>` in RowWidthBuild's order.
 #define SCE_ROW_WIDTH_BUILDS(fn)                                                         \
   {                                                                                      \
