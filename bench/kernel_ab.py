@@ -8,9 +8,11 @@ commit and the working tree) into two shared libraries with the library's compil
 the one the class builds for a batch of the benchmark workload, see --workload;
 bench/kernel_ab_main.cc): A then B, B then A, and so on. It prints both medians, B/A, and in how
 many rounds B was faster. The forward lookup's outputs of the two builds must be bit-identical.
+The updates read their gradients in the CSR's order (one buffer), or with `--gradients
+per-feature` as the class passes them with one replica (one buffer per feature, feature-major).
 
 Usage: python bench/kernel_ab.py --a /path/to/base/tree [--b .] [--kernel forward|adagrad|sgd]
-                                 [--calls 300] [--repeats 2]
+                                 [--gradients csr|per-feature] [--calls 300] [--repeats 2]
 """
 import argparse
 import os
@@ -30,6 +32,9 @@ def parse_args():
     parser.add_argument("--a", required=True, help="source tree of build A (the base)")
     parser.add_argument("--b", default=ROOT, help="source tree of build B (default: this one)")
     parser.add_argument("--kernel", choices=["forward", "adagrad", "sgd"], default="forward")
+    parser.add_argument("--gradients", choices=["csr", "per-feature"], default="csr",
+                        help="the updates' gradients: one buffer in the CSR's order, or one per "
+                             "feature as TPUEmbeddingV2.apply_gradients passes them with one replica")
     parser.add_argument("--calls", type=int, default=300, help="rounds (one call of each build)")
     parser.add_argument("--repeats", type=int, default=2, help="runs, each a fresh process")
     parser.add_argument("--workload", choices=["criteo", "synthetic"], default="criteo",
@@ -42,8 +47,9 @@ def parse_args():
 def dump_criteo_csrs(path, batch=4096, dim=32, cap=4_000_000):
     """Writes the stacked tables' CSR buffers of one workload batch, as the class builds them, for
     kernel_ab_main: int64 table count, then per table int64 S, minibatches, input_size,
-    table_rows, dim, row pointer count, id count, and the int32 row pointers, sample ids and token
-    ids and float gains."""
+    table_rows, dim, row pointer count, id count, the int32 row pointers, sample ids and token
+    ids and float gains, and the int64 count and values of its features' rows per SparseCore in
+    feature-major order (0 when it cannot be read feature-major)."""
     import numpy as np  # pylint: disable=import-outside-toplevel
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -51,7 +57,7 @@ def dump_criteo_csrs(path, batch=4096, dim=32, cap=4_000_000):
     sys.path.insert(0, ROOT)
     from bench_class_overhead import ClassKernelsAlone, class_functions  # pylint: disable=import-outside-toplevel
     from common import ragged_features  # pylint: disable=import-outside-toplevel
-    from tf_sc_embedding import collectives, sharded_lookup  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding import collectives, enqueue, sharded_lookup  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding.data import CriteoLikeWorkload  # pylint: disable=import-outside-toplevel
     vocab = [min(v, cap) for v in CriteoLikeWorkload().vocabulary_sizes]
     data = CriteoLikeWorkload(vocabulary_sizes=vocab).batch(batch)
@@ -77,6 +83,8 @@ def dump_criteo_csrs(path, batch=4096, dim=32, cap=4_000_000):
             out.write(np.asarray(header, np.int64).tobytes())
             for array in arrays:
                 out.write(array.tobytes())
+            feature_rows = enqueue.feature_major_rows(layout, stacked) or []
+            out.write(np.asarray([len(feature_rows), *feature_rows], np.int64).tobytes())
 
 
 def core_sources(tree):
@@ -109,7 +117,8 @@ def main():
             dump_criteo_csrs(workload[0])
         print(f"A = {os.path.abspath(args.a)}\nB = {os.path.abspath(args.b)}")
         for _ in range(args.repeats):
-            result = subprocess.run([runner, *libraries, args.kernel, str(args.calls), *workload],
+            result = subprocess.run([runner, *libraries, args.kernel, str(args.calls),
+                                     args.gradients, *workload],
                                     capture_output=True, text=True, timeout=1800)
             sys.stdout.write(result.stdout)
             if result.returncode != 0:

@@ -4,7 +4,9 @@
 // ParallelFor, so any two trees with these signatures can be compared.
 #include <array>
 #include <cstdint>
+#include <vector>
 
+#include "cc/core/activation_rows.h"
 #include "cc/core/csr_view.h"
 #include "cc/core/fused_update.h"
 #include "cc/core/lookup.h"
@@ -17,18 +19,35 @@ __attribute__((visibility("default"))) void KernelAbForward(const sce::CsrView* 
   sce::SparseDenseMatmul(*view, table, dim, sce::Quantization(), activations, sce::RunSerially);
 }
 
-__attribute__((visibility("default"))) void KernelAbAdagrad(const sce::CsrView* view,
-                                                            const float* gradients, int64_t dim,
-                                                            float* table, float* accumulator) {
-  const sce::GradientRows grads = sce::GradientRows::InCsrOrder(*view, gradients, dim);
+// The fused updates read their gradients as `GradientRows` says (cc/core/activation_rows.h): one
+// buffer in the CSR's order (`num_feature_rows` 0, one part), or feature-major, one buffer per
+// feature as the class passes them with one replica (`num_parts` == `num_feature_rows`).
+namespace {
+
+sce::GradientRows Gradients(const sce::CsrView& view, const float* const* parts, int64_t num_parts,
+                            const int64_t* feature_rows, int64_t num_feature_rows, int64_t dim) {
+  return sce::GradientRows(view, sce::FeatureRowsPerSc(feature_rows, feature_rows + num_feature_rows),
+                           std::vector<const float*>(parts, parts + num_parts), dim);
+}
+
+}  // namespace
+
+__attribute__((visibility("default"))) void KernelAbAdagrad(
+    const sce::CsrView* view, const float* const* parts, int64_t num_parts,
+    const int64_t* feature_rows, int64_t num_feature_rows, int64_t dim, float* table,
+    float* accumulator) {
+  const sce::GradientRows grads =
+      Gradients(*view, parts, num_parts, feature_rows, num_feature_rows, dim);
   sce::FusedUpdate<sce::AdagradOptimizer>(*view, grads, dim, 0.01f, nullptr, sce::Clip(), table,
                                           {accumulator}, sce::RunSerially);
 }
 
-__attribute__((visibility("default"))) void KernelAbSgd(const sce::CsrView* view,
-                                                        const float* gradients, int64_t dim,
-                                                        float* table, float* /*unused*/) {
-  const sce::GradientRows grads = sce::GradientRows::InCsrOrder(*view, gradients, dim);
+__attribute__((visibility("default"))) void KernelAbSgd(
+    const sce::CsrView* view, const float* const* parts, int64_t num_parts,
+    const int64_t* feature_rows, int64_t num_feature_rows, int64_t dim, float* table,
+    float* /*unused*/) {
+  const sce::GradientRows grads =
+      Gradients(*view, parts, num_parts, feature_rows, num_feature_rows, dim);
   sce::FusedUpdate<sce::SgdOptimizer>(*view, grads, dim, 0.01f, nullptr, sce::Clip(), table, {},
                                       sce::RunSerially);
 }

@@ -9,7 +9,12 @@
 // feature's ids in its own rows and samples. Both builds' forward outputs must be bit-identical
 // (checked every call).
 //
-// Usage: kernel_ab_main <a.so> <b.so> <forward|adagrad|sgd> <calls> [csr file from kernel_ab.py]
+// The updates' gradients come in the CSR's order (one buffer) or, with `per-feature`, as the class
+// passes them with one replica: one [batch, dim] buffer per feature, read feature-major
+// (cc/core/activation_rows.h).
+//
+// Usage: kernel_ab_main <a.so> <b.so> <forward|adagrad|sgd> <calls> <csr|per-feature>
+//                       [csr file from kernel_ab.py]
 #include <dlfcn.h>
 #include <sys/mman.h>
 
@@ -30,8 +35,10 @@
 namespace {
 
 using Forward = void (*)(const sce::CsrView*, const float*, int64_t, float*);
-// The fused updates (Adagrad, SGD): view, gradients, dim, table, accumulator (unused by SGD).
-using Update = void (*)(const sce::CsrView*, const float*, int64_t, float*, float*);
+// The fused updates (Adagrad, SGD): view, gradient buffers and their count, each feature's rows
+// per SparseCore and their count (0: the CSR's order), dim, table, accumulator (unused by SGD).
+using Update = void (*)(const sce::CsrView*, const float* const*, int64_t, const int64_t*, int64_t,
+                        int64_t, float*, float*);
 
 void* Symbol(const char* library, const char* name) {
   void* handle = dlopen(library, RTLD_NOW | RTLD_LOCAL);
@@ -73,6 +80,7 @@ struct Csr {
   std::vector<float> gains;
   sce::CsrView view;
   int64_t dim = 32;
+  std::vector<int64_t> feature_rows;  // each feature's samples per SparseCore, in order
 };
 
 Csr MakeCsr(int64_t rows, int64_t distinct, int64_t ids, int64_t samples, int64_t features,
@@ -137,6 +145,7 @@ Csr MakeCsr(int64_t rows, int64_t distinct, int64_t ids, int64_t samples, int64_
   v.input_size = samples_per_sc * kSparseCores;
   v.table_rows = rows_per_shard * kSparseCores;
   v.table_name = "ab";
+  csr.feature_rows.assign(features, samples_per_feature);
   return csr;
 }
 
@@ -172,6 +181,10 @@ std::vector<Csr> ReadCsrs(const char* path) {
     read(csr.samples.data(), h[6] * sizeof(int32_t));
     read(csr.tokens.data(), h[6] * sizeof(int32_t));
     read(csr.gains.data(), h[6] * sizeof(float));
+    int64_t features = 0;
+    read(&features, sizeof(features));
+    csr.feature_rows.resize(features);
+    read(csr.feature_rows.data(), features * sizeof(int64_t));
     sce::CsrView& v = csr.view;
     v.row_pointers = csr.row_pointers.data();
     v.num_row_pointers = h[5];
@@ -190,12 +203,15 @@ std::vector<Csr> ReadCsrs(const char* path) {
   return csrs;
 }
 
-// One stacked table's buffers: its table (and Adagrad accumulator), gradients and both builds'
-// activations.
+// One stacked table's buffers: its table (and Adagrad accumulator), gradients (one buffer, or one
+// per feature) and both builds' activations.
 struct TableState {
   HugeBuffer table, accumulator;
-  std::vector<float> gradients, activations[2];
-  TableState(const Csr& csr, bool forward, bool accumulator_too, std::mt19937* rng)
+  std::vector<float> activations[2];
+  std::vector<std::vector<float>> gradients;
+  std::vector<const float*> gradient_parts;
+  TableState(const Csr& csr, bool forward, bool accumulator_too, bool per_feature,
+             std::mt19937* rng)
       : table(csr.view.table_rows * csr.dim),
         accumulator(accumulator_too ? csr.view.table_rows * csr.dim : 0) {
     std::uniform_real_distribution<float> uniform(-0.05f, 0.05f);
@@ -206,8 +222,17 @@ struct TableState {
       activations[1].assign(csr.view.input_size * csr.dim, 0.0f);
     } else {
       if (accumulator_too) std::fill(accumulator.data, accumulator.data + floats, 0.1f);
-      gradients.resize(csr.view.input_size * csr.dim);
-      for (float& g : gradients) g = uniform(*rng);
+      if (per_feature) {
+        for (int64_t rows : csr.feature_rows) {
+          gradients.emplace_back(csr.view.num_source_sparse_cores() * rows * csr.dim);
+        }
+      } else {
+        gradients.emplace_back(csr.view.input_size * csr.dim);
+      }
+      for (auto& part : gradients) {
+        for (float& g : part) g = uniform(*rng);
+        gradient_parts.push_back(part.data());
+      }
     }
   }
 };
@@ -215,8 +240,9 @@ struct TableState {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 5) {
-    std::fprintf(stderr, "usage: %s a.so b.so forward|adagrad|sgd calls [csr file]\n", argv[0]);
+  if (argc < 6) {
+    std::fprintf(stderr, "usage: %s a.so b.so forward|adagrad|sgd calls csr|per-feature [csr file]\n",
+                 argv[0]);
     return 2;
   }
   const bool forward = std::strcmp(argv[3], "forward") == 0;
@@ -226,9 +252,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int calls = std::atoi(argv[4]);
+  const bool per_feature = std::strcmp(argv[5], "per-feature") == 0;
+  if (!per_feature && std::strcmp(argv[5], "csr") != 0) {
+    std::fprintf(stderr, "unknown gradient order %s\n", argv[5]);
+    return 2;
+  }
   std::vector<Csr> csrs;
-  if (argc > 5) {
-    csrs = ReadCsrs(argv[5]);
+  if (argc > 6) {
+    csrs = ReadCsrs(argv[6]);
   } else {
     // The sizes of the 26-table workload at vocabulary cap 4M (bench_kernels prints them).
     csrs.push_back(MakeCsr(18771904, 59646, 319886, 4096 * 26, 26, 1));
@@ -243,7 +274,11 @@ int main(int argc, char** argv) {
     }
     ids += csr.view.num_token_ids;
     rows += csr.view.table_rows;
-    states.push_back(std::make_unique<TableState>(csr, forward, adagrad, &rng));
+    if (per_feature && csr.feature_rows.size() < 2) {
+      std::fprintf(stderr, "per-feature gradients need a stacked table of several features\n");
+      return 2;
+    }
+    states.push_back(std::make_unique<TableState>(csr, forward, adagrad, per_feature, &rng));
   }
   void* fns[2];
   for (int k = 0; k < 2; ++k) {
@@ -265,8 +300,12 @@ int main(int argc, char** argv) {
           reinterpret_cast<Forward>(fns[k])(&csrs[n].view, st.table.data, csrs[n].dim,
                                             st.activations[k].data());
         } else {
-          reinterpret_cast<Update>(fns[k])(&csrs[n].view, st.gradients.data(), csrs[n].dim,
-                                            st.table.data, st.accumulator.data);
+          const std::vector<int64_t>& rows = csrs[n].feature_rows;
+          reinterpret_cast<Update>(fns[k])(
+              &csrs[n].view, st.gradient_parts.data(),
+              static_cast<int64_t>(st.gradient_parts.size()), rows.data(),
+              per_feature ? static_cast<int64_t>(rows.size()) : 0, csrs[n].dim, st.table.data,
+              st.accumulator.data);
         }
       }
       t[k] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
@@ -285,9 +324,10 @@ int main(int argc, char** argv) {
     b_faster += t[1] < t[0];
   }
   const double a = Median(ms[0]), b = Median(ms[1]);
-  std::printf("%s, %s workload, %zu tables, %lld entries (with padding), %lld rows, %d rounds: "
-              "A %.3f ms, B %.3f ms (medians), B/A %.3f, B faster in %d of %d rounds\n",
-              argv[3], argc > 5 ? "criteo" : "synthetic", csrs.size(),
+  std::printf("%s (%s gradients), %s workload, %zu tables, %lld entries (with padding), %lld "
+              "rows, %d rounds: A %.3f ms, B %.3f ms (medians), B/A %.3f, B faster in %d of %d "
+              "rounds\n",
+              argv[3], forward ? "no" : argv[5], argc > 6 ? "criteo" : "synthetic", csrs.size(),
               static_cast<long long>(ids), static_cast<long long>(rows), calls, a, b, b / a,
               b_faster, calls);
   return 0;
