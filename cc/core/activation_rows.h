@@ -58,6 +58,35 @@ Status ValidateGradientParts(const CsrView& view, const FeatureRowsPerSc& featur
 // (samples_per_sc entries, not built when there is one feature) and the origins
 // (num_source_sparse_cores * F entries). One address per activation row instead would be a table
 // as large as the activations' row count, read at random, and it does not stay in cache.
+//
+// This is the rule as a small value that a loop copies into local variables (GradientRows owns
+// the tables). Read through a reference to the owning object instead, the compiler may reload
+// the feature count, the tables' addresses and the row size from memory for every gradient row:
+// as far as it can tell, the update loop's own stores (its int64 run cursors, memcpy) might have
+// changed them. With the copy, the fused updates with one gradient buffer per feature took 3-5%
+// less time (bench/kernel_ab.py --gradients per-feature, BENCHMARKS.md, twelfth round).
+struct GradientRowAddressing {
+  const int32_t* feature_of_sample;  // [samples_per_sc]; unused when num_features is 1
+  const uintptr_t* origin;           // [num_source_sparse_cores * num_features]
+  int64_t num_features;
+  uintptr_t row_bytes;
+
+  // The origins of source SparseCore `sc`'s features, to pass to Row.
+  __attribute__((always_inline)) const uintptr_t* OriginsOf(int64_t sc) const {
+    return origin + sc * num_features;
+  }
+
+  // The gradient row of sample `sample` of the source SparseCore whose origins are `origins`.
+  // Unsigned arithmetic: an origin may lie before its buffer (it stands for sample 0), so only
+  // the sum is an address.
+  __attribute__((always_inline)) const float* Row(const uintptr_t* origins, int64_t sample) const {
+    const int64_t f = num_features == 1 ? 0 : feature_of_sample[sample];
+    return reinterpret_cast<const float*>(origins[f] + static_cast<uintptr_t>(sample) * row_bytes);
+  }
+  const float* Row(int64_t sc, int64_t sample) const { return Row(OriginsOf(sc), sample); }
+};
+
+// The gradients of one update and the tables of their addressing rule.
 class GradientRows {
  public:
   // The gradients in `parts` (see ValidateGradientParts, which they must have passed): one buffer
@@ -72,18 +101,10 @@ class GradientRows {
     return GradientRows(view, FeatureRowsPerSc(), {data}, dim);
   }
 
-  // The origins of source SparseCore `sc`'s features, to pass to Row.
-  const uintptr_t* OriginsOf(int64_t sc) const { return origin_.data() + sc * num_features_; }
-
-  // The gradient row of sample `sample` of the source SparseCore whose origins are `origins`.
-  // Unsigned arithmetic: an origin may lie before its buffer (it stands for sample 0), so only
-  // the sum is an address.
-  __attribute__((always_inline)) const float* Row(const uintptr_t* origins, int64_t sample) const {
-    const int64_t f = num_features_ == 1 ? 0 : feature_of_sample_[sample];
-    return reinterpret_cast<const float*>(origins[f] +
-                                          static_cast<uintptr_t>(sample) * row_bytes_);
+  // The addressing rule; valid while this object lives.
+  GradientRowAddressing Addressing() const {
+    return {feature_of_sample_.data(), origin_.data(), num_features_, row_bytes_};
   }
-  const float* Row(int64_t sc, int64_t sample) const { return Row(OriginsOf(sc), sample); }
 
  private:
   int64_t num_features_ = 1;
