@@ -48,8 +48,8 @@ def dump_criteo_csrs(path, batch=4096, dim=32, cap=4_000_000):
     """Writes the stacked tables' CSR buffers of one workload batch, as the class builds them, for
     kernel_ab_main: int64 table count, then per table int64 S, minibatches, input_size,
     table_rows, dim, row pointer count, id count, the int32 row pointers, sample ids and token
-    ids and float gains, and the int64 count and values of its features' rows per SparseCore in
-    feature-major order (0 when it cannot be read feature-major)."""
+    ids and float gains, then an int64 count and each feature's samples per SparseCore, in
+    feature order (count 0 when the table cannot be read feature-major)."""
     import numpy as np  # pylint: disable=import-outside-toplevel
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf  # pylint: disable=import-outside-toplevel

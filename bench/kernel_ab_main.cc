@@ -11,7 +11,8 @@
 //
 // The updates' gradients come in the CSR's order (one buffer) or, with `per-feature`, as the class
 // passes them with one replica: one [batch, dim] buffer per feature, read feature-major
-// (cc/core/activation_rows.h).
+// (cc/core/activation_rows.h). A table that cannot be read feature-major (one feature, or no
+// feature rows in the dump) keeps the CSR's order, as in the class.
 //
 // Usage: kernel_ab_main <a.so> <b.so> <forward|adagrad|sgd> <calls> <csr|per-feature>
 //                       [csr file from kernel_ab.py]
@@ -29,6 +30,7 @@
 #include <random>
 #include <vector>
 
+#include "cc/core/activation_rows.h"
 #include "cc/core/constants.h"
 #include "cc/core/csr_view.h"
 
@@ -210,10 +212,12 @@ struct TableState {
   std::vector<float> activations[2];
   std::vector<std::vector<float>> gradients;
   std::vector<const float*> gradient_parts;
+  bool per_feature;  // one gradient buffer per feature, else one in the CSR's order
   TableState(const Csr& csr, bool forward, bool accumulator_too, bool per_feature,
              std::mt19937* rng)
       : table(csr.view.table_rows * csr.dim),
-        accumulator(accumulator_too ? csr.view.table_rows * csr.dim : 0) {
+        accumulator(accumulator_too ? csr.view.table_rows * csr.dim : 0),
+        per_feature(per_feature) {
     std::uniform_real_distribution<float> uniform(-0.05f, 0.05f);
     const int64_t floats = csr.view.table_rows * csr.dim;
     for (int64_t i = 0; i < floats; ++i) table.data[i] = uniform(*rng);
@@ -274,11 +278,19 @@ int main(int argc, char** argv) {
     }
     ids += csr.view.num_token_ids;
     rows += csr.view.table_rows;
-    if (per_feature && csr.feature_rows.size() < 2) {
-      std::fprintf(stderr, "per-feature gradients need a stacked table of several features\n");
-      return 2;
+    const bool table_per_feature = per_feature && csr.feature_rows.size() >= 2;
+    if (per_feature && !table_per_feature) {
+      std::printf("table %zu: read in the CSR's order (not feature-major)\n", states.size());
     }
-    states.push_back(std::make_unique<TableState>(csr, forward, adagrad, per_feature, &rng));
+    if (table_per_feature) {
+      if (const sce::Status status = sce::ValidateFeatureRows(csr.feature_rows, csr.view);
+          !status.ok()) {
+        std::fprintf(stderr, "bad feature rows: %s\n", status.message().c_str());
+        return 2;
+      }
+    }
+    states.push_back(
+        std::make_unique<TableState>(csr, forward, adagrad, table_per_feature, &rng));
   }
   void* fns[2];
   for (int k = 0; k < 2; ++k) {
@@ -304,7 +316,7 @@ int main(int argc, char** argv) {
           reinterpret_cast<Update>(fns[k])(
               &csrs[n].view, st.gradient_parts.data(),
               static_cast<int64_t>(st.gradient_parts.size()), rows.data(),
-              per_feature ? static_cast<int64_t>(rows.size()) : 0, csrs[n].dim, st.table.data,
+              st.per_feature ? static_cast<int64_t>(rows.size()) : 0, csrs[n].dim, st.table.data,
               st.accumulator.data);
         }
       }

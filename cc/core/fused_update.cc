@@ -41,11 +41,11 @@ void FindNonFiniteContributions(const CsrView& view, const GradientRows& grads, 
                                 NonFiniteContribution* first) {
   bad_activation_rows->assign(view.input_size, 0);
   const int64_t samples_per_sc = view.samples_per_sc();
-  const GradientRowAddressing gradient_rows = grads.Addressing();
+  const GradientRowAddressing addressing = grads.Addressing();
   for (int64_t s = 0; s < view.num_source_sparse_cores(); ++s) {
     for (int64_t sample = 0; sample < samples_per_sc; ++sample) {
       (*bad_activation_rows)[s * samples_per_sc + sample] =
-          AllFinite(gradient_rows.Row(s, sample), dim) ? 0 : 1;
+          AllFinite(addressing.Row(s, sample), dim) ? 0 : 1;
     }
   }
   *first = NonFiniteContribution();

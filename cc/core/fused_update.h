@@ -254,7 +254,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
   const uint32_t rows_per_shard = static_cast<uint32_t>(view.rows_per_shard());
   const uint32_t samples_per_sc = static_cast<uint32_t>(view.samples_per_sc());
   int64_t skipped = 0;
-  const GradientRowAddressing gradient_rows = grads.Addressing();  // held in registers
+  const GradientRowAddressing addressing = grads.Addressing();  // held in registers
   // FindSortedRuns made every run with its cursor unset (before the head, no token).
   for (size_t w = 0; w < ways; ++w) {
     for (int64_t k = 0; k < kRowPrefetchTokens; ++k) {
@@ -271,7 +271,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
     for (size_t w = 0; w < ways; ++w) {
       ContributionRun& run = runs[w];
       if (run.head_token != token) continue;
-      const uintptr_t* origins = gradient_rows.OriginsOf(run.source_sc);
+      const uintptr_t* origins = addressing.OriginsOf(run.source_sc);
       while (run.head_token == token) {
         const int64_t i = run.next;
         // Prefetch addresses come from entries not yet validated as non-padding: only in-range
@@ -280,11 +280,11 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
           const uint32_t ahead = static_cast<uint32_t>(
               view.sample_ids[i + kGradientPrefetchRunDistance]);
           if (ahead < samples_per_sc) {
-            PrefetchRow(gradient_rows.Row(origins, ahead), row_bytes);
+            PrefetchRow(addressing.Row(origins, ahead), row_bytes);
           }
         }
         const int32_t sample = view.sample_ids[i];
-        AddContribution<kSkipNonFinite>(gradient_rows.Row(origins, sample), dim,
+        AddContribution<kSkipNonFinite>(addressing.Row(origins, sample), dim,
                                         run.source_sc * samples_per_sc + sample, view.gains[i],
                                         bad_activation_rows, &sum, &skip);
         ++run.next;
@@ -302,8 +302,8 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
 
 // The gradient row of a collected contribution.
 __attribute__((always_inline)) inline const float* ContributionGradient(
-    const GradientRowAddressing& gradient_rows, int64_t samples_per_sc, const RowContribution& e) {
-  return gradient_rows.Row(e.source_sc, e.activation - int64_t{e.source_sc} * samples_per_sc);
+    const GradientRowAddressing& addressing, int64_t samples_per_sc, const RowContribution& e) {
+  return addressing.Row(e.source_sc, e.activation - int64_t{e.source_sc} * samples_per_sc);
 }
 
 // The fallback: the shard's contributions collected and sorted (CollectShardContributions), then
@@ -317,7 +317,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions
     float* sum) {
   const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(float));
   const size_t n = entries.size();
-  const GradientRowAddressing gradient_rows = grads.Addressing();  // held in registers
+  const GradientRowAddressing addressing = grads.Addressing();  // held in registers
   int64_t skipped = 0;
   for (size_t i = 0; i < n;) {
     const int32_t token = entries[i].token;
@@ -327,7 +327,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions
     for (; i < n && entries[i].token == token; ++i) {
       if (i + kGradientPrefetchDistance < n) {
         PrefetchRow(
-            ContributionGradient(gradient_rows, samples_per_sc,
+            ContributionGradient(addressing, samples_per_sc,
                                  entries[i + kGradientPrefetchDistance]),
             row_bytes);
       }
@@ -336,7 +336,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions
         PrefetchTableRow<Optimizer>(
             table, slots, (shard_row + entries[i + kRowPrefetchDistance].token) * dim, row_bytes);
       }
-      AddContribution<kSkipNonFinite>(ContributionGradient(gradient_rows, samples_per_sc, entries[i]),
+      AddContribution<kSkipNonFinite>(ContributionGradient(addressing, samples_per_sc, entries[i]),
                                       dim, entries[i].activation, entries[i].gain,
                                       bad_activation_rows, &row_sum, &skip);
     }
