@@ -26,7 +26,8 @@ namespace {
 
 sce::GradientRows Gradients(const sce::CsrView& view, const float* const* parts, int64_t num_parts,
                             const int64_t* feature_rows, int64_t num_feature_rows, int64_t dim) {
-  return sce::GradientRows(view, sce::FeatureRowsPerSc(feature_rows, feature_rows + num_feature_rows),
+  return sce::GradientRows(view,
+                           sce::FeatureRowsPerSc(feature_rows, feature_rows + num_feature_rows),
                            std::vector<const float*>(parts, parts + num_parts), dim);
 }
 

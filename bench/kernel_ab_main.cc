@@ -245,7 +245,8 @@ struct TableState {
 
 int main(int argc, char** argv) {
   if (argc < 6) {
-    std::fprintf(stderr, "usage: %s a.so b.so forward|adagrad|sgd calls csr|per-feature [csr file]\n",
+    std::fprintf(stderr,
+                 "usage: %s a.so b.so forward|adagrad|sgd calls csr|per-feature [csr file]\n",
                  argv[0]);
     return 2;
   }
