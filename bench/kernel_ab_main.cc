@@ -185,6 +185,10 @@ std::vector<Csr> ReadCsrs(const char* path) {
     read(csr.gains.data(), h[6] * sizeof(float));
     int64_t features = 0;
     read(&features, sizeof(features));
+    if (features < 0 || features > h[2]) {  // at most one feature per activation row
+      std::fprintf(stderr, "%s: bad feature count %lld\n", path, static_cast<long long>(features));
+      std::exit(2);
+    }
     csr.feature_rows.resize(features);
     read(csr.feature_rows.data(), features * sizeof(int64_t));
     sce::CsrView& v = csr.view;
