@@ -52,12 +52,6 @@ struct ContributionRun {
   int64_t end = 0;
   int64_t source_sc = 0;  // its activation rows are source_sc * samples_per_sc + sample
   int32_t head_token = kPad;
-  // The row prefetch's cursor (PrefetchNextRunRow): the position of the latest token of the run
-  // whose table and slot rows were prefetched, and that token (-1 before the first). The rows of
-  // a token are prefetched when the loop finishes the token kRowPrefetchTokens before it in the
-  // run (the first kRowPrefetchTokens tokens before the loop starts).
-  int64_t prefetched = 0;
-  int32_t prefetched_token = -1;
 };
 
 // The update merges at most this many runs per shard while it reads them (one head comparison
@@ -114,19 +108,17 @@ __attribute__((always_inline)) inline void PrefetchRow(const float* p, int64_t b
 }
 
 // How far ahead the update prefetches gradient rows and table / slot rows: far enough to hide a
-// memory access behind the work of the entries in between. In merged contributions (the
-// fallback), in entries. In the streamed merge, whose runs advance side by side: gradient rows
-// (one per entry) a number of entries ahead in their run, table and slot rows (one per distinct
-// token) a number of distinct tokens ahead in their run, so that the distance does not depend on
-// how many entries a token has. Counted in entries (8 ahead, the former rule) it was too short for
-// hot rows with many entries and too long for rows with one; by tokens, the fused Adagrad update
-// took 3-6% less time on both the benchmark workload's CSR and a synthetic one (bench/kernel_ab.py,
-// BENCHMARKS.md, ninth round). 2 tokens beat 3 and 4 by about 1% head to head, and 1 and 8 by
-// more.
+// memory access behind the work in between. In merged contributions (the fallback), in entries.
+// In the streamed merge (UpdateShardFromRuns), whose runs advance side by side, gradient rows are
+// prefetched a number of entries ahead in their own run; table and slot rows are prefetched in
+// the apply pass, a number of summed rows ahead (RowSumBlock). Measured with bench/kernel_ab.py
+// on the benchmark workload (BENCHMARKS.md, thirteenth round): 16 rows ahead beat 4 and 8 by 2-4%
+// and were level with 32; 6 entries ahead beat 4 by 2-4% once the merge no longer prefetched
+// table rows itself.
 constexpr size_t kGradientPrefetchDistance = 12;
 constexpr size_t kRowPrefetchDistance = 24;
-constexpr int64_t kGradientPrefetchRunDistance = 4;
-constexpr int64_t kRowPrefetchTokens = 2;
+constexpr int64_t kGradientPrefetchRunDistance = 6;
+constexpr int64_t kApplyPrefetchRows = 16;
 
 // Prefetches table row `offset / dim` and the same row of every slot.
 template <typename Optimizer>
@@ -135,31 +127,6 @@ __attribute__((always_inline)) inline void PrefetchTableRow(
     int64_t row_bytes) {
   PrefetchRow(table + offset, row_bytes);
   for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) PrefetchRow(slots[k] + offset, row_bytes);
-}
-
-// Moves the run's row-prefetch cursor to its next distinct token and prefetches that token's
-// table and slot rows. It reads entries not yet validated: a token outside the shard (kPad
-// included, as unsigned) is skipped and never followed. An entry with a valid token but a kPad
-// sample is padding to the head (SkipPadding) but not to the cursor, which reads only the tokens
-// (reading the samples too cost about 1.6% on the workload's CSR, whose padding has kPad in both);
-// such an entry costs one wasted prefetch, and a cursor left behind the head catches up to it.
-template <typename Optimizer>
-__attribute__((always_inline)) inline void PrefetchNextRunRow(
-    const CsrView& view, ContributionRun* run, uint32_t rows_per_shard, int64_t shard_row,
-    int64_t dim, float* table, const std::array<float*, Optimizer::kSlots.size()>& slots,
-    int64_t row_bytes) {
-  int64_t c = std::max(run->prefetched, run->next);
-  const int32_t previous = run->prefetched_token;
-  while (c < run->end && (view.token_ids[c] == previous ||
-                          static_cast<uint32_t>(view.token_ids[c]) >= rows_per_shard)) {
-    ++c;
-  }
-  run->prefetched = c;
-  if (c < run->end) {
-    run->prefetched_token = view.token_ids[c];
-    PrefetchTableRow<Optimizer>(table, slots, (shard_row + run->prefetched_token) * dim,
-                                row_bytes);
-  }
 }
 
 // A row's gradient sum while its contributions are added. With the width fixed at compile time
@@ -182,10 +149,9 @@ struct RowSum {
       v[k] = v[k] + gain * x;
     }
   }
-  // The sum as floats, in `scratch` (kDim floats).
-  __attribute__((always_inline)) const float* Floats(float* scratch) {
-    std::memcpy(scratch, v, sizeof(v));
-    return scratch;
+  // Writes the sum to out[0:kDim].
+  __attribute__((always_inline)) void Store(float* out, int64_t) const {
+    std::memcpy(out, v, sizeof(v));
   }
 };
 
@@ -196,7 +162,9 @@ struct RuntimeRowSum {
   __attribute__((always_inline)) void Add(const float* g, float gain, int64_t dim) {
     AccumulateScaled(sum, g, gain, dim);
   }
-  __attribute__((always_inline)) const float* Floats(float*) { return sum; }
+  __attribute__((always_inline)) void Store(float* out, int64_t dim) const {
+    std::copy(sum, sum + dim, out);  // no memcpy: both may be null when dim is 0
+  }
 };
 
 // Adds one contribution (gradient row `gradient` of activation row `activation`) to a row's sum
@@ -230,39 +198,51 @@ __attribute__((always_inline)) inline int64_t FinishRow(
   return 0;
 }
 
-// The update of one shard whose contributions are sorted runs (FindSortedRuns): a k-way merge
-// done while reading. The smallest head token is the next row; its contributions are summed run
+// The summed gradients of up to `capacity` consecutive rows of a shard, between the streamed
+// merge that sums them and the pass that applies the optimizer to them. Splitting the two lets
+// each loop prefetch what it alone reads: the merge the gradient rows, the apply pass the table
+// and slot rows, kApplyPrefetchRows rows ahead in a plain array. Done in one loop, the merge had
+// to find the next distinct tokens of every run to prefetch their rows; split, the fused updates
+// take 12-18% less time (bench/kernel_ab.py, BENCHMARKS.md, thirteenth round). A block holds
+// kRowSumBlockBytes of sums (1,024 rows at width 32, at least one row): its size depends on
+// neither the batch nor the table, and it stays in L2 between the passes. Unblocked (one pass
+// over the whole shard, then the other) the gain was half as large; 32 KiB blocks were 2.5%
+// slower than 128 KiB, 512 KiB level.
+struct RowSumBlock {
+  float* sums;       // [capacity, dim]
+  int32_t* tokens;   // row inside the shard, increasing
+  uint8_t* skipped;  // 1: a non-finite contribution (kSkipNonFinite only)
+  int64_t capacity;
+};
+constexpr int64_t kRowSumBlockBytes = int64_t{128} << 10;
+
+// The rows of a RowSumBlock at width `dim` (>= 1).
+inline int64_t RowSumBlockRows(int64_t dim) {
+  return std::max<int64_t>(1, kRowSumBlockBytes / (std::max<int64_t>(dim, 1) * sizeof(float)));
+}
+
+// Sums the contributions of the shard's next block.capacity distinct tokens (fewer at the end)
+// into `block` and returns how many it summed (0 once every run is exhausted). The runs are merged
+// while they are read: the smallest head token is the next row; its contributions are added run
 // by run, each run's in position order, which is exactly the order of a stable sort of the runs'
 // concatenation, so the result is bit-identical to the fallback below. Nothing is copied.
-// kDim > 0 fixes the row width at compile time (it must equal `runtime_dim`): the sum is then
-// held in vector registers (RowSum) and the row loops have no remainder. Measured against a float
+// kDim > 0 fixes the row width at compile time (it must equal `runtime_dim`): the sum is then held
+// in vector registers (RowSum) and the row loops have no remainder. Measured against a float
 // array on the stack, which GCC 12 loaded and stored for every contribution: about 2% less time
 // for the fused Adagrad update on the benchmark workload (bench/kernel_ab.py, BENCHMARKS.md,
 // eighth round).
-template <typename Optimizer, bool kSkipNonFinite, int64_t kDim>
-__attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
-    const CsrView& view, ContributionRun* runs, size_t ways, int64_t shard_row,
-    const GradientRows& grads,
-    int64_t runtime_dim, float learning_rate, const float* hypers, const Clip& clip, float* table,
-    const std::array<float*, Optimizer::kSlots.size()>& slots, const uint8_t* bad_activation_rows,
-    float* runtime_sum) {
+template <bool kSkipNonFinite, int64_t kDim>
+__attribute__((always_inline)) inline int64_t SumNextRows(
+    const CsrView& view, ContributionRun* runs, size_t ways,
+    const GradientRowAddressing& addressing, int64_t runtime_dim,
+    const uint8_t* bad_activation_rows, float* runtime_sum, const RowSumBlock& block) {
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
-  alignas(64) float fixed_sum[kDim > 0 ? kDim : 1];
   typename std::conditional<(kDim > 0), RowSum<kDim>, RuntimeRowSum>::type sum;
   if constexpr (kDim == 0) sum.sum = runtime_sum;
   const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(float));
-  const uint32_t rows_per_shard = static_cast<uint32_t>(view.rows_per_shard());
   const uint32_t samples_per_sc = static_cast<uint32_t>(view.samples_per_sc());
-  int64_t skipped = 0;
-  const GradientRowAddressing addressing = grads.Addressing();  // held in registers
-  // FindSortedRuns made every run with its cursor unset (before the head, no token).
-  for (size_t w = 0; w < ways; ++w) {
-    for (int64_t k = 0; k < kRowPrefetchTokens; ++k) {
-      PrefetchNextRunRow<Optimizer>(view, &runs[w], rows_per_shard, shard_row, dim, table, slots,
-                                    row_bytes);
-    }
-  }
-  for (;;) {
+  int64_t rows = 0;
+  while (rows < block.capacity) {
     int32_t token = kPad;
     for (size_t w = 0; w < ways; ++w) token = std::min(token, runs[w].head_token);
     if (token == kPad) break;
@@ -290,12 +270,56 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
         ++run.next;
         SkipPadding(view, &run);
       }
-      PrefetchNextRunRow<Optimizer>(view, &run, rows_per_shard, shard_row, dim, table, slots,
-                                    row_bytes);
     }
-    skipped += FinishRow<Optimizer, kSkipNonFinite>(shard_row + token, sum.Floats(fixed_sum),
-                                                    skip, dim, learning_rate, hypers, clip, table,
-                                                    slots);
+    sum.Store(block.sums + rows * dim, dim);
+    block.tokens[rows] = token;
+    if (kSkipNonFinite) block.skipped[rows] = skip;
+    ++rows;
+  }
+  return rows;
+}
+
+// Applies the optimizer to the first `rows` rows of `block` (table rows shard_row + token) and
+// returns how many it skipped.
+template <typename Optimizer, bool kSkipNonFinite>
+__attribute__((always_inline)) inline int64_t ApplyRowSums(
+    const RowSumBlock& block, int64_t rows, int64_t shard_row, int64_t dim, float learning_rate,
+    const float* hypers, const Clip& clip, float* table,
+    const std::array<float*, Optimizer::kSlots.size()>& slots) {
+  const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(float));
+  for (int64_t r = 0; r < std::min(rows, kApplyPrefetchRows); ++r) {
+    PrefetchTableRow<Optimizer>(table, slots, (shard_row + block.tokens[r]) * dim, row_bytes);
+  }
+  int64_t skipped = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r + kApplyPrefetchRows < rows) {
+      PrefetchTableRow<Optimizer>(
+          table, slots, (shard_row + block.tokens[r + kApplyPrefetchRows]) * dim, row_bytes);
+    }
+    skipped += FinishRow<Optimizer, kSkipNonFinite>(
+        shard_row + block.tokens[r], block.sums + r * dim, kSkipNonFinite && block.skipped[r],
+        dim, learning_rate, hypers, clip, table, slots);
+  }
+  return skipped;
+}
+
+// The update of one shard whose contributions are sorted runs (FindSortedRuns): blocks of rows
+// summed (SumNextRows), then updated (ApplyRowSums).
+template <typename Optimizer, bool kSkipNonFinite, int64_t kDim>
+__attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
+    const CsrView& view, ContributionRun* runs, size_t ways, int64_t shard_row,
+    const GradientRows& grads, int64_t runtime_dim, float learning_rate, const float* hypers,
+    const Clip& clip, float* table, const std::array<float*, Optimizer::kSlots.size()>& slots,
+    const uint8_t* bad_activation_rows, float* runtime_sum, const RowSumBlock& block) {
+  const int64_t dim = kDim > 0 ? kDim : runtime_dim;
+  const GradientRowAddressing addressing = grads.Addressing();  // held in registers
+  int64_t skipped = 0;
+  for (;;) {
+    const int64_t rows = SumNextRows<kSkipNonFinite, kDim>(
+        view, runs, ways, addressing, dim, bad_activation_rows, runtime_sum, block);
+    if (rows == 0) break;
+    skipped += ApplyRowSums<Optimizer, kSkipNonFinite>(block, rows, shard_row, dim,
+                                                       learning_rate, hypers, clip, table, slots);
   }
   return skipped;
 }
@@ -360,7 +384,16 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
   thread_local std::vector<ContributionRun> runs;
   thread_local std::vector<RowContribution> entries;
   thread_local std::vector<float> sum;
+  thread_local std::vector<float> block_sums;
+  thread_local std::vector<int32_t> block_tokens;
+  thread_local std::vector<uint8_t> block_skipped;
   sum.resize(dim);
+  const int64_t block_rows = RowSumBlockRows(dim);
+  block_sums.resize(block_rows * dim);  // max(kRowSumBlockBytes, one row)
+  block_tokens.resize(block_rows);
+  block_skipped.resize(block_rows);
+  const RowSumBlock block{block_sums.data(), block_tokens.data(), block_skipped.data(),
+                          block_rows};
   int64_t skipped = 0;
   for (int64_t p = p_begin; p < p_end; ++p) {
     const int64_t shard = view.first_local_shard + p;
@@ -371,7 +404,7 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
   UpdateShardFromRuns<Optimizer, kSkipNonFinite, kDim>(view, runs.data(), runs.size(),         \
                                                        shard_row, grads, dim, learning_rate,   \
                                                        hypers, clip, table, slots,             \
-                                                       bad_activation_rows, sum.data())
+                                                       bad_activation_rows, sum.data(), block)
       switch (RowWidthBuild(dim)) {
         case 0: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[0]); break;
         case 1: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[1]); break;

@@ -1675,6 +1675,38 @@ bool FusedUpdateMatchesReference(const RandomCsr& csr, const float* hypers, int6
   return kernel_skipped == reference_skipped && kernel.SameBits(reference);
 }
 
+// The streamed update sums a shard's rows in blocks (sce::RowSumBlock) and applies the optimizer
+// block by block: block boundaries must not change any bit, whatever the width and row count.
+void TestFusedUpdateRowSumBlocks() {
+  g_test = "fused update: shards of more rows than a block of summed rows holds give the "
+           "stable-sort reference bit for bit";
+  const float none[1] = {0.0f};
+  const int64_t block_floats = sce::kRowSumBlockBytes / static_cast<int64_t>(sizeof(float));
+  CHECK(sce::RowSumBlockRows(32) == block_floats / 32);
+  CHECK(sce::RowSumBlockRows(block_floats) == 1);
+  CHECK(sce::RowSumBlockRows(block_floats + 1) == 1);  // at least one row
+  // Nine rows per shard: blocks of 3 rows, and of 1 row (width exactly a block, and more).
+  for (uint32_t seed = 0; seed < 3; ++seed) {
+    RandomCsr csr(seed, 2, 4, 2, 9, 7, true);
+    CHECK_OK(sce::ValidateCsrView(csr.view));
+    for (int64_t dim : {block_floats / 3, block_floats, block_floats + 1}) {
+      for (bool bad_rows : {false, true}) {
+        CHECK(FusedUpdateMatchesReference<sce::SgdOptimizer>(csr, none, dim, seed, bad_rows));
+        CHECK(FusedUpdateMatchesReference<sce::AdagradOptimizer>(csr, none, dim, seed,
+                                                                 bad_rows));
+      }
+    }
+  }
+  // Width 32 (a block of 1,024 rows) and shards of up to 3,000 distinct rows.
+  for (uint32_t seed = 0; seed < 2; ++seed) {
+    RandomCsr csr(seed, 1, 4, 1, 3000, 2000, true, 1500);
+    CHECK_OK(sce::ValidateCsrView(csr.view));
+    for (bool bad_rows : {false, true}) {
+      CHECK(FusedUpdateMatchesReference<sce::AdagradOptimizer>(csr, none, 32, seed, bad_rows));
+    }
+  }
+}
+
 void TestFusedUpdateMatchesStableSortReference() {
   g_test = "fused update: streamed merge of sorted runs and the collect-and-sort fallback give "
            "the stable-sort reference bit for bit";
@@ -2583,7 +2615,8 @@ int main() {
       TestCheckedMath, TestCsrViewBounds, TestCsrViewIds, TestNonFiniteGradients, TestPreprocessingBounds,
       TestRequireFiniteFeatureGradients, TestRaisePartitionLimits,
       TestShardContributionsAreMergedStably, TestFusedUpdateIsaVersionsAgree,
-      TestFusedUpdateMatchesStableSortReference, TestHugePageAdvice, TestStableSortByKey,
+      TestFusedUpdateMatchesStableSortReference, TestFusedUpdateRowSumBlocks,
+      TestHugePageAdvice, TestStableSortByKey,
       TestStableSortWords, TestAdjacentMerge,
       TestFeatureMajorActivations, TestLookupOverwritesActivations, TestLookupIsaVersionsAgree, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
       TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks, TestIdRouting, TestOwnerCsr,
