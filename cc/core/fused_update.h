@@ -109,15 +109,14 @@ __attribute__((always_inline)) inline void PrefetchRow(const float* p, int64_t b
 
 // How far ahead the update prefetches gradient rows and table / slot rows: far enough to hide a
 // memory access behind the work in between. In merged contributions (the fallback), in entries.
-// In the streamed merge (UpdateShardFromRuns), whose runs advance side by side, gradient rows are
-// prefetched a number of entries ahead in their own run; table and slot rows are prefetched in
-// the apply pass, a number of summed rows ahead (RowSumBlock). Measured with bench/kernel_ab.py
-// on the benchmark workload (BENCHMARKS.md, thirteenth round): 16 rows ahead beat 4 and 8 by 2-4%
-// and were level with 32; 6 entries ahead beat 4 by 2-4% once the merge no longer prefetched
-// table rows itself.
+// In the streamed update (UpdateShardFromRuns), each pass prefetches what it alone reads, ahead
+// in a plain array: gradient rows a number of listed contributions ahead (SumListedRows), table
+// and slot rows a number of summed rows ahead (ApplyRowSums). Measured with bench/kernel_ab.py on
+// the benchmark workload (BENCHMARKS.md, thirteenth round): 16 rows ahead beat 4 and 8 by 2-4% and
+// were level with 32; 32 contributions ahead beat 16 by about 2% and 8 by 5%.
 constexpr size_t kGradientPrefetchDistance = 12;
 constexpr size_t kRowPrefetchDistance = 24;
-constexpr int64_t kGradientPrefetchRunDistance = 6;
+constexpr int64_t kListPrefetchDistance = 32;
 constexpr int64_t kApplyPrefetchRows = 16;
 
 // Prefetches table row `offset / dim` and the same row of every slot.
@@ -198,12 +197,12 @@ __attribute__((always_inline)) inline int64_t FinishRow(
   return 0;
 }
 
-// The summed gradients of up to `capacity` consecutive rows of a shard, between the streamed
-// merge that sums them and the pass that applies the optimizer to them. Splitting the two lets
-// each loop prefetch what it alone reads: the merge the gradient rows, the apply pass the table
-// and slot rows, kApplyPrefetchRows rows ahead in a plain array. Done in one loop, the merge had
-// to find the next distinct tokens of every run to prefetch their rows; split, the fused updates
-// take 12-18% less time (bench/kernel_ab.py, BENCHMARKS.md, thirteenth round). A block holds
+// The summed gradients of up to `capacity` consecutive rows of a shard, between the pass that sums
+// them and the pass that applies the optimizer to them. Splitting the two lets each loop prefetch
+// what it alone reads: the summing pass the gradient rows, the apply pass the table and slot rows,
+// kApplyPrefetchRows rows ahead in a plain array. Done in one loop, the merge had to find the next
+// distinct tokens of every run to prefetch their rows; split, the fused updates took 12-18% less
+// time (bench/kernel_ab.py, BENCHMARKS.md, thirteenth round). A block holds
 // kRowSumBlockBytes of sums (1,024 rows at width 32, at least one row): its size depends on
 // neither the batch nor the table, and it stays in L2 between the passes. Unblocked (one pass
 // over the whole shard, then the other) the gain was half as large; 32 KiB blocks were 2.5%
@@ -221,32 +220,40 @@ inline int64_t RowSumBlockRows(int64_t dim) {
   return std::max<int64_t>(1, kRowSumBlockBytes / (std::max<int64_t>(dim, 1) * sizeof(float)));
 }
 
-// Sums the contributions of the shard's next block.capacity distinct tokens (fewer at the end)
-// into `block` and returns how many it summed (0 once every run is exhausted). The runs are merged
-// while they are read: the smallest head token is the next row; its contributions are added run
-// by run, each run's in position order, which is exactly the order of a stable sort of the runs'
-// concatenation, so the result is bit-identical to the fallback below. Nothing is copied.
-// kDim > 0 fixes the row width at compile time (it must equal `runtime_dim`): the sum is then held
-// in vector registers (RowSum) and the row loops have no remainder. Measured against a float
-// array on the stack, which GCC 12 loaded and stored for every contribution: about 2% less time
-// for the fused Adagrad update on the benchmark workload (bench/kernel_ab.py, BENCHMARKS.md,
-// eighth round).
-template <bool kSkipNonFinite, int64_t kDim>
-__attribute__((always_inline)) inline int64_t SumNextRows(
+// One contribution listed for SumListedRows: its gradient row, its gain and the row of the block it
+// adds to.
+struct ListedContribution {
+  const float* gradient;
+  float gain;
+  int32_t row;
+};
+
+// A block lists about this many contributions before it is summed (more when its last row has
+// many): 64 KiB of ListedContribution. 4,096 and 16,384 measured level.
+constexpr int64_t kListedContributions = 4096;
+
+// Merges the runs for the shard's next distinct tokens: at most block.capacity of them, and no new
+// one once kListedContributions contributions are listed. Writes their tokens (and, with
+// kSkipNonFinite, whether a contribution is not finite) to `block` and their contributions, in
+// summation order, to `list`; returns how many tokens (0 once every run is exhausted). The runs
+// are merged while they are read: the smallest head token is the next row; its contributions are
+// listed run by run, each run's in position order, which is exactly the order of a stable sort of
+// the runs' concatenation, so the sums are bit-identical to the fallback below. The merge reads
+// only the CSR; gradient rows are read by SumListedRows, whose loop has no data-dependent branch
+// but the row change, so it can keep many gradient reads in flight (summed in the merge, the
+// fused Adagrad update took 5-8% more time: BENCHMARKS.md, thirteenth round).
+template <bool kSkipNonFinite>
+__attribute__((always_inline)) inline int64_t ListNextRows(
     const CsrView& view, ContributionRun* runs, size_t ways,
-    const GradientRowAddressing& addressing, int64_t runtime_dim,
-    const uint8_t* bad_activation_rows, float* runtime_sum, const RowSumBlock& block) {
-  const int64_t dim = kDim > 0 ? kDim : runtime_dim;
-  typename std::conditional<(kDim > 0), RowSum<kDim>, RuntimeRowSum>::type sum;
-  if constexpr (kDim == 0) sum.sum = runtime_sum;
-  const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(float));
+    const GradientRowAddressing& addressing, const uint8_t* bad_activation_rows,
+    const RowSumBlock& block, std::vector<ListedContribution>* list) {
   const uint32_t samples_per_sc = static_cast<uint32_t>(view.samples_per_sc());
   int64_t rows = 0;
-  while (rows < block.capacity) {
+  list->clear();  // keeps its capacity: nothing is allocated once the buffers have grown
+  while (rows < block.capacity && static_cast<int64_t>(list->size()) < kListedContributions) {
     int32_t token = kPad;
     for (size_t w = 0; w < ways; ++w) token = std::min(token, runs[w].head_token);
     if (token == kPad) break;
-    sum.Zero(dim);
     bool skip = false;
     for (size_t w = 0; w < ways; ++w) {
       ContributionRun& run = runs[w];
@@ -254,29 +261,58 @@ __attribute__((always_inline)) inline int64_t SumNextRows(
       const uintptr_t* origins = addressing.OriginsOf(run.source_sc);
       while (run.head_token == token) {
         const int64_t i = run.next;
-        // Prefetch addresses come from entries not yet validated as non-padding: only in-range
-        // ones are followed (the unsigned comparison also rejects kPad).
-        if (i + kGradientPrefetchRunDistance < run.end) {
-          const uint32_t ahead = static_cast<uint32_t>(
-              view.sample_ids[i + kGradientPrefetchRunDistance]);
-          if (ahead < samples_per_sc) {
-            PrefetchRow(addressing.Row(origins, ahead), row_bytes);
-          }
-        }
         const int32_t sample = view.sample_ids[i];
-        AddContribution<kSkipNonFinite>(addressing.Row(origins, sample), dim,
-                                        run.source_sc * samples_per_sc + sample, view.gains[i],
-                                        bad_activation_rows, &sum, &skip);
+        if (kSkipNonFinite && (bad_activation_rows[run.source_sc * samples_per_sc + sample] ||
+                               !std::isfinite(view.gains[i]))) {
+          skip = true;
+        }
+        list->push_back({addressing.Row(origins, sample), view.gains[i],
+                         static_cast<int32_t>(rows)});
         ++run.next;
         SkipPadding(view, &run);
       }
     }
-    sum.Store(block.sums + rows * dim, dim);
     block.tokens[rows] = token;
     if (kSkipNonFinite) block.skipped[rows] = skip;
     ++rows;
   }
   return rows;
+}
+
+// Sums the listed contributions into block.sums, row by row from zero, in list order. kDim > 0
+// fixes the row width at compile time (it must equal `runtime_dim`): the sum is then held in
+// vector registers (RowSum) and the row loops have no remainder. Measured against a float array
+// on the stack, which GCC 12 loaded and stored for every contribution: about 2% less time for the
+// fused Adagrad update on the benchmark workload (bench/kernel_ab.py, BENCHMARKS.md, eighth
+// round). The rows of a skipped token are summed too, and not used.
+template <int64_t kDim>
+__attribute__((always_inline)) inline void SumListedRows(
+    const std::vector<ListedContribution>& list, int64_t runtime_dim, float* runtime_sum,
+    const RowSumBlock& block) {
+  const int64_t dim = kDim > 0 ? kDim : runtime_dim;
+  typename std::conditional<(kDim > 0), RowSum<kDim>, RuntimeRowSum>::type sum;
+  if constexpr (kDim == 0) sum.sum = runtime_sum;
+  const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(float));
+  const ListedContribution* e = list.data();
+  const int64_t n = static_cast<int64_t>(list.size());
+  if (n == 0) return;
+  for (int64_t k = 0; k < std::min(n, kListPrefetchDistance); ++k) {
+    PrefetchRow(e[k].gradient, row_bytes);
+  }
+  int32_t row = 0;  // every row of the block has a contribution: rows follow one another
+  sum.Zero(dim);
+  for (int64_t k = 0; k < n; ++k) {
+    if (k + kListPrefetchDistance < n) {
+      PrefetchRow(e[k + kListPrefetchDistance].gradient, row_bytes);
+    }
+    if (e[k].row != row) {
+      sum.Store(block.sums + row * dim, dim);
+      sum.Zero(dim);
+      row = e[k].row;
+    }
+    sum.Add(e[k].gradient, e[k].gain, dim);
+  }
+  sum.Store(block.sums + row * dim, dim);
 }
 
 // Applies the optimizer to the first `rows` rows of `block` (table rows shard_row + token) and
@@ -303,21 +339,25 @@ __attribute__((always_inline)) inline int64_t ApplyRowSums(
   return skipped;
 }
 
-// The update of one shard whose contributions are sorted runs (FindSortedRuns): blocks of rows
-// summed (SumNextRows), then updated (ApplyRowSums).
+// The update of one shard whose contributions are sorted runs (FindSortedRuns), block by block: the
+// next rows' contributions listed (ListNextRows), summed (SumListedRows), then the rows updated
+// (ApplyRowSums).
 template <typename Optimizer, bool kSkipNonFinite, int64_t kDim>
 __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
     const CsrView& view, ContributionRun* runs, size_t ways, int64_t shard_row,
     const GradientRows& grads, int64_t runtime_dim, float learning_rate, const float* hypers,
     const Clip& clip, float* table, const std::array<float*, Optimizer::kSlots.size()>& slots,
-    const uint8_t* bad_activation_rows, float* runtime_sum, const RowSumBlock& block) {
+    const uint8_t* bad_activation_rows, float* runtime_sum, const RowSumBlock& block,
+    std::vector<ListedContribution>* list) {
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
   const GradientRowAddressing addressing = grads.Addressing();  // held in registers
   int64_t skipped = 0;
   for (;;) {
-    const int64_t rows = SumNextRows<kSkipNonFinite, kDim>(
-        view, runs, ways, addressing, dim, bad_activation_rows, runtime_sum, block);
+    const int64_t rows =
+        ListNextRows<kSkipNonFinite>(view, runs, ways, addressing, bad_activation_rows, block,
+                                     list);
     if (rows == 0) break;
+    SumListedRows<kDim>(*list, dim, runtime_sum, block);
     skipped += ApplyRowSums<Optimizer, kSkipNonFinite>(block, rows, shard_row, dim,
                                                        learning_rate, hypers, clip, table, slots);
   }
@@ -387,6 +427,7 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
   thread_local std::vector<float> block_sums;
   thread_local std::vector<int32_t> block_tokens;
   thread_local std::vector<uint8_t> block_skipped;
+  thread_local std::vector<ListedContribution> block_list;
   sum.resize(dim);
   const int64_t block_rows = RowSumBlockRows(dim);
   block_sums.resize(block_rows * dim);  // max(kRowSumBlockBytes, one row)
@@ -404,7 +445,8 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
   UpdateShardFromRuns<Optimizer, kSkipNonFinite, kDim>(view, runs.data(), runs.size(),         \
                                                        shard_row, grads, dim, learning_rate,   \
                                                        hypers, clip, table, slots,             \
-                                                       bad_activation_rows, sum.data(), block)
+                                                       bad_activation_rows, sum.data(), block, \
+                                                       &block_list)
       switch (RowWidthBuild(dim)) {
         case 0: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[0]); break;
         case 1: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[1]); break;
