@@ -112,11 +112,12 @@ __attribute__((always_inline)) inline void PrefetchRow(const float* p, int64_t b
 // In the streamed update (UpdateShardFromRuns), each pass prefetches what it alone reads, ahead
 // in a plain array: gradient rows a number of listed contributions ahead (SumListedRows), table
 // and slot rows a number of summed rows ahead (ApplyRowSums). Measured with bench/kernel_ab.py on
-// the benchmark workload (BENCHMARKS.md, thirteenth round): 16 rows ahead beat 4 and 8 by 2-4% and
-// were level with 32; 32 contributions ahead beat 16 by about 2% and 8 by 5%.
+// the benchmark workload (BENCHMARKS.md, thirteenth round): 16 rows ahead took 3% less time than
+// 8 (4 was 2% slower than 8) and about as long as 32; 32 contributions ahead took about 2% less
+// than 16 and 5% less than 8.
 constexpr size_t kGradientPrefetchDistance = 12;
 constexpr size_t kRowPrefetchDistance = 24;
-constexpr int64_t kListPrefetchDistance = 32;
+constexpr int64_t kSumPrefetchContributions = 32;
 constexpr int64_t kApplyPrefetchRows = 16;
 
 // Prefetches table row `offset / dim` and the same row of every slot.
@@ -148,9 +149,12 @@ struct RowSum {
       v[k] = v[k] + gain * x;
     }
   }
-  // Writes the sum to out[0:kDim].
+  // Writes the sum to out[0:kDim] / reads it back (exactly).
   __attribute__((always_inline)) void Store(float* out, int64_t) const {
     std::memcpy(out, v, sizeof(v));
+  }
+  __attribute__((always_inline)) void Load(const float* in, int64_t) {
+    std::memcpy(v, in, sizeof(v));
   }
 };
 
@@ -164,18 +168,28 @@ struct RuntimeRowSum {
   __attribute__((always_inline)) void Store(float* out, int64_t dim) const {
     std::copy(sum, sum + dim, out);  // no memcpy: both may be null when dim is 0
   }
+  __attribute__((always_inline)) void Load(const float* in, int64_t dim) {
+    std::copy(in, in + dim, sum);
+  }
 };
 
+// With kSkipNonFinite: whether a contribution makes its table row skipped (its activation row holds
+// a non-finite value, or its gain is not finite).
+__attribute__((always_inline)) inline bool SkipsRow(const uint8_t* bad_activation_rows,
+                                                    int64_t activation, float gain) {
+  return bad_activation_rows[activation] || !std::isfinite(gain);
+}
+
 // Adds one contribution (gradient row `gradient` of activation row `activation`) to a row's sum
-// (a RowSum or RuntimeRowSum); with kSkipNonFinite, a flagged activation row or a non-finite gain
-// marks the row skipped instead.
+// (a RowSum or RuntimeRowSum); with kSkipNonFinite, a contribution that SkipsRow marks the row
+// skipped instead.
 template <bool kSkipNonFinite, typename Sum>
 __attribute__((always_inline)) inline void AddContribution(const float* gradient, int64_t dim,
                                                            int64_t activation, float gain,
                                                            const uint8_t* bad_activation_rows,
                                                            Sum* sum, bool* skip) {
   if (kSkipNonFinite) {
-    if (*skip || bad_activation_rows[activation] || !std::isfinite(gain)) {
+    if (*skip || SkipsRow(bad_activation_rows, activation, gain)) {
       *skip = true;
       return;
     }
@@ -197,29 +211,6 @@ __attribute__((always_inline)) inline int64_t FinishRow(
   return 0;
 }
 
-// The summed gradients of up to `capacity` consecutive rows of a shard, between the pass that sums
-// them and the pass that applies the optimizer to them. Splitting the two lets each loop prefetch
-// what it alone reads: the summing pass the gradient rows, the apply pass the table and slot rows,
-// kApplyPrefetchRows rows ahead in a plain array. Done in one loop, the merge had to find the next
-// distinct tokens of every run to prefetch their rows; split, the fused updates took 12-18% less
-// time (bench/kernel_ab.py, BENCHMARKS.md, thirteenth round). A block holds
-// kRowSumBlockBytes of sums (1,024 rows at width 32, at least one row): its size depends on
-// neither the batch nor the table, and it stays in L2 between the passes. Unblocked (one pass
-// over the whole shard, then the other) the gain was half as large; 32 KiB blocks were 2.5%
-// slower than 128 KiB, 512 KiB level.
-struct RowSumBlock {
-  float* sums;       // [capacity, dim]
-  int32_t* tokens;   // row inside the shard, increasing
-  uint8_t* skipped;  // 1: a non-finite contribution (kSkipNonFinite only)
-  int64_t capacity;
-};
-constexpr int64_t kRowSumBlockBytes = int64_t{128} << 10;
-
-// The rows of a RowSumBlock at width `dim` (>= 1).
-inline int64_t RowSumBlockRows(int64_t dim) {
-  return std::max<int64_t>(1, kRowSumBlockBytes / (std::max<int64_t>(dim, 1) * sizeof(float)));
-}
-
 // One contribution listed for SumListedRows: its gradient row, its gain and the row of the block it
 // adds to.
 struct ListedContribution {
@@ -228,46 +219,83 @@ struct ListedContribution {
   int32_t row;
 };
 
-// A block lists about this many contributions before it is summed (more when its last row has
-// many): 64 KiB of ListedContribution. 4,096 and 16,384 measured level.
+// A block lists at most this many contributions (64 KiB of ListedContribution) before they are
+// summed; a row with more is continued in the next block. 4,096 and 16,384 measured level.
 constexpr int64_t kListedContributions = 4096;
 
-// Merges the runs for the shard's next distinct tokens: at most block.capacity of them, and no new
-// one once kListedContributions contributions are listed. Writes their tokens (and, with
-// kSkipNonFinite, whether a contribution is not finite) to `block` and their contributions, in
-// summation order, to `list`; returns how many tokens (0 once every run is exhausted). The runs
-// are merged while they are read: the smallest head token is the next row; its contributions are
-// listed run by run, each run's in position order, which is exactly the order of a stable sort of
-// the runs' concatenation, so the sums are bit-identical to the fallback below. The merge reads
-// only the CSR; gradient rows are read by SumListedRows, whose loop has no data-dependent branch
-// but the row change, so it can keep many gradient reads in flight (summed in the merge, the
-// fused Adagrad update took 5-8% more time: BENCHMARKS.md, thirteenth round).
+// The summed gradients of the shard's next referenced rows (at most `capacity`), between the pass
+// that sums them and the pass that applies the optimizer to them, and the contributions listed
+// for them. Splitting the passes lets each loop prefetch what it alone reads: the summing pass the
+// gradient rows, the apply pass the table and slot rows, each ahead in a plain array. Done in one
+// loop, the merge had to find the next distinct tokens of every run to prefetch their rows; split,
+// the fused updates took 12-18% less time (bench/kernel_ab.py, BENCHMARKS.md, thirteenth round).
+// A block holds kRowSumBlockBytes of sums (1,024 rows at width 32, at least one row) and
+// kListedContributions contributions: its size depends on neither the batch nor the table, and it
+// stays in L2 between the passes. Unblocked (one pass over the whole shard, then the other) the
+// gain was half as large; 32 KiB blocks were 2.5% slower than 128 KiB, 512 KiB level. Wide rows
+// make few rows per block (one from width 32,768), so the apply pass's prefetch has less lead
+// there; widths above 64 were not measured.
+struct RowSumBlock {
+  float* sums;       // [capacity, dim]
+  int32_t* tokens;   // row inside the shard, increasing
+  uint8_t* skipped;  // 1: a non-finite contribution (kSkipNonFinite only)
+  int64_t capacity;
+  ListedContribution* list;  // [kListedContributions]
+};
+constexpr int64_t kRowSumBlockBytes = int64_t{128} << 10;
+
+// The rows of a RowSumBlock at width `dim`: at least one, and no more than it can list.
+inline int64_t RowSumBlockRows(int64_t dim) {
+  const int64_t by_bytes =
+      kRowSumBlockBytes / (std::max<int64_t>(dim, 1) * static_cast<int64_t>(sizeof(float)));
+  return std::max<int64_t>(1, std::min(by_bytes, kListedContributions));
+}
+
+// Merges the runs for the shard's next distinct tokens, at most block.capacity of them and at most
+// kListedContributions contributions, and returns how many tokens it listed (0 once every run is
+// exhausted). Writes their tokens (and, with kSkipNonFinite, whether a contribution SkipsRow) to
+// `block` and their contributions, in summation order, to block.list; `*listed` is their count.
+// When the list fills up in the middle of a row, that row is the block's last and `*row_cut` is
+// set; `continues_row` says that the block's first row continues the previous block's cut row
+// (whose skip flag is then in block.skipped[0]). The runs are merged while they are read: the
+// smallest head token is the next row; its contributions are listed run by run, each run's in
+// position order, which is exactly the order of a stable sort of the runs' concatenation, so the
+// sums are bit-identical to the fallback below. Nothing is sorted; the merge reads only the CSR.
+// Gradient rows are read by SumListedRows, whose loop has no data-dependent branch but the row
+// change, so it can keep many gradient reads in flight (summed in the merge, the fused Adagrad
+// update took 5-8% more time: BENCHMARKS.md, thirteenth round).
 template <bool kSkipNonFinite>
 __attribute__((always_inline)) inline int64_t ListNextRows(
     const CsrView& view, ContributionRun* runs, size_t ways,
     const GradientRowAddressing& addressing, const uint8_t* bad_activation_rows,
-    const RowSumBlock& block, std::vector<ListedContribution>* list) {
+    const RowSumBlock& block, bool continues_row, int64_t* listed, bool* row_cut) {
   const uint32_t samples_per_sc = static_cast<uint32_t>(view.samples_per_sc());
+  ListedContribution* list = block.list;
+  int64_t n = 0;
   int64_t rows = 0;
-  list->clear();  // keeps its capacity: nothing is allocated once the buffers have grown
-  while (rows < block.capacity && static_cast<int64_t>(list->size()) < kListedContributions) {
+  *row_cut = false;
+  while (rows < block.capacity && n < kListedContributions && !*row_cut) {
     int32_t token = kPad;
     for (size_t w = 0; w < ways; ++w) token = std::min(token, runs[w].head_token);
     if (token == kPad) break;
-    bool skip = false;
-    for (size_t w = 0; w < ways; ++w) {
+    // A cut row's runs stand where the cut left them: the ones it finished have moved past token.
+    bool skip = kSkipNonFinite && rows == 0 && continues_row && block.skipped[0] != 0;
+    for (size_t w = 0; w < ways && !*row_cut; ++w) {
       ContributionRun& run = runs[w];
       if (run.head_token != token) continue;
       const uintptr_t* origins = addressing.OriginsOf(run.source_sc);
       while (run.head_token == token) {
+        if (n == kListedContributions) {
+          *row_cut = true;
+          break;
+        }
         const int64_t i = run.next;
         const int32_t sample = view.sample_ids[i];
-        if (kSkipNonFinite && (bad_activation_rows[run.source_sc * samples_per_sc + sample] ||
-                               !std::isfinite(view.gains[i]))) {
+        if (kSkipNonFinite &&
+            SkipsRow(bad_activation_rows, run.source_sc * samples_per_sc + sample, view.gains[i])) {
           skip = true;
         }
-        list->push_back({addressing.Row(origins, sample), view.gains[i],
-                         static_cast<int32_t>(rows)});
+        list[n++] = {addressing.Row(origins, sample), view.gains[i], static_cast<int32_t>(rows)};
         ++run.next;
         SkipPadding(view, &run);
       }
@@ -276,34 +304,40 @@ __attribute__((always_inline)) inline int64_t ListNextRows(
     if (kSkipNonFinite) block.skipped[rows] = skip;
     ++rows;
   }
+  *listed = n;
   return rows;
 }
 
-// Sums the listed contributions into block.sums, row by row from zero, in list order. kDim > 0
+// Sums the `listed` contributions of block.list into block.sums, row by row in list order, each
+// row from zero, or the first from its partial sum in block.sums[0] when `continues_row`. kDim > 0
 // fixes the row width at compile time (it must equal `runtime_dim`): the sum is then held in
 // vector registers (RowSum) and the row loops have no remainder. Measured against a float array
 // on the stack, which GCC 12 loaded and stored for every contribution: about 2% less time for the
 // fused Adagrad update on the benchmark workload (bench/kernel_ab.py, BENCHMARKS.md, eighth
-// round). The rows of a skipped token are summed too, and not used.
+// round). Stores and loads of a partial sum are exact. The rows of a skipped token are summed too,
+// and not used.
 template <int64_t kDim>
-__attribute__((always_inline)) inline void SumListedRows(
-    const std::vector<ListedContribution>& list, int64_t runtime_dim, float* runtime_sum,
-    const RowSumBlock& block) {
+__attribute__((always_inline)) inline void SumListedRows(const RowSumBlock& block, int64_t listed,
+                                                         bool continues_row, int64_t runtime_dim,
+                                                         float* runtime_sum) {
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
   typename std::conditional<(kDim > 0), RowSum<kDim>, RuntimeRowSum>::type sum;
   if constexpr (kDim == 0) sum.sum = runtime_sum;
   const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(float));
-  const ListedContribution* e = list.data();
-  const int64_t n = static_cast<int64_t>(list.size());
-  if (n == 0) return;
-  for (int64_t k = 0; k < std::min(n, kListPrefetchDistance); ++k) {
+  const ListedContribution* e = block.list;
+  if (listed == 0) return;
+  for (int64_t k = 0; k < std::min(listed, kSumPrefetchContributions); ++k) {
     PrefetchRow(e[k].gradient, row_bytes);
   }
   int32_t row = 0;  // every row of the block has a contribution: rows follow one another
-  sum.Zero(dim);
-  for (int64_t k = 0; k < n; ++k) {
-    if (k + kListPrefetchDistance < n) {
-      PrefetchRow(e[k + kListPrefetchDistance].gradient, row_bytes);
+  if (continues_row) {
+    sum.Load(block.sums, dim);
+  } else {
+    sum.Zero(dim);
+  }
+  for (int64_t k = 0; k < listed; ++k) {
+    if (k + kSumPrefetchContributions < listed) {
+      PrefetchRow(e[k + kSumPrefetchContributions].gradient, row_bytes);
     }
     if (e[k].row != row) {
       sum.Store(block.sums + row * dim, dim);
@@ -341,25 +375,35 @@ __attribute__((always_inline)) inline int64_t ApplyRowSums(
 
 // The update of one shard whose contributions are sorted runs (FindSortedRuns), block by block: the
 // next rows' contributions listed (ListNextRows), summed (SumListedRows), then the rows updated
-// (ApplyRowSums).
+// (ApplyRowSums). A row cut by a full list is carried to the next block and updated once whole.
 template <typename Optimizer, bool kSkipNonFinite, int64_t kDim>
 __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
     const CsrView& view, ContributionRun* runs, size_t ways, int64_t shard_row,
     const GradientRows& grads, int64_t runtime_dim, float learning_rate, const float* hypers,
     const Clip& clip, float* table, const std::array<float*, Optimizer::kSlots.size()>& slots,
-    const uint8_t* bad_activation_rows, float* runtime_sum, const RowSumBlock& block,
-    std::vector<ListedContribution>* list) {
+    const uint8_t* bad_activation_rows, float* runtime_sum, const RowSumBlock& block) {
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
   const GradientRowAddressing addressing = grads.Addressing();  // held in registers
   int64_t skipped = 0;
+  bool continues_row = false;
   for (;;) {
-    const int64_t rows =
-        ListNextRows<kSkipNonFinite>(view, runs, ways, addressing, bad_activation_rows, block,
-                                     list);
+    int64_t listed = 0;
+    bool row_cut = false;
+    const int64_t rows = ListNextRows<kSkipNonFinite>(view, runs, ways, addressing,
+                                                      bad_activation_rows, block, continues_row,
+                                                      &listed, &row_cut);
     if (rows == 0) break;
-    SumListedRows<kDim>(*list, dim, runtime_sum, block);
-    skipped += ApplyRowSums<Optimizer, kSkipNonFinite>(block, rows, shard_row, dim,
+    SumListedRows<kDim>(block, listed, continues_row, dim, runtime_sum);
+    // A cut row is updated once it is whole: its partial sum, token and flag move to row 0.
+    const int64_t whole = row_cut ? rows - 1 : rows;
+    skipped += ApplyRowSums<Optimizer, kSkipNonFinite>(block, whole, shard_row, dim,
                                                        learning_rate, hypers, clip, table, slots);
+    if (row_cut && whole > 0) {
+      std::copy(block.sums + whole * dim, block.sums + rows * dim, block.sums);
+      block.tokens[0] = block.tokens[whole];
+      block.skipped[0] = block.skipped[whole];
+    }
+    continues_row = row_cut;
   }
   return skipped;
 }
@@ -410,8 +454,8 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions
   return skipped;
 }
 
-// The update of local shards [p_begin, p_end): one shard at a time, rows in token order, each
-// row's contributions summed, then one optimizer step per row. Always inlined into one function
+// The update of local shards [p_begin, p_end): one shard at a time, rows in token order, summed
+// block by block (RowSumBlock), then one optimizer step per row. Always inlined into one function
 // per instruction set (UpdateShardsAvx512 / UpdateShardsAvx2 / UpdateShardsBaseline), so the
 // accumulation and the optimizer's per-row math are vectorized as widely as the CPU allows; the
 // arithmetic is the same element-wise operations in the same order (no FMA contraction:
@@ -427,14 +471,14 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
   thread_local std::vector<float> block_sums;
   thread_local std::vector<int32_t> block_tokens;
   thread_local std::vector<uint8_t> block_skipped;
-  thread_local std::vector<ListedContribution> block_list;
+  thread_local std::vector<ListedContribution> block_list(kListedContributions);
   sum.resize(dim);
   const int64_t block_rows = RowSumBlockRows(dim);
   block_sums.resize(block_rows * dim);  // max(kRowSumBlockBytes, one row)
   block_tokens.resize(block_rows);
   block_skipped.resize(block_rows);
   const RowSumBlock block{block_sums.data(), block_tokens.data(), block_skipped.data(),
-                          block_rows};
+                          block_rows, block_list.data()};
   int64_t skipped = 0;
   for (int64_t p = p_begin; p < p_end; ++p) {
     const int64_t shard = view.first_local_shard + p;
@@ -445,8 +489,7 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
   UpdateShardFromRuns<Optimizer, kSkipNonFinite, kDim>(view, runs.data(), runs.size(),         \
                                                        shard_row, grads, dim, learning_rate,   \
                                                        hypers, clip, table, slots,             \
-                                                       bad_activation_rows, sum.data(), block, \
-                                                       &block_list)
+                                                       bad_activation_rows, sum.data(), block)
       switch (RowWidthBuild(dim)) {
         case 0: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[0]); break;
         case 1: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[1]); break;

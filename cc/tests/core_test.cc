@@ -1655,13 +1655,13 @@ int64_t ReferenceFusedUpdate(const sce::CsrView& view, const float* grads, int64
 
 template <typename Optimizer>
 bool FusedUpdateMatchesReference(const RandomCsr& csr, const float* hypers, int64_t dim,
-                                 uint32_t seed, bool with_bad_rows) {
+                                 uint32_t seed, bool with_bad_rows, size_t bad_stride = 5) {
   const int64_t rows = csr.view.table_rows;
   FloatVec grads(csr.view.input_size * dim);
   for (size_t i = 0; i < grads.size(); ++i) grads[i] = std::sin(0.37f * i + seed) * 0.5f;
   std::vector<uint8_t> bad(csr.view.input_size, 0);
   if (with_bad_rows) {
-    for (size_t r = 0; r < bad.size(); r += 5) bad[r] = 1;
+    for (size_t r = 0; r < bad.size(); r += bad_stride) bad[r] = 1;
   }
   const uint8_t* flags = with_bad_rows ? bad.data() : nullptr;
   TableAndSlots<Optimizer> kernel(rows, dim), reference(rows, dim);
@@ -1676,15 +1676,17 @@ bool FusedUpdateMatchesReference(const RandomCsr& csr, const float* hypers, int6
 }
 
 // The streamed update sums a shard's rows in blocks (sce::RowSumBlock) and applies the optimizer
-// block by block: block boundaries must not change any bit, whatever the width and row count.
+// block by block, and a row whose contributions overflow a block's list is carried into the next
+// block: neither boundary may change any bit, whatever the width and row count.
 void TestFusedUpdateRowSumBlocks() {
-  g_test = "fused update: shards of more rows than a block of summed rows holds give the "
-           "stable-sort reference bit for bit";
+  g_test = "fused update: blocks of summed rows and rows cut by a full list give the stable-sort "
+           "reference bit for bit";
   const float none[1] = {0.0f};
   const int64_t block_floats = sce::kRowSumBlockBytes / static_cast<int64_t>(sizeof(float));
   CHECK(sce::RowSumBlockRows(32) == block_floats / 32);
   CHECK(sce::RowSumBlockRows(block_floats) == 1);
   CHECK(sce::RowSumBlockRows(block_floats + 1) == 1);  // at least one row
+  CHECK(sce::RowSumBlockRows(0) == sce::kListedContributions);  // no more rows than it can list
   // Nine rows per shard: blocks of 3 rows, and of 1 row (width exactly a block, and more).
   for (uint32_t seed = 0; seed < 3; ++seed) {
     RandomCsr csr(seed, 2, 4, 2, 9, 7, true);
@@ -1697,12 +1699,31 @@ void TestFusedUpdateRowSumBlocks() {
       }
     }
   }
-  // Width 32 (a block of 1,024 rows) and shards of up to 3,000 distinct rows.
+  // Up to 3,000 tokens per shard (about 2,000 referenced): more rows than a block of width 16 or
+  // 32 holds (2,048 / 1,024), with the width fixed at compile time and not (33).
   for (uint32_t seed = 0; seed < 2; ++seed) {
     RandomCsr csr(seed, 1, 4, 1, 3000, 2000, true, 1500);
     CHECK_OK(sce::ValidateCsrView(csr.view));
-    for (bool bad_rows : {false, true}) {
-      CHECK(FusedUpdateMatchesReference<sce::AdagradOptimizer>(csr, none, 32, seed, bad_rows));
+    for (int64_t dim : {16, 32, 33}) {
+      for (bool bad_rows : {false, true}) {
+        CHECK(FusedUpdateMatchesReference<sce::AdagradOptimizer>(csr, none, dim, seed,
+                                                                 bad_rows));
+      }
+    }
+  }
+  // 40 tokens per shard and 16 runs of up to 1,500 entries: rows of about 300 contributions, so
+  // the list of 4,096 fills up in the middle of rows, several times per shard.
+  for (uint32_t seed = 0; seed < 2; ++seed) {
+    RandomCsr csr(seed, 2, 4, 2, 40, 2000, true, 1500);
+    CHECK_OK(sce::ValidateCsrView(csr.view));
+    for (int64_t dim : {8, 32, 33}) {
+      for (bool bad_rows : {false, true}) {
+        CHECK(FusedUpdateMatchesReference<sce::SgdOptimizer>(csr, none, dim, seed, bad_rows));
+        CHECK(FusedUpdateMatchesReference<sce::AdagradOptimizer>(csr, none, dim, seed,
+                                                                 bad_rows));
+      }
+      // Few flagged activation rows, so that a cut row's only one can fall before the cut.
+      CHECK(FusedUpdateMatchesReference<sce::AdagradOptimizer>(csr, none, dim, seed, true, 997));
     }
   }
 }
