@@ -113,8 +113,8 @@ __attribute__((always_inline)) inline void PrefetchRow(const float* p, int64_t b
 // in a plain array: gradient rows a number of listed contributions ahead (SumListedRows), table
 // and slot rows a number of summed rows ahead (ApplyRowSums). Measured with bench/kernel_ab.py on
 // the benchmark workload (BENCHMARKS.md, thirteenth round): 16 rows ahead took 3% less time than
-// 8 (4 was 2% slower than 8) and about as long as 32; 32 contributions ahead took about 2% less
-// than 16 and 5% less than 8.
+// 8 (4 was 2% slower than 8), and 32 about 2% less than 16 (faster in only 84 of 150 rounds: kept
+// at 16); 32 contributions ahead took about 2% less than 16 and 5% less than 8.
 constexpr size_t kGradientPrefetchDistance = 12;
 constexpr size_t kRowPrefetchDistance = 24;
 constexpr int64_t kSumPrefetchContributions = 32;
@@ -229,11 +229,11 @@ constexpr int64_t kListedContributions = 4096;
 // gradient rows, the apply pass the table and slot rows, each ahead in a plain array. Done in one
 // loop, the merge had to find the next distinct tokens of every run to prefetch their rows; split,
 // the fused updates took 12-18% less time (bench/kernel_ab.py, BENCHMARKS.md, thirteenth round).
-// A block holds kRowSumBlockBytes of sums (1,024 rows at width 32, at least one row) and
-// kListedContributions contributions: its size depends on neither the batch nor the table, and it
-// stays in L2 between the passes. Unblocked (one pass over the whole shard, then the other) the
+// A block holds at most kRowSumBlockBytes of sums and kListedContributions rows (1,024 rows at
+// width 32), at least one row, and kListedContributions contributions: its size depends on
+// neither the batch nor the table, and it stays in L2 between the passes. Unblocked (one pass over the whole shard, then the other) the
 // gain was half as large; 32 KiB blocks were 2.5% slower than 128 KiB, 512 KiB level. Wide rows
-// make few rows per block (one from width 32,768), so the apply pass's prefetch has less lead
+// make few rows per block (one from width 16,385), so the apply pass's prefetch has less lead
 // there; widths above 64 were not measured.
 struct RowSumBlock {
   float* sums;       // [capacity, dim]
@@ -394,14 +394,13 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
                                                       &listed, &row_cut);
     if (rows == 0) break;
     SumListedRows<kDim>(block, listed, continues_row, dim, runtime_sum);
-    // A cut row is updated once it is whole: its partial sum, token and flag move to row 0.
+    // A cut row is updated once it is whole: its partial sum and skip flag move to row 0.
     const int64_t whole = row_cut ? rows - 1 : rows;
     skipped += ApplyRowSums<Optimizer, kSkipNonFinite>(block, whole, shard_row, dim,
                                                        learning_rate, hypers, clip, table, slots);
-    if (row_cut && whole > 0) {
+    if (row_cut && whole > 0) {  // (the next ListNextRows writes the token again)
       std::copy(block.sums + whole * dim, block.sums + rows * dim, block.sums);
-      block.tokens[0] = block.tokens[whole];
-      block.skipped[0] = block.skipped[whole];
+      if (kSkipNonFinite) block.skipped[0] = block.skipped[whole];
     }
     continues_row = row_cut;
   }
@@ -474,7 +473,7 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
   thread_local std::vector<ListedContribution> block_list(kListedContributions);
   sum.resize(dim);
   const int64_t block_rows = RowSumBlockRows(dim);
-  block_sums.resize(block_rows * dim);  // max(kRowSumBlockBytes, one row)
+  block_sums.resize(block_rows * dim);  // at most kRowSumBlockBytes, or one row
   block_tokens.resize(block_rows);
   block_skipped.resize(block_rows);
   const RowSumBlock block{block_sums.data(), block_tokens.data(), block_skipped.data(),

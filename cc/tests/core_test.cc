@@ -1726,6 +1726,24 @@ void TestFusedUpdateRowSumBlocks() {
       CHECK(FusedUpdateMatchesReference<sce::AdagradOptimizer>(csr, none, dim, seed, true, 997));
     }
   }
+  // Hot rows: one or two tokens per shard, each with thousands of contributions, cut several
+  // times (blocks whose only row continues and is cut again); at width block_floats + 1 a block
+  // holds one row.
+  for (uint32_t seed = 0; seed < 2; ++seed) {
+    for (int64_t tokens : {1, 2}) {
+      RandomCsr csr(seed, 2, 4, 2, tokens, 7, true, 1500);
+      CHECK_OK(sce::ValidateCsrView(csr.view));
+      for (int64_t dim : {8, 32}) {
+        CHECK(FusedUpdateMatchesReference<sce::AdagradOptimizer>(csr, none, dim, seed, false));
+        CHECK(FusedUpdateMatchesReference<sce::AdagradOptimizer>(csr, none, dim, seed, true, 997));
+        CHECK(FusedUpdateMatchesReference<sce::SgdOptimizer>(csr, none, dim, seed, true, 13));
+      }
+      if (seed == 0 && tokens == 1) {  // wide rows cost time: one case
+        CHECK(FusedUpdateMatchesReference<sce::AdagradOptimizer>(csr, none, block_floats + 1,
+                                                                 seed, true, 997));
+      }
+    }
+  }
 }
 
 void TestFusedUpdateMatchesStableSortReference() {
