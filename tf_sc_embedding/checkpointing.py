@@ -25,14 +25,21 @@ once. Instead:
   `LogicalEmbeddingTable`) whose save function writes exactly those keys: it gathers one logical
   table at a time (strided copies from zero-copy views of the shards), writes it with `SaveV2` to
   its own part file and drops it; TensorFlow merges the part files with the rest of the checkpoint
-  (`MergeV2Checkpoints`), so it is still one atomic V2 checkpoint.
+  (`MergeV2Checkpoints`), so it is still one atomic V2 checkpoint. A table taller than
+  `table_storage.LOGICAL_CHUNK_ROWS` is written as row slices of that many rows (TensorFlow's
+  format for partitioned variables, under the same key and full shape): TensorFlow's bundle reader
+  loads a whole stored slice for any read that touches it, so a table stored in one piece would be
+  loaded whole once per chunk that a restore reads. Reading the whole tensor (TensorFlow's own
+  restore, `tf.train.load_variable`) joins the slices.
 * Restoring: the embedding hands out its nodes through `_lookup_dependency` only while a restore
   looks them up; the nodes then match the registered saver, and TensorFlow passes the checkpoint
   key of each node to the registered restore function (its path for checkpoints with a recorded
   attribute but no registered saver). It validates everything first, then reads chunks of rows
-  with `RestoreV2` slices and writes them into the shards in place; under
-  MultiWorkerMirroredStrategy every worker reads only the rows it owns. The registered saver is
-  not strict, so TensorFlow's own classes skip the embedding node and restore the table variables.
+  with `RestoreV2` slices and writes into the shards in place the rows this process holds (under
+  MultiWorkerMirroredStrategy every worker reads every chunk, one at a time, and keeps its own
+  rows: with the mod-sharded layout a worker's rows are interleaved through the whole table). The
+  registered saver is not strict, so TensorFlow's own classes skip the embedding node and restore
+  the table variables.
 * Checkpoints of earlier versions (keys ``<path>/<table>/.ATTRIBUTES/parameters`` and
   ``.../<slot>``, written by the registered saver on each table node) still restore.
 
@@ -59,6 +66,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_sc_embedding import private_tf
+from tf_sc_embedding import table_storage
 from tf_sc_embedding.table_storage import PARAMETERS, as_tensor_zero_copy
 
 SAVER_PACKAGE = "tf_sc_embedding"
@@ -211,19 +219,33 @@ def _layout_record(node):
 
 
 def _saved_items(node):
-    """(kind, nbytes, producer) of the values one table saves now; producer() -> array or tensor."""
+    """(kind, producer) of the values one table saves now; producer() -> array or tensor."""
     embedding = node.embedding
-    height, width = node.logical_shape
-    nbytes = 4 * height * width
+    height, _ = node.logical_shape
     if embedding.built:
-        return [(kind, nbytes, lambda k=kind: embedding.read_logical(node.table_name, k))
+        return [(kind, lambda k=kind: embedding.read_logical(node.table_name, k))
                 for kind in node.kinds]
     items = []   # restored but not built yet: carry the restored values forward
     for kind in node.kinds:
         pending = embedding.pending_restore(node.table_name, kind)
         if pending is not None:
-            items.append((kind, nbytes, lambda p=pending: p(0, height) if callable(p) else p))
+            items.append((kind, lambda p=pending: p(0, height) if callable(p) else p))
     return items
+
+
+def _row_slices(shape):
+    """(first row, rows, SaveV2 slice spec) of the pieces one logical table is written in.
+
+    One piece ("", TensorFlow's whole-tensor spec) up to LOGICAL_CHUNK_ROWS rows; taller tables in
+    row slices of exactly the chunks that restoring reads (TableStorage.write_logical).
+    """
+    height, width = shape
+    chunk = table_storage.LOGICAL_CHUNK_ROWS
+    if height <= chunk:
+        return [(0, height, "")]
+    return [(first, min(chunk, height - first),
+             f"{height} {width} {first},{min(chunk, height - first)}:-")
+            for first in range(0, height, chunk)]
 
 
 def _save_fn(trackables, file_prefix):
@@ -234,11 +256,13 @@ def _save_fn(trackables, file_prefix):
         if not _is_embedding(embedding):
             continue
         for table in embedding.logical_tables_for_checkpoint().values():
-            for kind, nbytes, produce in _saved_items(table):
-                items.append((value_key(object_name, table.table_name, kind), nbytes, produce))
+            height, width = table.logical_shape
+            for kind, produce in _saved_items(table):
+                items.append((value_key(object_name, table.table_name, kind), 4 * height * width,
+                              produce, (height, width)))
     # Group small tables into one SaveV2 call while a group stays within the largest single item,
     # so at most one extra copy of the largest table is ever held.
-    budget = max([n for _, n, _ in items] + [1])
+    budget = max([item[1] for item in items] + [1])
     groups, current, size = [], [], 0
     for item in items:
         if current and size + item[1] > budget:
@@ -252,10 +276,17 @@ def _save_fn(trackables, file_prefix):
     with tf.device("CPU:0"):
         for i, group in enumerate(groups):
             part = (file_prefix + f"_part{i}") if prefix is None else f"{prefix}_part{i}"
-            tensors = [as_tensor_zero_copy(produce()) if tf.executing_eagerly() else produce()
-                       for _, _, produce in group]
-            tf.raw_ops.SaveV2(prefix=part, tensor_names=[k for k, _, _ in group],
-                              shape_and_slices=[""] * len(group), tensors=tensors)
+            names, specs, tensors = [], [], []
+            for key, _, produce, shape in group:
+                value = produce()
+                for first, rows, spec in _row_slices(shape):
+                    piece = value if not spec else value[first:first + rows]
+                    names.append(key)
+                    specs.append(spec)
+                    tensors.append(as_tensor_zero_copy(piece) if tf.executing_eagerly() else piece)
+                del value
+            tf.raw_ops.SaveV2(prefix=part, tensor_names=names, shape_and_slices=specs,
+                              tensors=tensors)
             del tensors
             prefixes.append(tf.convert_to_tensor(part))
     return prefixes

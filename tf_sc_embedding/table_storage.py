@@ -18,7 +18,8 @@ logical [vocabulary_size, dim] view of every user table and slot:
   bounded chunks and keeps only its own rows.
 * variables are created as TensorFlow-owned zeros and filled in place, one member table at a
   time (an initializer is evaluated at the logical shape, so a seeded initializer gives the same
-  logical table on any topology), or from a deferred checkpoint restore.
+  logical table on any topology; one that accepts `shard_info` is evaluated in chunks of rows),
+  or from a deferred checkpoint restore.
 
 Small tables may instead be *replicated* (layout.EmbeddingPlan): laid out as for one replica
 and held whole by every replica; reading them needs no collective, writing writes every copy.
@@ -34,9 +35,9 @@ from tf_sc_embedding import private_tf
 
 PARAMETERS = "parameters"
 
-# Rows generated per call for initializers that accept `shard_info` (bounds peak memory), and rows
-# read per chunk when restoring from a checkpoint or other logical source.
-_SHARD_INFO_CHUNK_ROWS = 1 << 20
+# Logical rows handled at a time when a table is filled from a source of logical rows: an
+# initializer that accepts `shard_info`, a checkpoint (which also stores tall tables in row slices
+# of this size, see checkpointing.py), or another chunk reader.
 LOGICAL_CHUNK_ROWS = 1 << 20
 _ALIGN = 64            # EIGEN_MAX_ALIGN_BYTES
 
@@ -49,25 +50,35 @@ def _accepts_shard_info(initializer):
         return False
 
 
-def _call_initializer(initializer, shape, what):
-    """Evaluates an initializer at a logical shape; chunked through `shard_info` when supported."""
+def _initial_rows(initializer, shape, what):
+    """A reader (first, stop) -> rows of the initial logical values of shape [height, width].
+
+    An initializer that accepts `shard_info` (TensorFlow's protocol for partitioned variables) is
+    evaluated one chunk of rows per call, so only that chunk is held. Any other initializer is
+    evaluated once at the whole logical shape: a seeded random initializer defines the values of
+    that shape only, and evaluating it there gives the same logical table on every topology.
+    """
     if initializer is None:
         initializer = tf.initializers.TruncatedNormal(mean=0.0, stddev=1 / np.sqrt(shape[1]))
     if _accepts_shard_info(initializer):
-        chunks = []
-        for start in range(0, shape[0], _SHARD_INFO_CHUNK_ROWS):
-            rows = min(_SHARD_INFO_CHUNK_ROWS, shape[0] - start)
-            info = private_tf.ShardInfo(shape=[rows, shape[1]], offset=[start, 0])
-            chunks.append(np.asarray(initializer(shape, tf.float32, shard_info=info), np.float32))
-        value = np.concatenate(chunks) if chunks else np.zeros(shape, np.float32)
-    else:
-        try:
-            value = initializer(shape=shape, dtype=tf.float32)
-        except TypeError:
-            value = initializer(shape, tf.float32)
-        value = np.asarray(value, dtype=np.float32)
+        def read_chunk(first, stop):
+            info = private_tf.ShardInfo(shape=[stop - first, shape[1]], offset=[first, 0])
+            return _checked(initializer(shape, tf.float32, shard_info=info),
+                            (stop - first, shape[1]), what)
+        return read_chunk
+    try:
+        value = initializer(shape=shape, dtype=tf.float32)
+    except TypeError:
+        value = initializer(shape, tf.float32)
+    value = _checked(value, tuple(shape), what)
+    return lambda first, stop: value[first:stop]
+
+
+def _checked(value, shape, what):
+    value = np.asarray(value, dtype=np.float32)
     if value.shape != tuple(shape):
-        raise ValueError(f"{what}: the initializer returned shape {value.shape}, expected {shape}")
+        raise ValueError(f"{what}: the initializer returned shape {value.shape}, expected "
+                         f"{list(shape)}")
     return value
 
 
@@ -280,17 +291,17 @@ class TableStorage:
                 continue
             layout = table.layout
             if kind == PARAMETERS:
-                logical = _call_initializer(table.config.initializer,
-                                            [layout.height, layout.width], f"table '{table.name}'")
-                height = layout.height
+                shape = [layout.height, layout.width]
+                read = _initial_rows(table.config.initializer, shape, f"table '{table.name}'")
             else:   # slots are initialized over the whole padded region, like on SparseCore
-                logical = _call_initializer(slot_initializers[kind],
-                                            [layout.padded_height, layout.padded_width],
-                                            f"slot '{kind}' of '{table.name}'")
-                height = layout.padded_height
-            self._place(views, table.name, 0, logical, height_limit=height,
-                        width=logical.shape[1])
-            del logical
+                shape = [layout.padded_height, layout.padded_width]
+                read = _initial_rows(slot_initializers[kind], shape,
+                                    f"slot '{kind}' of '{table.name}'")
+            for first in range(0, shape[0], LOGICAL_CHUNK_ROWS):
+                self._place(views, table.name, first,
+                            read(first, min(shape[0], first + LOGICAL_CHUNK_ROWS)),
+                            height_limit=shape[0], width=shape[1])
+            del read
         del views   # drop the views: the variables' buffers are exclusively theirs again
         return sharded
 

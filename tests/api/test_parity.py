@@ -610,6 +610,29 @@ def test_replicated_tables_train_like_the_references(optimizer_name, combiner, k
     assert {t for t, p in plan.items() if p == "replicated"} == set(replicated)
 
 
+@pytest.mark.parametrize("optimizer_name,combiner,replicas", [
+    ("adagrad", "sum", 2), ("adam", "mean", 4), ("ftrl", "sqrtn", 2)])
+def test_replicated_tables_equal_the_sharded_path_to_1e6(optimizer_name, combiner, replicas):
+    """The sparse allreduce of replicated tables and the all-to-all of sharded ones differ only in
+    the order of float32 sums: activations, tables and slots agree to 1e-6 relative."""
+    sharded, _, sharded_acts = run_parity(optimizer_name, combiner, "ragged", True, replicas)
+    replicated, _, replicated_acts = run_parity(optimizer_name, combiner, "ragged", True,
+                                                replicas, replicated=tuple(t.name for t in TABLES))
+    assert set(replicated.embedding.placement_plan.values()) == {"replicated"}
+    assert set(sharded.embedding.placement_plan.values()) == {"sharded"}
+    close = dict(rtol=1e-6, atol=1e-7)
+    for step, (a, b) in enumerate(zip(replicated_acts, sharded_acts)):
+        for k in b:
+            np.testing.assert_allclose(a[k], b[k], err_msg=f"step {step}, {k}", **close)
+    for name, value in sharded.logical_tables().items():
+        np.testing.assert_allclose(replicated.logical_tables()[name], value, err_msg=name,
+                                   **close)
+    for name, slots in sharded.logical_slots().items():
+        for slot, value in slots.items():
+            np.testing.assert_allclose(replicated.logical_slots()[name][slot], value,
+                                       err_msg=f"{name}/{slot}", **close)
+
+
 @pytest.mark.parametrize("optimizer_name,replicas", [("sgd", 2), ("adam", "none"), ("ftrl", 1)])
 def test_weight_clipping_is_applied(optimizer_name, replicas):
     """Our choice: clip_weight_min/max clip the new table rows (never the slots)."""
@@ -694,6 +717,38 @@ def test_seeded_initializer_gives_same_logical_tables_on_any_replica_count(make_
                                           err_msg=f"{name} on {replicas} replicas")
             for s in ("accumulators", "linears"):
                 np.testing.assert_array_equal(slots[name][s], base_slots[name][s])
+
+
+def test_shard_info_initializer_is_evaluated_one_chunk_of_rows_at_a_time(monkeypatch):
+    """An initializer that accepts `shard_info` is called per chunk of logical rows (never at
+    the whole shape), and the chunks land at their logical rows on every replica count."""
+    skip_without_devices(4)
+    from tf_sc_embedding import table_storage  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(table_storage, "LOGICAL_CHUNK_ROWS", 16)
+    vocab, dim = 70, 3
+    expected = np.arange(vocab * dim, dtype=np.float32).reshape(vocab, dim) / 100.0
+
+    class RowIndexInitializer:  # value = logical position, computed from the chunk's offset
+        def __init__(self):
+            self.calls = []
+
+        def __call__(self, shape, dtype=None, shard_info=None):
+            self.calls.append((tuple(shard_info.shape), tuple(shard_info.offset)))
+            first, rows = shard_info.offset[0], shard_info.shape[0]
+            return tf.constant(expected[first:first + rows])
+
+    for replicas in (1, 4):
+        initializer = RowIndexInitializer()
+        table = E.TableConfig(vocabulary_size=vocab, dim=dim, initializer=initializer,
+                              combiner="sum", name="t")
+        with make_strategy(replicas).scope():
+            embedding = sce.TPUEmbeddingV2({"f": E.FeatureConfig(table=table)},
+                                           make_optimizer("sgd"), replication_threshold_bytes=0)
+            embedding.build(per_replica_batch_size=4)
+        assert initializer.calls == [((16, dim), (0, 0)), ((16, dim), (16, 0)),
+                                     ((16, dim), (32, 0)), ((16, dim), (48, 0)),
+                                     ((6, dim), (64, 0))]
+        np.testing.assert_array_equal(embedding.logical_tables()["t"], expected)
 
 
 def _config_state(obj):

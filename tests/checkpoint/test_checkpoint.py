@@ -125,6 +125,35 @@ def test_restore_every_replica_pair(saved, source, target, built):
     restore_and_compare(saved, source, target, built)
 
 
+@pytest.mark.parametrize("save_chunk,restore_chunk", [(64, 64), (64, 48)])
+@pytest.mark.parametrize("built", [True, False], ids=["built", "deferred"])
+def test_tall_tables_are_saved_in_row_slices(tmp_path, monkeypatch, save_chunk, restore_chunk,
+                                             built):
+    """Tables taller than a restore chunk are stored as row slices of that many rows (TensorFlow
+    loads a whole stored slice for any read of it), still one logical tensor to every reader."""
+    require_replicas(2)
+    monkeypatch.setattr(sharded_tables, "LOGICAL_CHUNK_ROWS", save_chunk)
+    embedding = trained(2)
+    expected = ckpt_lib.state(embedding)
+    path = tf.train.Checkpoint(embedding=embedding).save(str(tmp_path / "ckpt"))
+    entries = tf.compat.v1.train.NewCheckpointReader(path).debug_string().decode("latin-1")
+    dim = ckpt_lib.DIM["item"]
+    # "item" (1000 rows): 15 slices of 64 rows and one of 40, for its parameters and accumulator.
+    assert entries.count(f"[{save_chunk},{dim}]") == 2 * 15
+    assert entries.count(f"[{1000 % save_chunk},{dim}]") == 2
+    assert f"[{ckpt_lib.VOCAB['user']},{ckpt_lib.DIM['user']}]" in entries   # short: one piece
+    key = "embedding/item/.ATTRIBUTES/VARIABLE_VALUE"
+    np.testing.assert_array_equal(tf.train.load_checkpoint(path).get_tensor(key),
+                                  expected["item/parameters"])
+    monkeypatch.setattr(sharded_tables, "LOGICAL_CHUNK_ROWS", restore_chunk)
+    _, restored = ckpt_lib.make_embedding(1, build=built)
+    status = tf.train.Checkpoint(embedding=restored).restore(path)
+    if not built:
+        restored.build(per_replica_batch_size=ckpt_lib.GLOBAL_BATCH)
+    status.assert_consumed()
+    assert_states_equal(expected, ckpt_lib.state(restored))
+
+
 def test_deferred_restore_never_runs_the_initializers(saved, monkeypatch):
     require_replicas(2)
     path, expected = saved(2, True)
@@ -138,8 +167,8 @@ def test_deferred_restore_never_runs_the_initializers(saved, monkeypatch):
     _, embedding = ckpt_lib.make_embedding(4, False, build=False,
                                            initializer=lambda name: CountingInitializer())
     tf.train.Checkpoint(embedding=embedding).restore(path).assert_consumed()
-    original = sharded_tables._call_initializer
-    monkeypatch.setattr(sharded_tables, "_call_initializer",
+    original = sharded_tables._initial_rows
+    monkeypatch.setattr(sharded_tables, "_initial_rows",
                         lambda *a, **k: calls.append(a) or original(*a, **k))
     embedding.build(per_replica_batch_size=ckpt_lib.GLOBAL_BATCH // 4)
     assert calls == []                                 # no table or slot initializer ran
