@@ -12,6 +12,7 @@ worker saves, the chief to the real directory) and resumes from the latest check
 import argparse
 import json
 import os
+import shutil
 import tempfile
 import time
 
@@ -133,6 +134,8 @@ def main():
         path = checkpoint.save(os.path.join(directory, "ckpt"))
         if chief:
             print(f"saved {path}")
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import dataclasses
 import threading
 
 import tensorflow as tf
+from absl import logging
 
 from tf_sc_embedding import checkpointing
 from tf_sc_embedding import collectives
@@ -46,7 +47,15 @@ def _choose_exchange(exchange, num_replicas, sparse_core_config):
     limits = sparse_core_config is not None and (
         sparse_core_config.max_ids_per_table or sparse_core_config.max_unique_ids_per_table or
         sparse_core_config.allow_id_dropping)
-    return "all_gather" if limits else "all_to_all"
+    if limits:
+        # Worth a line in the log: all-gather sends bytes that grow with the replica count.
+        logging.info("tf_sc_embedding: exchange='auto' picked 'all_gather' over %d replicas: "
+                     "SparseCoreEmbeddingConfig sets per-partition limits (max_ids_per_table, "
+                     "max_unique_ids_per_table or allow_id_dropping), which only that exchange "
+                     "implements. Without them it would pick 'all_to_all'; see "
+                     "docs/multi_worker.md#exchange.", num_replicas)
+        return "all_gather"
+    return "all_to_all"
 
 
 def _has_distributed_values(*structures):
@@ -78,7 +87,8 @@ class TPUEmbeddingV2(tf.Module):
         this many bytes (vocabulary_size x dim x 4) are replicated: every replica holds the whole
         table, looks it up locally and applies the same update after a sparse allreduce of the
         touched rows. 0 shards every table.
-      table_placement: {table name: "sharded" | "replicated"}, overriding the threshold.
+      table_placement: {table name (or TableConfig): "sharded" | "replicated"}, overriding the
+        threshold.
       track_sparse_core_stats: measure every enqueued batch's SparseCore partition statistics
         of the sharded tables (`sparse_core_stats`, TensorBoard summaries; see
         tf_sc_embedding/stats.py).
@@ -817,9 +827,22 @@ def _as_reader(value):
     return lambda first, stop: value[first:stop]
 
 
+def placement_by_name(overrides):
+    """table_placement keyed by table name; a key may also be the table's TableConfig."""
+    by_name = {}
+    for key, placement in dict(overrides).items():
+        name = key.name if isinstance(key, tf.tpu.experimental.embedding.TableConfig) else key
+        if not isinstance(name, str):
+            raise ValueError(f"table_placement keys must be table names or TableConfig objects, "
+                             f"got {key!r} ({type(key).__name__})")
+        by_name[name] = placement
+    return by_name
+
+
 def _replicated_tables(feature_config, threshold_bytes, overrides):
     """Names of the tables to replicate: at most threshold_bytes of parameters, or overridden."""
     names = table_names(feature_config)
+    overrides = placement_by_name(overrides)
     unknown = set(overrides) - set(names)
     if unknown:
         raise ValueError(f"table_placement names unknown tables {sorted(unknown)}; the tables "

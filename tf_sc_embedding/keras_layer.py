@@ -63,9 +63,11 @@ from tensorflow.python.util import nest
 import keras
 
 from tf_sc_embedding import checkpointing
+from tf_sc_embedding import collectives
 from tf_sc_embedding import keras_compat
 from tf_sc_embedding import keras_config
-from tf_sc_embedding.embedding import TPUEmbeddingV2
+from tf_sc_embedding.embedding import (DEFAULT_REPLICATION_THRESHOLD_BYTES, TPUEmbeddingV2,
+                                       placement_by_name)
 from tf_sc_embedding.layout import DEFAULT_SPARSE_CORES_PER_REPLICA
 
 _TABLE_KEY = "table:{table}:{kind}"
@@ -132,8 +134,9 @@ class EmbeddingLayer(keras.layers.Layer):
       batch_size: optional global batch size; builds the tables now (per-replica batch =
         batch_size / replicas). Otherwise they are built at the first call.
       sparse_core_embedding_config, sparse_cores_per_replica, non_finite_gradients,
-        adapt_sparse_core_limits, pipeline_execution_with_tensor_core: as for `TPUEmbeddingV2`
-        (saved in the layer's config).
+        adapt_sparse_core_limits, pipeline_execution_with_tensor_core, exchange,
+        replication_threshold_bytes, table_placement, collective_timeout_seconds: as for
+        `TPUEmbeddingV2` (saved in the layer's config; table_placement keyed by table name).
     Call: ``layer(features, weights=None, training=None)`` -> activations with the structure of
       `feature_config`: [batch, dim] per ragged, sparse or 1-D dense feature, [batch, n, dim] per
       2-D dense feature. `features` may also be what `preprocess` returned (then `weights` must
@@ -146,7 +149,10 @@ class EmbeddingLayer(keras.layers.Layer):
                  sparse_core_embedding_config=None,
                  sparse_cores_per_replica=DEFAULT_SPARSE_CORES_PER_REPLICA,
                  non_finite_gradients="error", adapt_sparse_core_limits=False,
-                 pipeline_execution_with_tensor_core=False, **kwargs):
+                 pipeline_execution_with_tensor_core=False, exchange="auto",
+                 replication_threshold_bytes=DEFAULT_REPLICATION_THRESHOLD_BYTES,
+                 table_placement=None,
+                 collective_timeout_seconds=collectives.DEFAULT_TIMEOUT_SECONDS, **kwargs):
         super().__init__(**kwargs)
         self._feature_config = feature_config
         self._embedding_kwargs = dict(
@@ -154,7 +160,10 @@ class EmbeddingLayer(keras.layers.Layer):
             sparse_cores_per_replica=sparse_cores_per_replica,
             non_finite_gradients=non_finite_gradients,
             adapt_sparse_core_limits=adapt_sparse_core_limits,
-            pipeline_execution_with_tensor_core=pipeline_execution_with_tensor_core)
+            pipeline_execution_with_tensor_core=pipeline_execution_with_tensor_core,
+            exchange=exchange, replication_threshold_bytes=replication_threshold_bytes,
+            table_placement=placement_by_name(table_placement or {}),
+            collective_timeout_seconds=collective_timeout_seconds)
         self.embedding = TPUEmbeddingV2(feature_config, **self._embedding_kwargs)
         self._num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
         # The scalar trainable variable that puts the tables' update on Keras's gradient path.
@@ -210,7 +219,11 @@ class EmbeddingLayer(keras.layers.Layer):
             sparse_cores_per_replica=kwargs["sparse_cores_per_replica"],
             non_finite_gradients=kwargs["non_finite_gradients"],
             adapt_sparse_core_limits=kwargs["adapt_sparse_core_limits"],
-            pipeline_execution_with_tensor_core=kwargs["pipeline_execution_with_tensor_core"])
+            pipeline_execution_with_tensor_core=kwargs["pipeline_execution_with_tensor_core"],
+            exchange=kwargs["exchange"],
+            replication_threshold_bytes=kwargs["replication_threshold_bytes"],
+            table_placement=dict(kwargs["table_placement"]),
+            collective_timeout_seconds=kwargs["collective_timeout_seconds"])
         return config
 
     @classmethod

@@ -466,10 +466,21 @@ def test_parameter_server_strategy_is_rejected():
 
 
 @pytest.mark.parametrize("placement,match", [
-    ({"nope": "replicated"}, "unknown tables"), ({"t": "mirrored"}, "must be 'sharded'")])
+    ({"nope": "replicated"}, "unknown tables"), ({"t": "mirrored"}, "must be 'sharded'"),
+    ({3: "replicated"}, "keys must be table names or TableConfig objects, got 3"),
+    ({E.TableConfig(vocabulary_size=16, dim=4, name="u"): "replicated"}, r"unknown tables \['u'\]")])
 def test_bad_table_placement_names_the_table(placement, match):
     with pytest.raises(ValueError, match=match):
         sce.TPUEmbeddingV2(_one_table_config(), E.SGD(0.1), table_placement=placement)
+
+
+def test_table_placement_accepts_table_configs_as_keys():
+    skip_without_devices(2)
+    config = _one_table_config()
+    table = config["f"].table
+    with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+        embedding = sce.TPUEmbeddingV2(config, E.SGD(0.1), table_placement={table: "replicated"})
+    assert embedding.placement_plan == {"t": "replicated"}
 
 
 def test_placement_plan_follows_the_threshold_and_overrides():

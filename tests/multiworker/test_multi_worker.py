@@ -134,6 +134,17 @@ def test_replicated_table_over_workers_trains_like_sharded(tmp_path):
         assert held[f"shard_rows/small/parameters/replica_{i}:0"] >= 37, held
 
 
+@pytest.mark.slow
+def test_all_gather_exchange_over_workers_trains_like_all_to_all(tmp_path):
+    """exchange="all_gather" (what "auto" picks when SparseCore limits are set) over 2 worker
+    processes: the tables of one process's all-to-all run, up to the order of float32 sums."""
+    out, codes = run_cluster(tmp_path, "cluster", 2, ["--exchange", "all_gather"])
+    check_ok(out, codes)
+    reference = tables(run_single(tmp_path, "single", 2))
+    for i in range(2):
+        assert_tables_close(tables(out, i), reference)
+
+
 @pytest.mark.parametrize("replicate", [pytest.param("", marks=pytest.mark.slow), "small"],
                          ids=["sharded", "replicated"])
 def test_pipelined_workers_train_like_one_pipelined_process(tmp_path, replicate):
@@ -281,6 +292,8 @@ def test_keras_fit_under_multi_worker_is_rejected_with_the_custom_loop_recipe(tm
 
 
 def test_keras_layer_custom_loop_under_two_workers_trains_complete_tables(tmp_path):
+    """A table sharded over 2 workers, trained through the layer in a custom loop: both workers
+    read the complete table, and the chief's Keras weight file restores it in one process."""
     ports = ",".join(str(p) for p in free_ports(2))
     logs = [open(tmp_path / f"log_{i}.txt", "w") for i in range(2)]
     processes = [subprocess.Popen([sys.executable, KERAS_WORKER, "--mode", "ctl", "--ports", ports,
@@ -301,3 +314,10 @@ def test_keras_layer_custom_loop_under_two_workers_trains_complete_tables(tmp_pa
     assert np.all(np.abs(first[touched] - 0.1).max(axis=1) > 1e-4)
     untouched = np.setdiff1d(np.arange(64), touched)
     np.testing.assert_array_equal(first[untouched], np.full((len(untouched), 4), 0.1, np.float32))
+    # The chief's Keras weight file holds the complete table: one process loads the same values.
+    with open(tmp_path / "log_load.txt", "w") as log:
+        codes = wait_all([subprocess.Popen(
+            [sys.executable, KERAS_WORKER, "--mode", "load", "--out", str(tmp_path)], stdout=log,
+            stderr=subprocess.STDOUT, env=_env(), start_new_session=True)])
+    assert codes == [0], (tmp_path / "log_load.txt").read_text()[-3000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "keras_loaded.npz")["t"], first)
