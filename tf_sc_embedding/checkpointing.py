@@ -248,6 +248,23 @@ def _row_slices(shape):
             for first in range(0, height, chunk)]
 
 
+def _save_arguments(group):
+    """SaveV2's (tensor names, slice specs, tensors) for a group of (key, nbytes, producer, shape).
+
+    A function of its own so that no local name outlives it: a row slice is a view that keeps
+    its whole table alive, and a lingering one would hold that table through the next group.
+    """
+    names, specs, tensors = [], [], []
+    for key, _, produce, shape in group:
+        value = produce()
+        for first, rows, spec in _row_slices(shape):
+            piece = value if not spec else value[first:first + rows]
+            names.append(key)
+            specs.append(spec)
+            tensors.append(as_tensor_zero_copy(piece) if tf.executing_eagerly() else piece)
+    return names, specs, tensors
+
+
 def _save_fn(trackables, file_prefix):
     """Registered save function of embeddings: one logical table in memory at a time."""
     prefix = _as_str(file_prefix)
@@ -276,18 +293,10 @@ def _save_fn(trackables, file_prefix):
     with tf.device("CPU:0"):
         for i, group in enumerate(groups):
             part = (file_prefix + f"_part{i}") if prefix is None else f"{prefix}_part{i}"
-            names, specs, tensors = [], [], []
-            for key, _, produce, shape in group:
-                value = produce()
-                for first, rows, spec in _row_slices(shape):
-                    piece = value if not spec else value[first:first + rows]
-                    names.append(key)
-                    specs.append(spec)
-                    tensors.append(as_tensor_zero_copy(piece) if tf.executing_eagerly() else piece)
-                del value
+            names, specs, tensors = _save_arguments(group)
             tf.raw_ops.SaveV2(prefix=part, tensor_names=names, shape_and_slices=specs,
                               tensors=tensors)
-            del tensors
+            del tensors   # the group's tables: the only references left
             prefixes.append(tf.convert_to_tensor(part))
     return prefixes
 
