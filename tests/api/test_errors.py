@@ -1,12 +1,14 @@
 """Clear errors of `tf_sc_embedding.TPUEmbeddingV2`: bad configs, bad inputs, bad ids, and a
 failing step must leave every table and slot exactly as it was."""
 import copy
+import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_sc_embedding as sce
+from tf_sc_embedding import collectives
 from test_parity import (FEATURES, TABLES, Trainer, loss_of, make_optimizer, random_steps,
                          skip_without_devices)
 
@@ -456,13 +458,48 @@ def test_unsupported_strategy_is_rejected_naming_the_supported_ones():
 
 
 def test_parameter_server_strategy_is_rejected():
-    from tf_sc_embedding import collectives  # pylint: disable=import-outside-toplevel
 
     class ParameterServerStrategyV2:   # what strategy_replicas sees of a PS strategy
         num_replicas_in_sync = 1
 
     with pytest.raises(ValueError, match="ParameterServerStrategy.*supported strategies"):
         collectives.strategy_replicas(ParameterServerStrategyV2())
+
+
+class _FakeMultiWorker(tf.distribute.MultiWorkerMirroredStrategy):
+    """What strategy_replicas reads of a MultiWorkerMirroredStrategy, without starting a server."""
+
+    def __init__(self, replicas, local_devices, cluster, task_type, task_id):  # pylint: disable=super-init-not-called
+        self._fake = (replicas, list(local_devices),
+                      tf.distribute.cluster_resolver.SimpleClusterResolver(
+                          tf.train.ClusterSpec(cluster), task_type=task_type, task_id=task_id))
+
+    num_replicas_in_sync = property(lambda self: self._fake[0])
+    extended = property(lambda self: types.SimpleNamespace(worker_devices=self._fake[1]))
+    cluster_resolver = property(lambda self: self._fake[2])
+
+
+_CLUSTER = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
+
+
+def test_replica_ids_follow_the_cluster_chief_first_then_workers():
+    device = "/job:worker/replica:0/task:1/device:CPU:0"
+    found = collectives.strategy_replicas(_FakeMultiWorker(3, [device], _CLUSTER, "worker", 1))
+    assert found == collectives.StrategyReplicas(num_replicas=3, local_replica_ids=(2,),
+                                                 local_devices=(device,), num_workers=3,
+                                                 worker_index=2)
+    chief = collectives.strategy_replicas(_FakeMultiWorker(3, ["d"], _CLUSTER, "chief", 0))
+    assert chief.local_replica_ids == (0,) and chief.worker_index == 0
+
+
+@pytest.mark.parametrize("replicas,devices,task,match", [
+    (4, ["d"], ("worker", 0), r"4 replicas but 3 worker\(s\) x 1 local device"),
+    (3, ["d0", "d1"], ("worker", 0), r"3 replicas but 3 worker\(s\) x 2 local device"),
+    (3, ["d"], ("evaluator", 0), r"task \('evaluator', 0\) of the cluster runs no replica"),
+])
+def test_cluster_and_replica_mismatches_are_errors_not_fallbacks(replicas, devices, task, match):
+    with pytest.raises(ValueError, match=match):
+        collectives.strategy_replicas(_FakeMultiWorker(replicas, devices, _CLUSTER, *task))
 
 
 @pytest.mark.parametrize("placement,match", [

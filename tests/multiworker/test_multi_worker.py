@@ -234,6 +234,15 @@ def test_checkpoint_from_two_workers_restores_into_four(tmp_path):
     check_ok(out, codes)
     for i in range(4):
         assert_tables_close(tables(out, i), tables(first, 0))
+    # Training continues on 4 workers like one process of 4 replicas restored from the same file.
+    resumed = ["--restore", path, "--steps", "2", "--first-step", "2"]
+    out, codes = run_cluster(tmp_path, "four_resumed", 4, resumed)
+    check_ok(out, codes)
+    reference = tables(run_single(tmp_path, "single_resumed", 4, resumed))
+    assert any(not np.allclose(reference[k], tables(first, 0)[k]) for k in reference
+               if not k.startswith("shard_rows/"))                  # the two steps changed it
+    for i in range(4):
+        assert_tables_close(tables(out, i), reference)
 
 
 def test_killed_worker_fails_the_others_and_a_restart_resumes(tmp_path):
@@ -262,6 +271,11 @@ def test_killed_worker_fails_the_others_and_a_restart_resumes(tmp_path):
         code = processes[0].wait(timeout=90)
         assert code != 0
         assert time.monotonic() - started < 90
+        # ... with the error of a collective that lost its peer, not some unrelated failure.
+        survivor = (out / "log_0.txt").read_text()
+        assert re.search(r"Collective ops is aborted|DeadlineExceeded|UnavailableError|"
+                         r"Connection reset|failed to connect|timed out", survivor), \
+            survivor[-3000:]
     finally:
         for p in processes:
             if p.poll() is None:
