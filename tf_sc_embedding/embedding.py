@@ -27,7 +27,8 @@ from tf_sc_embedding import sharded_lookup as all_gather_exchange
 from tf_sc_embedding.ops import gradient_check
 from tf_sc_embedding.layout import (DEFAULT_SPARSE_CORES_PER_REPLICA, REPLICATED, SHARDED,
                                     EmbeddingPlan, flat_feature_paths, table_names)
-from tf_sc_embedding.table_storage import PARAMETERS, TableStorage, as_tensor_zero_copy
+from tf_sc_embedding.table_storage import (PARAMETERS, PendingRestore, TableStorage,
+                                           as_tensor_zero_copy)
 
 EXCHANGES = ("auto", "all_to_all", "all_gather")
 NON_FINITE_GRADIENTS = ("error", "skip")
@@ -146,7 +147,7 @@ class TPUEmbeddingV2(tf.Module):
         config_layout = self._check_config()
         # Checkpoint nodes, one per user table, named by table (see checkpointing.py). They exist
         # before build() so that a checkpoint restored early is consumed by build().
-        self._pending_restore = {}
+        self._pending_restore = PendingRestore()
         self._logical_nodes = {
             t.name: checkpointing.LogicalTable(self, t.name, t.config, t.optimizer.slot_names)
             for s in config_layout.stacked_tables.values() for t in s.tables}
@@ -195,9 +196,8 @@ class TPUEmbeddingV2(tf.Module):
                         f"({self._num_replicas} x {self._sparse_cores})")
                 shapes[path] = shape
             plan = self._make_plan(shapes)
-            pending = self._pending_restore
             storage = TableStorage(plan, self._group)
-            storage.create(lambda table, kind: _as_reader(pending.get(table, {}).get(kind)))
+            storage.create(self._pending_restore.reader)
             self._group.create_variables()
             self._storage = storage
             self._plan = plan
@@ -209,7 +209,7 @@ class TPUEmbeddingV2(tf.Module):
                 if self._adapt_limits:
                     self._online_limits = online_limits_lib.OnlineLimits(
                         self._stats, self._sparse_core_config)
-            self._pending_restore = {}
+            self._pending_restore.clear()
 
     def _output_shapes_of(self, flat_features):
         shapes = []
@@ -351,8 +351,7 @@ class TPUEmbeddingV2(tf.Module):
         """
         with self._build_lock:
             if self._plan is None:
-                for name, kinds in values.items():
-                    self._pending_restore.setdefault(name, {}).update(kinds)
+                self._pending_restore.add(values)
                 return
         with tf.init_scope():
             if self._stash is not None:   # a kept update belongs to the tables being replaced
@@ -363,7 +362,7 @@ class TPUEmbeddingV2(tf.Module):
 
     def pending_restore(self, table_name, kind):
         """The reader or value a deferred restore holds for a table (None if there is none)."""
-        return self._pending_restore.get(table_name, {}).get(kind)
+        return self._pending_restore.get(table_name, kind)
 
     def num_skipped_gradient_rows(self):
         """Rows left unchanged since build because their gradient was not finite.
@@ -818,13 +817,6 @@ class TPUEmbeddingV2(tf.Module):
                              "embedding_lookup of this embedding in the same step (stacked "
                              f"tables {sorted(self._plan.stacked_tables)}); got "
                              f"{type(preserved).__name__}")
-
-
-def _as_reader(value):
-    """A deferred-restore source as a chunk reader (first_row, stop) -> rows (None stays None)."""
-    if value is None or callable(value):
-        return value
-    return lambda first, stop: value[first:stop]
 
 
 def placement_by_name(overrides):

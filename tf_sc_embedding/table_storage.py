@@ -19,7 +19,7 @@ logical [vocabulary_size, dim] view of every user table and slot:
 * variables are created as TensorFlow-owned zeros and filled in place, one member table at a
   time (an initializer is evaluated at the logical shape, so a seeded initializer gives the same
   logical table on any topology; one that accepts `shard_info` is evaluated in chunks of rows),
-  or from a deferred checkpoint restore.
+  or from a deferred restore: `PendingRestore` keeps what was restored before the tables exist.
 
 Small tables may instead be *replicated* (layout.EmbeddingPlan): laid out as for one replica
 and held whole by every replica; reading them needs no collective, writing writes every copy.
@@ -199,6 +199,37 @@ class _Blocks:
 
 
 # --------------------------------------------------------------------------------- the owner
+class PendingRestore:
+    """Logical values restored before the tables exist; `TableStorage.create` consumes them.
+
+    Holds, per table and kind, a numpy array or a chunk reader (first_row, stop) -> rows (a
+    checkpoint's, so nothing is read before the tables are built). A later value wins per table
+    and kind.
+    """
+
+    def __init__(self):
+        self._values = {}
+
+    def add(self, values):
+        """values: {table name: {kind: array or reader}}."""
+        for name, kinds in values.items():
+            self._values.setdefault(name, {}).update(kinds)
+
+    def get(self, table_name, kind):
+        """The array or reader held for a table's parameters or slot, or None."""
+        return self._values.get(table_name, {}).get(kind)
+
+    def reader(self, table_name, kind):
+        """What `TableStorage.create` reads: a chunk reader, or None if nothing is held."""
+        value = self.get(table_name, kind)
+        if value is None or callable(value):
+            return value
+        return lambda first, stop: value[first:stop]
+
+    def clear(self):
+        self._values = {}
+
+
 class TableStorage:
     """Variables of every stacked table and slot held by this process, and their logical views."""
 
