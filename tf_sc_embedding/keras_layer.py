@@ -430,30 +430,48 @@ class EmbeddingLayer(keras.layers.Layer):
                 store[_TABLE_KEY.format(table=name, kind=kind)] = value
 
     def load_own_variables(self, store):
+        """Keras weight files: every shape is checked before any table is written.
+
+        Keras's store reads a whole array per key. Into built tables the arrays are read one at a
+        time (once for the shape check, once to write), so memory holds one table, not all of
+        them; before build() they are all kept until the tables exist (the file is closed by then).
+        """
         keys = set(store.keys())
         if _TRIGGER_KEY in keys:
             self.trigger.assign(np.asarray(store[_TRIGGER_KEY]))
-        tables = {key: np.asarray(store[key]) for key in keys if key.startswith("table:")}
-        self._check_tables(tables)
-        values = {}
-        for name in self.embedding.table_shapes:
-            for kind in self.embedding.table_kinds(name):
-                value = tables.get(_TABLE_KEY.format(table=name, kind=kind))
-                if value is not None:   # a reader: what build() takes for deferred values
-                    values.setdefault(name, {})[kind] = (
-                        lambda first, stop, v=value: v[first:stop])
-        self.embedding.restore_logical(values)   # now, or when the tables are built
+        wanted = [(name, kind, _TABLE_KEY.format(table=name, kind=kind))
+                  for name in self.embedding.table_shapes
+                  for kind in self.embedding.table_kinds(name)]
+        built = self.embedding.built
+        shapes, kept = {}, {}
+        for _, _, key in wanted:
+            if key in keys:
+                value = np.asarray(store[key])
+                shapes[key] = tuple(value.shape)
+                if not built:
+                    kept[key] = value
+                del value
+        self._check_tables(shapes)
+        for name, kind, key in wanted:
+            if key not in shapes:
+                continue
+            value = kept.pop(key) if not built else np.asarray(store[key])
+            # A reader: what build() takes for deferred values, and write_logical for built ones.
+            self.embedding.restore_logical(
+                {name: {kind: (lambda first, stop, v=value: v[first:stop])}})
+            del value
 
-    def _check_tables(self, tables):
+    def _check_tables(self, shapes):
+        """shapes: {weights-file key: shape} of the table arrays the file holds."""
         for name, shape in self.embedding.table_shapes.items():
             key = _TABLE_KEY.format(table=name, kind=checkpointing.PARAMETERS)
-            if key not in tables:
+            if key not in shapes:
                 raise ValueError(f"the weights file has no table '{name}'")
             for kind in self.embedding.table_kinds(name):
-                value = tables.get(_TABLE_KEY.format(table=name, kind=kind))
-                if value is not None and tuple(value.shape) != shape:
+                found = shapes.get(_TABLE_KEY.format(table=name, kind=kind))
+                if found is not None and found != shape:
                     raise ValueError(f"table '{name}': the weights file's {kind} has shape "
-                                     f"{list(value.shape)}, the TableConfig {list(shape)}")
+                                     f"{list(found)}, the TableConfig {list(shape)}")
 
 
 # The adaptation of Keras's model building under a strategy (ragged / sparse first batches, and the

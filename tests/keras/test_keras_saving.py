@@ -119,3 +119,57 @@ def test_unserializable_learning_rate_fails_clearly():
     layer = EmbeddingLayer(config, optimizer=E.SGD(learning_rate=lambda: 0.1))
     with pytest.raises(ValueError, match="callable"):
         layer.get_config()
+
+
+def _weights_model(vocab_b=8):
+    config = feature_config()
+    config["b"] = E.FeatureConfig(table=E.TableConfig(
+        vocabulary_size=vocab_b, dim=2, name="t_b", initializer=tf.constant_initializer(0.25)),
+        name="b")
+    layer = EmbeddingLayer(config, optimizer=E.Adagrad(0.2), batch_size=B, name="emb")
+    inputs = {n: keras.Input(shape=(None,), dtype="int32", ragged=True, name=n) for n in VOCAB}
+    acts = layer(inputs)
+    x = keras.layers.Concatenate()([acts[n] for n in VOCAB])
+    model = keras.Model(inputs, keras.layers.Dense(1)(x))
+    model.compile(optimizer="sgd", loss="mse")
+    return model, layer
+
+
+def test_weights_file_with_a_wrong_table_shape_fails_and_writes_no_table(tmp_path):
+    """Every table's shape is checked before any table is written (the arrays are read one at a
+    time), whichever table is wrong."""
+    model, layer = _weights_model()
+    model.fit(data(2, "ragged"), epochs=1, verbose=0)
+    path = str(tmp_path / "w.weights.h5")
+    model.save_weights(path)
+    other, other_layer = _weights_model(vocab_b=9)
+    before = other_layer.embedding.logical_tables(include_slots=True)
+    with pytest.raises(ValueError, match=r"table 't_b': the weights file's parameters has shape "
+                                         r"\[8, 2\], the TableConfig \[9, 2\]"):
+        other.load_weights(path)
+    after = other_layer.embedding.logical_tables(include_slots=True)
+    for name, kinds in before.items():
+        for kind, value in kinds.items():
+            np.testing.assert_array_equal(after[name][kind], value, err_msg=f"{name}/{kind}")
+    # The same file loads into a matching model, table by table, with every slot.
+    again, again_layer = _weights_model()
+    again.load_weights(path)
+    for name, kinds in layer.embedding.logical_tables(include_slots=True).items():
+        for kind, value in kinds.items():
+            np.testing.assert_array_equal(
+                again_layer.embedding.logical_tables(include_slots=True)[name][kind], value)
+
+
+def test_placement_and_exchange_options_survive_the_layer_config():
+    config = feature_config()
+    layer = EmbeddingLayer(config, optimizer=E.SGD(0.1), exchange="all_to_all",
+                           replication_threshold_bytes=0,
+                           table_placement={config["a"].table: "replicated"},
+                           collective_timeout_seconds=30.0)
+    saved = layer.get_config()
+    assert saved["table_placement"] == {"t_a": "replicated"}
+    again = EmbeddingLayer.from_config(saved)
+    restored = again.get_config()
+    for key in ("exchange", "replication_threshold_bytes", "table_placement",
+                "collective_timeout_seconds"):
+        assert restored[key] == saved[key], key
