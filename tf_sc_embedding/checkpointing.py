@@ -239,13 +239,15 @@ def _row_slices(shape):
     One piece ("", TensorFlow's whole-tensor spec) up to LOGICAL_CHUNK_ROWS rows; taller tables in
     row slices of exactly the chunks that restoring reads (TableStorage.write_logical).
     """
-    height, width = shape
-    chunk = table_storage.LOGICAL_CHUNK_ROWS
-    if height <= chunk:
-        return [(0, height, "")]
-    return [(first, min(chunk, height - first),
-             f"{height} {width} {first},{min(chunk, height - first)}:-")
-            for first in range(0, height, chunk)]
+    chunks = table_storage.logical_chunks(shape[0])
+    if len(chunks) <= 1:
+        return [(0, shape[0], "")]
+    return [(first, stop - first, row_slice_spec(shape, first, stop)) for first, stop in chunks]
+
+
+def row_slice_spec(shape, first, stop):
+    """The SaveV2 / RestoreV2 slice spec of rows [first, stop) of a [height, width] tensor."""
+    return f"{shape[0]} {shape[1]} {first},{stop - first}:-"
 
 
 def _save_arguments(group):
@@ -294,10 +296,13 @@ def _save_fn(trackables, file_prefix):
         for i, group in enumerate(groups):
             part = (file_prefix + f"_part{i}") if prefix is None else f"{prefix}_part{i}"
             names, specs, tensors = _save_arguments(group)
-            tf.raw_ops.SaveV2(prefix=part, tensor_names=names, shape_and_slices=specs,
-                              tensors=tensors)
+            save = tf.raw_ops.SaveV2(prefix=part, tensor_names=names, shape_and_slices=specs,
+                                     tensors=tensors)
             del tensors   # the group's tables: the only references left
-            prefixes.append(tf.convert_to_tensor(part))
+            # In a graph, TensorFlow merges the part files after the returned prefixes, so they
+            # must depend on the writes.
+            with tf.control_dependencies([save] if save is not None else []):
+                prefixes.append(tf.identity(part))
     return prefixes
 
 
@@ -310,8 +315,7 @@ class CheckpointRows:
         self.table_name, self.kind = table_name, kind
 
     def __call__(self, first, stop):
-        height, width = self.shape
-        spec = f"{height} {width} {first},{stop - first}:-"
+        spec = row_slice_spec(self.shape, first, stop)
         try:
             with tf.device("CPU:0"):
                 tensor = tf.raw_ops.RestoreV2(prefix=self.prefix, tensor_names=[self.key],
@@ -324,9 +328,11 @@ class CheckpointRows:
         return private_tf.numpy_view(tensor)
 
     def check_readable(self):
-        """Reads the last row: fails now if the data file ends before this tensor does."""
-        if self.shape[0]:
-            self(self.shape[0] - 1, self.shape[0])
+        """Reads one row of every stored piece, so that a truncated or corrupted file fails now,
+        before anything is written: TensorFlow checks a piece's checksum whenever it loads it,
+        and a tall table is stored in row slices (`_row_slices`), one piece at a time here."""
+        for first, _, _ in _row_slices(self.shape):
+            self(first, first + 1)
 
 
 _VALUE_SUFFIX = "/.ATTRIBUTES/" + VALUE_KEY

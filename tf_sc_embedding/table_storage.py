@@ -39,6 +39,16 @@ PARAMETERS = "parameters"
 # initializer that accepts `shard_info`, a checkpoint (which also stores tall tables in row slices
 # of this size, see checkpointing.py), or another chunk reader.
 LOGICAL_CHUNK_ROWS = 1 << 20
+
+
+def logical_chunks(height):
+    """(first, stop) of the chunks of LOGICAL_CHUNK_ROWS rows that cover [0, height).
+
+    Every fill of a table from logical rows goes through these chunks, and checkpoints store
+    tall tables in exactly these row slices, so that each read loads one stored slice.
+    """
+    return [(first, min(height, first + LOGICAL_CHUNK_ROWS))
+            for first in range(0, height, LOGICAL_CHUNK_ROWS)]
 _ALIGN = 64            # EIGEN_MAX_ALIGN_BYTES
 
 
@@ -328,9 +338,8 @@ class TableStorage:
                 shape = [layout.padded_height, layout.padded_width]
                 read = _initial_rows(slot_initializers[kind], shape,
                                     f"slot '{kind}' of '{table.name}'")
-            for first in range(0, shape[0], LOGICAL_CHUNK_ROWS):
-                self._place(views, table.name, first,
-                            read(first, min(shape[0], first + LOGICAL_CHUNK_ROWS)),
+            for first, stop in logical_chunks(shape[0]):
+                self._place(views, table.name, first, read(first, stop),
                             height_limit=shape[0], width=shape[1])
             del read
         del views   # drop the views: the variables' buffers are exclusively theirs again
@@ -365,9 +374,8 @@ class TableStorage:
                     values[r0 - first_row:stop - first_row:n]
 
     def _place_chunks(self, views, table_name, reader):
-        height = self.placement(table_name).layout.height
-        for first in range(0, height, LOGICAL_CHUNK_ROWS):
-            chunk = reader(first, min(height, first + LOGICAL_CHUNK_ROWS))
+        for first, stop in logical_chunks(self.placement(table_name).layout.height):
+            chunk = reader(first, stop)
             self._place(views, table_name, first, chunk)
             del chunk
 
@@ -391,9 +399,8 @@ class TableStorage:
     def write_logical(self, table_name, kind, reader_or_value):
         """Writes a whole logical table: a numpy array, or a chunk reader (first, stop) -> rows."""
         if callable(reader_or_value):
-            height = self.placement(table_name).layout.height
-            for first in range(0, height, LOGICAL_CHUNK_ROWS):
-                chunk = reader_or_value(first, min(height, first + LOGICAL_CHUNK_ROWS))
+            for first, stop in logical_chunks(self.placement(table_name).layout.height):
+                chunk = reader_or_value(first, stop)
                 self.write_logical_rows(table_name, kind, first, chunk)
                 del chunk
         else:

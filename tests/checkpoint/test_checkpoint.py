@@ -146,12 +146,45 @@ def test_tall_tables_are_saved_in_row_slices(tmp_path, monkeypatch, save_chunk, 
     np.testing.assert_array_equal(tf.train.load_checkpoint(path).get_tensor(key),
                                   expected["item/parameters"])
     monkeypatch.setattr(sharded_tables, "LOGICAL_CHUNK_ROWS", restore_chunk)
+    reads = []
+    original_read = sce.checkpointing.CheckpointRows.__call__
+
+    def recording_read(self, first, stop):
+        reads.append((self.key, first, stop))
+        return original_read(self, first, stop)
+    monkeypatch.setattr(sce.checkpointing.CheckpointRows, "__call__", recording_read)
     _, restored = ckpt_lib.make_embedding(1, build=built)
     status = tf.train.Checkpoint(embedding=restored).restore(path)
     if not built:
         restored.build(per_replica_batch_size=ckpt_lib.GLOBAL_BATCH)
     status.assert_consumed()
     assert_states_equal(expected, ckpt_lib.state(restored))
+    # Before any row is written, one row of every stored piece is read, so that a corrupted
+    # piece anywhere fails the restore with nothing written (TensorFlow checks a piece's checksum
+    # when it loads it); then the table is read in chunks.
+    item = [(first, stop) for k, first, stop in reads if k == key]
+    pieces = [(first, first + 1) for first in range(0, 1000, restore_chunk)]
+    assert item[:len(pieces)] == pieces
+    assert item[len(pieces):] == [(first, min(1000, first + restore_chunk))
+                                  for first in range(0, 1000, restore_chunk)]
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 8], ids=["whole", "row_slices"])
+def test_checkpoint_written_inside_tf_function(tmp_path, monkeypatch, chunk):
+    """In a graph, TensorFlow merges the part files after the save function's returned prefixes:
+    they must wait for the writes."""
+    monkeypatch.setattr(sharded_tables, "LOGICAL_CHUNK_ROWS", chunk)
+    _, embedding = ckpt_lib.make_embedding(1)
+    expected = ckpt_lib.state(embedding)
+    checkpoint = tf.train.Checkpoint(embedding=embedding)
+    write = tf.function(lambda: checkpoint.write(str(tmp_path / "g")))
+    for _ in range(2):
+        write()
+        assert_states_equal(expected, {
+            f"{t}/parameters": tf.train.load_variable(
+                str(tmp_path / "g"), f"embedding/{t}/.ATTRIBUTES/VARIABLE_VALUE")
+            for t in ckpt_lib.VOCAB} | {k: v for k, v in expected.items()
+                                        if not k.endswith("/parameters")})
 
 
 def test_deferred_restore_never_runs_the_initializers(saved, monkeypatch):

@@ -121,8 +121,11 @@ def test_unserializable_learning_rate_fails_clearly():
         layer.get_config()
 
 
-def _weights_model(vocab_b=8):
+def _weights_model(vocab_a=16, vocab_b=8):
     config = feature_config()
+    config["a"] = E.FeatureConfig(table=E.TableConfig(
+        vocabulary_size=vocab_a, dim=4, name="t_a",
+        initializer=keras.initializers.RandomUniform(-0.5, 0.5, seed=1)), name="a")
     config["b"] = E.FeatureConfig(table=E.TableConfig(
         vocabulary_size=vocab_b, dim=2, name="t_b", initializer=tf.constant_initializer(0.25)),
         name="b")
@@ -135,17 +138,21 @@ def _weights_model(vocab_b=8):
     return model, layer
 
 
-def test_weights_file_with_a_wrong_table_shape_fails_and_writes_no_table(tmp_path):
+@pytest.mark.parametrize("wrong", ["t_a", "t_b"])
+def test_weights_file_with_a_wrong_table_shape_fails_and_writes_no_table(tmp_path, wrong):
     """Every table's shape is checked before any table is written (the arrays are read one at a
     time), whichever table is wrong."""
     model, layer = _weights_model()
     model.fit(data(2, "ragged"), epochs=1, verbose=0)
     path = str(tmp_path / "w.weights.h5")
     model.save_weights(path)
-    other, other_layer = _weights_model(vocab_b=9)
+    other, other_layer = (_weights_model(vocab_a=17) if wrong == "t_a" else
+                          _weights_model(vocab_b=9))
     before = other_layer.embedding.logical_tables(include_slots=True)
-    with pytest.raises(ValueError, match=r"table 't_b': the weights file's parameters has shape "
-                                         r"\[8, 2\], the TableConfig \[9, 2\]"):
+    shapes = {"t_a": r"\[16, 4\], the TableConfig \[17, 4\]",
+              "t_b": r"\[8, 2\], the TableConfig \[9, 2\]"}
+    with pytest.raises(ValueError, match=rf"table '{wrong}': the weights file's parameters has "
+                                         rf"shape {shapes[wrong]}"):
         other.load_weights(path)
     after = other_layer.embedding.logical_tables(include_slots=True)
     for name, kinds in before.items():

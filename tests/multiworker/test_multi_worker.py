@@ -266,16 +266,16 @@ def test_killed_worker_fails_the_others_and_a_restart_resumes(tmp_path):
                 break
             time.sleep(0.5)
         time.sleep(3)
+        logged_before_kill = len((out / "log_0.txt").read_text())
         os.killpg(processes[1].pid, signal.SIGKILL)
         started = time.monotonic()
         code = processes[0].wait(timeout=90)
         assert code != 0
         assert time.monotonic() - started < 90
         # ... with the error of a collective that lost its peer, not some unrelated failure.
-        survivor = (out / "log_0.txt").read_text()
+        survivor = (out / "log_0.txt").read_text()[logged_before_kill:]
         assert re.search(r"Collective ops is aborted|DeadlineExceeded|UnavailableError|"
-                         r"Connection reset|failed to connect|timed out", survivor), \
-            survivor[-3000:]
+                         r"Connection reset", survivor), survivor[-3000:]
     finally:
         for p in processes:
             if p.poll() is None:
