@@ -193,9 +193,7 @@ class EmbeddingLayer(keras.layers.Layer):
             return
         old = self.embedding
         with tf.init_scope():
-            values = {name: {kind: (lambda first, stop, v=value: v[first:stop])
-                             for kind, value in kinds.items()}
-                      for name, kinds in old.logical_tables(include_slots=True).items()}
+            values = old.logical_tables(include_slots=True)   # arrays: held until build()
             embedding = TPUEmbeddingV2(self._feature_config, **self._embedding_kwargs)
             embedding.restore_logical(values)
             embedding.build(output_shapes=nest.pack_sequence_as(self._feature_config, shapes))
@@ -456,9 +454,7 @@ class EmbeddingLayer(keras.layers.Layer):
             if key not in shapes:
                 continue
             value = kept.pop(key) if not built else np.asarray(store[key])
-            # A reader: what build() takes for deferred values, and write_logical for built ones.
-            self.embedding.restore_logical(
-                {name: {kind: (lambda first, stop, v=value: v[first:stop])}})
+            self.embedding.restore_logical({name: {kind: value}})
             del value
 
     def _check_tables(self, shapes):

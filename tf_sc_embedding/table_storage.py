@@ -41,6 +41,11 @@ PARAMETERS = "parameters"
 LOGICAL_CHUNK_ROWS = 1 << 20
 
 
+def array_reader(value):
+    """A chunk reader (first, stop) -> rows over an array of logical rows (no copy)."""
+    return lambda first, stop: value[first:stop]
+
+
 def logical_chunks(height):
     """(first, stop) of the chunks of LOGICAL_CHUNK_ROWS rows that cover [0, height).
 
@@ -80,8 +85,7 @@ def _initial_rows(initializer, shape, what):
         value = initializer(shape=shape, dtype=tf.float32)
     except TypeError:
         value = initializer(shape, tf.float32)
-    value = _checked(value, tuple(shape), what)
-    return lambda first, stop: value[first:stop]
+    return array_reader(_checked(value, tuple(shape), what))
 
 
 def _checked(value, shape, what):
@@ -232,9 +236,7 @@ class PendingRestore:
     def reader(self, table_name, kind):
         """What `TableStorage.create` reads: a chunk reader, or None if nothing is held."""
         value = self.get(table_name, kind)
-        if value is None or callable(value):
-            return value
-        return lambda first, stop: value[first:stop]
+        return value if value is None or callable(value) else array_reader(value)
 
     def clear(self):
         self._values = {}
