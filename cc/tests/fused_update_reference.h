@@ -18,6 +18,21 @@
 
 namespace sce_testing {
 
+// Points a CsrView at CSR buffers owned by the caller (row pointers, and the equally long sample
+// ids, token ids and gains); the view's other fields are the caller's.
+inline void BindCsrBuffers(const std::vector<int32_t>& row_pointers,
+                           const std::vector<int32_t>& samples,
+                           const std::vector<int32_t>& tokens, const std::vector<float>& gains,
+                           sce::CsrView* view) {
+  view->row_pointers = row_pointers.data();
+  view->num_row_pointers = static_cast<int64_t>(row_pointers.size());
+  view->sample_ids = samples.data();
+  view->token_ids = tokens.data();
+  view->gains = gains.data();
+  view->num_sample_ids = view->num_token_ids = view->num_gains =
+      static_cast<int64_t>(tokens.size());
+}
+
 // A CSR over G source replicas x S SparseCores x M minibatches x S shards (one replica owns all
 // shards) with random sorted tokens per segment (duplicates inside and across segments).
 struct RandomCsr {
@@ -74,13 +89,7 @@ struct RandomCsr {
       samples.insert(samples.end(), chunk_samples[g].begin(), chunk_samples[g].end());
       gains.insert(gains.end(), chunk_gains[g].begin(), chunk_gains[g].end());
     }
-    view.row_pointers = row_pointers.data();
-    view.num_row_pointers = static_cast<int64_t>(row_pointers.size());
-    view.sample_ids = samples.data();
-    view.token_ids = tokens.data();
-    view.gains = gains.data();
-    view.num_sample_ids = view.num_token_ids = view.num_gains =
-        static_cast<int64_t>(tokens.size());
+    BindCsrBuffers(row_pointers, samples, tokens, gains, &view);
     view.num_minibatches = M;
     view.num_sc_per_device = S;
     view.num_source_replicas = G;

@@ -17,6 +17,7 @@
 #include "cc/core/constants.h"
 #include "cc/core/csr_view.h"
 #include "cc/core/fused_update.h"
+#include "cc/tests/fused_update_reference.h"
 
 namespace {
 
@@ -59,13 +60,7 @@ struct Workload {
     for (float& g : grads) g = static_cast<float>(rng() % 1000) / 1000.0f - 0.5f;
     table.assign(rows_per_shard * P * dim, 0.01f);
     accumulator.assign(table.size(), 0.1f);
-    view.row_pointers = row_pointers.data();
-    view.num_row_pointers = static_cast<int64_t>(row_pointers.size());
-    view.sample_ids = samples.data();
-    view.token_ids = tokens.data();
-    view.gains = gains.data();
-    view.num_sample_ids = view.num_token_ids = view.num_gains =
-        static_cast<int64_t>(tokens.size());
+    sce_testing::BindCsrBuffers(row_pointers, samples, tokens, gains, &view);
     view.num_sc_per_device = S;
     view.input_size = batch;
     view.table_rows = rows_per_shard * P;
