@@ -229,7 +229,7 @@ def _saved_items(node):
     for kind in node.kinds:
         pending = embedding.pending_restore(node.table_name, kind)
         if pending is not None:
-            items.append((kind, lambda p=pending: p(0, height) if callable(p) else p))
+            items.append((kind, lambda p=pending: p(0, height)))
     return items
 
 

@@ -361,8 +361,9 @@ class TPUEmbeddingV2(tf.Module):
                     self._storage.write_logical(name, kind, value)
 
     def pending_restore(self, table_name, kind):
-        """The reader or value a deferred restore holds for a table (None if there is none)."""
-        return self._pending_restore.get(table_name, kind)
+        """A chunk reader (first, stop) -> rows of what a deferred restore holds for a table's
+        parameters or slot, or None if it holds nothing."""
+        return self._pending_restore.reader(table_name, kind)
 
     def num_skipped_gradient_rows(self):
         """Rows left unchanged since build because their gradient was not finite.

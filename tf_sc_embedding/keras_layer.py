@@ -424,7 +424,7 @@ class EmbeddingLayer(keras.layers.Layer):
                     value = embedding.pending_restore(name, kind)
                     if value is None:
                         continue
-                    value = value(0, height) if callable(value) else value
+                    value = value(0, height)
                 store[_TABLE_KEY.format(table=name, kind=kind)] = value
 
     def load_own_variables(self, store):

@@ -229,13 +229,9 @@ class PendingRestore:
         for name, kinds in values.items():
             self._values.setdefault(name, {}).update(kinds)
 
-    def get(self, table_name, kind):
-        """The array or reader held for a table's parameters or slot, or None."""
-        return self._values.get(table_name, {}).get(kind)
-
     def reader(self, table_name, kind):
-        """What `TableStorage.create` reads: a chunk reader, or None if nothing is held."""
-        value = self.get(table_name, kind)
+        """A chunk reader of what is held for a table's parameters or slot, or None."""
+        value = self._values.get(table_name, {}).get(kind)
         return value if value is None or callable(value) else array_reader(value)
 
     def clear(self):
