@@ -19,7 +19,6 @@ import numpy as np
 import tensorflow as tf
 
 import keras
-from tensorflow.python.tpu.tpu_embedding_v2_utils import QuantizationConfig  # TableConfig's type
 
 from tf_sc_embedding.optimizers import SUPPORTED_CONFIGS as _OPTIMIZERS
 
@@ -57,9 +56,9 @@ def deserialize_initializer(config):
     if "keras" in config:
         return keras.saving.deserialize_keras_object(config["keras"])
     module, name = config["tf_class"].split(":")
-    cls = getattr(importlib.import_module(module), name)
-    if not module.startswith("tensorflow."):
+    if not module.startswith("tensorflow."):   # checked before importing: a file's text
         raise ValueError(f"refusing to load initializer class {config['tf_class']}")
+    cls = getattr(importlib.import_module(module), name)
     return cls.from_config(config["config"]) if hasattr(cls, "from_config") \
         else cls(**config["config"])
 
@@ -157,7 +156,7 @@ def deserialize_feature_config(config):
             combiner=t["combiner"], initializer=deserialize_initializer(t["initializer"]),
             optimizer=deserialize_optimizer(t["optimizer"]),
             quantization_config=None if t.get("quantization_config") is None else
-            QuantizationConfig(**t["quantization_config"]))
+            E.QuantizationConfig(**t["quantization_config"]))
 
     def node(value):
         if "feature" in value:

@@ -10,9 +10,9 @@ import operator
 from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
-from tensorflow.python.util import nest
 
 from tf_sc_embedding import _core
+from tf_sc_embedding import private_tf
 from tf_sc_embedding._core import LayoutStacker, TableLayout
 from tf_sc_embedding.optimizers import FusedOptimizer, fused_optimizer
 
@@ -95,13 +95,13 @@ class StackedTable:
 
 def flat_feature_paths(feature_config):
     """The joined string paths ("a/b") of the features, in tf.nest.flatten order."""
-    return [path for path, _ in nest.flatten_with_joined_string_paths(feature_config)]
+    return [path for path, _ in private_tf.flatten_with_joined_string_paths(feature_config)]
 
 
 def table_names(feature_config):
     """The names of the distinct tables of a feature config (unnamed ones: table_<index>)."""
     tables = []
-    for feature in nest.flatten(feature_config):
+    for feature in tf.nest.flatten(feature_config):
         if isinstance(feature, tf.tpu.experimental.embedding.FeatureConfig) and \
                 not any(feature.table is t for t in tables):
             tables.append(feature.table)
@@ -150,7 +150,7 @@ class EmbeddingLayout:
         self.sparse_cores_per_replica = sparse_cores_per_replica
         self.num_sparse_cores = num_replicas * sparse_cores_per_replica
         config = sparse_core_embedding_config
-        self.flat_paths_and_features = nest.flatten_with_joined_string_paths(feature_config)
+        self.flat_paths_and_features = private_tf.flatten_with_joined_string_paths(feature_config)
         self._only = tables
         placements = self._place_tables(self._unique_tables(), optimizer, output_shapes, config)
         self.features = self._place_features(placements, output_shapes)

@@ -21,8 +21,8 @@ feature, and ``tables``, a dict of the logical table variables.
 import re
 
 import tensorflow as tf
-from tensorflow.python.ops import resource_variable_ops
-from tensorflow.python.util import nest
+
+from tf_sc_embedding import private_tf
 
 
 def _flat_name(path):
@@ -54,20 +54,19 @@ class ServingModule(tf.Module):
 
     def __init__(self, logical_tables, feature_config, table_names):
         super().__init__(name="embedding_serving")
-        # Plain resource variables (not created through a tf.distribute scope the caller may be in).
-        self.tables = {name: resource_variable_ops.ResourceVariable(value, trainable=False,
-                                                                    name=name)
+        # Plain variables, not mirrored by a tf.distribute scope the caller may be in.
+        self.tables = {name: private_tf.plain_variable(value, name=name)
                        for name, value in logical_tables.items()}
         self._feature_config = feature_config
-        flat = nest.flatten_with_joined_string_paths(feature_config)
+        flat = private_tf.flatten_with_joined_string_paths(feature_config)
         self._features = [(path, table_names[id(feature.table)], feature.table.combiner)
                           for path, feature in flat]
         names = [_flat_name(p) for p, _, _ in self._features]
         if len(set(names)) != len(names):
             raise ValueError(f"feature paths collide once flattened for the signature: {names}")
-        ragged = nest.map_structure(
+        ragged = tf.nest.map_structure(
             lambda _: tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1), feature_config)
-        weights = nest.map_structure(
+        weights = tf.nest.map_structure(
             lambda _: tf.RaggedTensorSpec([None, None], tf.float32, ragged_rank=1),
             feature_config)
         self.lookup = tf.function(self._lookup, input_signature=[ragged])
@@ -89,14 +88,14 @@ class ServingModule(tf.Module):
         for (_, table, combiner), ids, weights in zip(self._features, flat_ids, flat_weights):
             out.append(combine(self.tables[table], ids.values, ids.row_splits,
                                None if weights is None else weights.values, combiner))
-        return nest.pack_sequence_as(self._feature_config, out)
+        return tf.nest.pack_sequence_as(self._feature_config, out)
 
     def _lookup(self, features):
-        flat = nest.flatten(features)
+        flat = tf.nest.flatten(features)
         return self._lookup_flat(flat, [None] * len(flat))
 
     def _lookup_weighted(self, features, weights):
-        return self._lookup_flat(nest.flatten(features), nest.flatten(weights))
+        return self._lookup_flat(tf.nest.flatten(features), tf.nest.flatten(weights))
 
     def _serving(self, inputs):
         out = {}

@@ -96,9 +96,8 @@ def test_config_round_trip_of_every_optimizer():
 
 
 def test_feature_config_round_trip_keeps_shared_tables_and_nesting():
-    from tensorflow.python.tpu.tpu_embedding_v2_utils import QuantizationConfig  # pylint: disable=import-outside-toplevel
     table = E.TableConfig(vocabulary_size=10, dim=3, name="shared",
-                          quantization_config=QuantizationConfig(16, -1.0, 1.0))
+                          quantization_config=E.QuantizationConfig(16, -1.0, 1.0))
     config = {"x": [E.FeatureConfig(table=table, name="f1"),
                     E.FeatureConfig(table=table, name="f2", output_shape=[4, 2])],
               "y": (E.FeatureConfig(table=table, name="f3", max_sequence_length=0),)}
@@ -119,6 +118,13 @@ def test_unserializable_learning_rate_fails_clearly():
     layer = EmbeddingLayer(config, optimizer=E.SGD(learning_rate=lambda: 0.1))
     with pytest.raises(ValueError, match="callable"):
         layer.get_config()
+
+
+def test_initializer_outside_tensorflow_is_refused_before_its_module_is_imported():
+    # A module that does not exist: importing it first would raise ModuleNotFoundError.
+    with pytest.raises(ValueError, match="refusing to load initializer class"):
+        keras_config.deserialize_initializer(
+            {"tf_class": "tests_sce_no_such_module:Init", "config": {}})
 
 
 def _weights_model(vocab_a=16, vocab_b=8):
