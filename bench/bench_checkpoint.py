@@ -8,17 +8,22 @@ Phases, each timed and with the peak RSS growth over the RSS just before it (ker
   deferred      restore into a fresh, unbuilt embedding (optionally another replica count), then
                 build(): the variables are created from the checkpoint (growth includes the new
                 tables themselves, reported separately as "extra over the tables")
-Throughput is logical bytes (parameters + slots) / wall time. The checkpoint is written to
---directory; the OS page cache is not dropped between phases (no root-only cache dropping).
+Throughput is logical bytes (parameters + slots) / wall time. The OS page cache is not dropped
+between phases (no root-only cache dropping).
+
+The checkpoint (about 4.8 GB at dim 32 with slots) goes to a new temporary directory, removed at
+the end; with --directory it goes to that directory instead (created if missing), and the files
+the benchmark wrote there are removed at the end, nothing else.
 
 Usage: python bench/bench_checkpoint.py [--replicas 1] [--restore-replicas 2] [--dim 32]
-       [--no-slots] [--directory /tmp/sce_ckpt_bench]
+       [--no-slots] [--directory DIR]
 """
 import argparse
 import gc
 import os
 import shutil
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -27,6 +32,7 @@ import tensorflow as tf  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 MiB = float(1 << 20)
+CHECKPOINT_NAME = "ckpt"   # the files are ckpt.index and ckpt.data-*
 
 
 def parse_args():
@@ -35,7 +41,8 @@ def parse_args():
     parser.add_argument("--restore-replicas", type=int, default=2)
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--no-slots", action="store_true", help="SGD instead of Adagrad")
-    parser.add_argument("--directory", default="/tmp/sce_ckpt_bench")
+    parser.add_argument("--directory", default=None,
+                        help="where to write the checkpoint (default: a new temporary directory)")
     parser.add_argument("--deferred-from", default=None, help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -120,13 +127,37 @@ def main():
     slots = not args.no_slots
     if args.deferred_from:
         return deferred_phase(args, sce, vocab, slots)
+    if args.directory is None:
+        directory = tempfile.mkdtemp(prefix="sce_ckpt_bench_")
+    else:
+        directory = args.directory
+        os.makedirs(directory, exist_ok=True)
+        if _checkpoint_files(directory, CHECKPOINT_NAME):
+            sys.exit(f"{directory} already holds a checkpoint named '{CHECKPOINT_NAME}'; "
+                     "give an empty directory (its files would be overwritten and removed)")
+    try:
+        return run(args, sce, vocab, slots, os.path.join(directory, CHECKPOINT_NAME))
+    finally:
+        if args.directory is None:
+            shutil.rmtree(directory, ignore_errors=True)
+        else:   # only what this run wrote
+            for name in _checkpoint_files(directory, CHECKPOINT_NAME):
+                os.remove(os.path.join(directory, name))
+
+
+def _checkpoint_files(directory, name):
+    """The files of checkpoint `name` in `directory` (its index and data shards)."""
+    return [f for f in os.listdir(directory) if f.startswith(name + ".")]
+
+
+def run(args, sce, vocab, slots, prefix):
+    """The three phases, with the checkpoint written under `prefix`."""
+    directory, name = os.path.split(prefix)
+    n = max(args.replicas, args.restore_replicas)
     kinds = 2 if slots else 1
     table_bytes = [4 * v * args.dim for v in vocab]
     total = kinds * sum(table_bytes)
     largest = max(table_bytes)
-    shutil.rmtree(args.directory, ignore_errors=True)
-    os.makedirs(args.directory)
-    prefix = os.path.join(args.directory, "ckpt")
     batch = 64 * n
 
     print(f"# {len(vocab)} tables, {sum(vocab):,} rows, dim {args.dim}: parameters "
@@ -142,8 +173,8 @@ def main():
     with PeakRss() as m:
         path = checkpoint.write(prefix)
     rows.append(("save", args.replicas, m))
-    on_disk = sum(os.path.getsize(os.path.join(args.directory, f))
-                  for f in os.listdir(args.directory))
+    on_disk = sum(os.path.getsize(os.path.join(directory, f))
+                  for f in _checkpoint_files(directory, name))
 
     with PeakRss() as m:
         checkpoint.read(path).assert_consumed()
@@ -173,7 +204,6 @@ def main():
           f"of the variables it creates ({deferred['variables'] / MiB:.0f} MiB, padded, all "
           "replicas). Restore into the built embedding runs after the save in the same process, "
           "whose freed buffers the allocator reuses: its growth understates the transient.")
-    shutil.rmtree(args.directory, ignore_errors=True)
 
 
 if __name__ == "__main__":
