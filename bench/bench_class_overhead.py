@@ -247,7 +247,7 @@ def main():
     from tf_sc_embedding.ops import preprocessing  # noqa: PLC0415
     with_kernels = not args.skip_ops and hasattr(preprocessing,
                                                  "convert_features_to_minibatch_splits")
-    if with_kernels:   # (absent before the one-op preprocessing existed)
+    if with_kernels:   # a tree without the one-op preprocessing (an A/B base) lacks it
         kernels = ClassKernelsAlone(embedding, tf.nest.flatten(ids), tf.nest.flatten(weights),
                                     gradients)
         functions.update({

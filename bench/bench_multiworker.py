@@ -33,10 +33,10 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--exchanges", default="all_to_all,all_to_all_sharded,all_gather",
-                        help="all_to_all: the default (small tables replicated); "
-                             "all_to_all_sharded: every table sharded; all_gather: the earlier "
-                             "design (all-gather of ids, all-reduce of activations, every table "
-                             "sharded)")
+                        help="all_to_all: the library's default table placement; "
+                             "all_to_all_sharded: every table sharded; all_gather: the "
+                             "all-gather exchange (all-gather of ids, all-reduce of activations, "
+                             "every table sharded)")
     parser.add_argument("--batch", type=int, default=1024, help="per-worker batch")
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--vocab-cap", type=int, default=100_000)
@@ -50,9 +50,9 @@ def parse_args():
     parser.add_argument("--out", default="")
     parser.add_argument("--feed", default="arguments", choices=["arguments", "iterator"],
                         help="arguments: the step function takes the batch's 52 ragged tensors "
-                             "(what the earlier figures measured; TensorFlow's argument handling "
-                             "costs ~2-3 ms per call); iterator: it takes them with next() from a "
-                             "tf.data iterator inside (the README's recommendation)")
+                             "(TensorFlow's argument handling costs ~2-3 ms per call); iterator: "
+                             "it takes them with next() from a tf.data iterator inside (the "
+                             "README's recommendation)")
     return parser.parse_args()
 
 
