@@ -1,22 +1,38 @@
-"""The one change this library makes to Keras, isolated here: model building under a strategy.
+"""What this library needs from Keras beyond its public API, isolated here.
 
-Why. Keras 3 (TensorFlow backend) builds a model under a `tf.distribute` strategy from the first
-batch of `fit` / `evaluate` / `predict` by averaging that batch over the replicas
-(`strategy.reduce("MEAN", batch)`), which fails for ragged and sparse id tensors ("'RaggedTensor'
-object has no attribute 'device'"). Only the shapes and dtypes of that batch are used, so for a
-model holding an `EmbeddingLayer` the replacement below builds from the first replica's values
-when the batch holds ragged or sparse per-replica values. It also rejects `fit` / `evaluate` /
-`predict` of such a model under MultiWorkerMirroredStrategy with a clear error (Keras 3 fails
-there further in). Models without an `EmbeddingLayer` run Keras's own method unchanged.
+This is the only module of the library (and of its tests, benchmarks and examples) that imports
+`keras.src`; `tests/test_private_apis.py` enforces it. Public Keras (`keras.Layer`,
+`keras.KerasTensor`, `keras.tree`, `keras.saving`, ...) is used directly elsewhere.
 
-There is no public hook for this: the replacement is installed on
-`keras.src.backend.tensorflow.trainer.TensorFlowTrainer._maybe_symbolic_build` when
-`tf_sc_embedding.keras_layer` is imported, for the Keras versions in `TESTED_KERAS` (the range in
-requirements.txt). With another version it is still installed if the method exists with the
-expected signature, with a warning; if it cannot be installed, a warning says what does not work
-(ragged / sparse inputs to `fit` under MirroredStrategy, and the multi-worker rejection).
-`installed()` tells whether it is in place.
+What is private here, and why no public API serves:
+
+* `keras.src.backend.tensorflow.trainer.TensorFlowTrainer._maybe_symbolic_build` (replaced, see
+  below) and, inside the replacement, the model's `_distribute_strategy`, `_symbolic_build` and
+  `_flatten_layers`. Keras has no hook for how a model is built under a strategy.
+  `trainer_class()` gives the class (tests patch it too).
+* `keras.src.backend.common.symbolic_scope.in_symbolic_scope` (`in_symbolic_scope()`): whether
+  Keras is tracing a layer symbolically (building a functional model, or `compute_output_spec`),
+  when `EmbeddingLayer.call` must return placeholders of the right shapes instead of looking ids up
+  and updating tables. Keras exports the scope (`keras.SymbolicScope`) but no way to ask whether
+  one is active.
+
+The replacement of `_maybe_symbolic_build`. Keras 3 (TensorFlow backend) builds a model under a
+`tf.distribute` strategy from the first batch of `fit` / `evaluate` / `predict` by averaging that
+batch over the replicas (`strategy.reduce("MEAN", batch)`), which fails for ragged and sparse id
+tensors ("'RaggedTensor' object has no attribute 'device'"). Only the shapes and dtypes of that
+batch are used, so for a model holding an `EmbeddingLayer` the replacement builds from the first
+replica's values when the batch holds ragged or sparse per-replica values. It also rejects `fit` /
+`evaluate` / `predict` of such a model under MultiWorkerMirroredStrategy with a clear error
+(Keras 3 fails there further in). Models without an `EmbeddingLayer` run Keras's own method
+unchanged.
+
+It is installed when `tf_sc_embedding.keras_layer` is imported, for the Keras versions in
+`TESTED_KERAS` (the range in requirements.txt). With another version it is still installed if the
+method exists with the expected signature, with a warning; if it cannot be installed, a warning
+says what does not work (ragged / sparse inputs to `fit` under MirroredStrategy, and the
+multi-worker rejection). `installed()` tells whether it is in place.
 """
+# pylint: disable=import-outside-toplevel,protected-access
 import inspect
 import warnings
 
@@ -46,15 +62,32 @@ def _version(text):
 def keras_version_tested(version=None):
     """Whether a Keras version (default: the installed one) is in the tested range."""
     if version is None:
-        import keras  # pylint: disable=import-outside-toplevel
+        import keras
         version = keras.__version__
     low, high = TESTED_KERAS
     return low <= _version(version) < high
 
 
+def trainer_class():
+    """Keras's `TensorFlowTrainer`, the base of `keras.Model` under the TensorFlow backend
+    (raises ImportError if this Keras has none)."""
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+    return tf_trainer.TensorFlowTrainer
+
+
+def in_symbolic_scope():
+    """Whether Keras is tracing layers symbolically (building a functional model, or computing
+    an output spec): `keras.SymbolicScope` is active. False if this Keras cannot tell."""
+    try:
+        from keras.src.backend.common import symbolic_scope
+    except ImportError:
+        return False
+    return symbolic_scope.in_symbolic_scope()
+
+
 def _has_embedding_layer(model):
     try:
-        layers = model._flatten_layers()  # pylint: disable=protected-access
+        layers = model._flatten_layers()
     except AttributeError:
         layers = getattr(model, "layers", [])
     return any(getattr(layer, "_sce_embedding_layer", False) for layer in layers)
@@ -73,7 +106,7 @@ def _make_replacement(original):
         if not _has_embedding_layer(self):
             return original(self, iterator=iterator, data_batch=data_batch)
         reject_multi_worker_fit(self)
-        if self._distribute_strategy is None or iterator is None:  # pylint: disable=protected-access
+        if self._distribute_strategy is None or iterator is None:
             return original(self, iterator=iterator, data_batch=data_batch)
         strategy = self.distribute_strategy
         batch = None
@@ -88,7 +121,7 @@ def _make_replacement(original):
                 lambda v: (strategy.experimental_local_results(v)[0]
                            if isinstance(v, tf.distribute.DistributedValues) else v), batch)
         with strategy.scope():
-            self._symbolic_build(data_batch=batch)  # pylint: disable=protected-access
+            self._symbolic_build(data_batch=batch)
         return None
 
     setattr(_maybe_symbolic_build, _MARK, True)
@@ -111,12 +144,11 @@ def install():
     if _state["installed"]:
         return True
     try:
-        import keras  # pylint: disable=import-outside-toplevel
-        from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=import-outside-toplevel
+        import keras
+        cls = trainer_class()
     except ImportError as e:
         _not_installed(f"the TensorFlow trainer of Keras cannot be imported: {e}")
         return False
-    cls = tf_trainer.TensorFlowTrainer
     original = cls.__dict__.get("_maybe_symbolic_build")
     if original is None:
         _not_installed(f"Keras {keras.__version__} has no TensorFlowTrainer._maybe_symbolic_build")
@@ -142,16 +174,16 @@ def install():
 def installed():
     """Whether the replacement of TensorFlowTrainer._maybe_symbolic_build is in place."""
     try:
-        from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=import-outside-toplevel
+        cls = trainer_class()
     except ImportError:
         return False
-    return getattr(tf_trainer.TensorFlowTrainer.__dict__.get("_maybe_symbolic_build"), _MARK, False)
+    return getattr(cls.__dict__.get("_maybe_symbolic_build"), _MARK, False)
 
 
 def uninstall():
     """Puts Keras's own method back (for tests)."""
-    from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=import-outside-toplevel
-    current = tf_trainer.TensorFlowTrainer.__dict__.get("_maybe_symbolic_build")
+    cls = trainer_class()
+    current = cls.__dict__.get("_maybe_symbolic_build")
     if getattr(current, _MARK, False):
-        tf_trainer.TensorFlowTrainer._maybe_symbolic_build = current.__wrapped__
+        cls._maybe_symbolic_build = current.__wrapped__
     _state.update(installed=False, reason="uninstalled")

@@ -32,16 +32,16 @@ def test_tested_range_matches_requirements():
 
 
 def test_models_without_embedding_layer_use_keras_unchanged(monkeypatch):
-    from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=import-outside-toplevel
-    original = tf_trainer.TensorFlowTrainer._maybe_symbolic_build.__wrapped__
+    trainer = keras_compat.trainer_class()
+    original = trainer._maybe_symbolic_build.__wrapped__
     calls = []
 
     def spy(self, iterator=None, data_batch=None):
         calls.append(self)
         return original(self, iterator=iterator, data_batch=data_batch)
-    monkeypatch.setattr(tf_trainer.TensorFlowTrainer._maybe_symbolic_build, "__wrapped__", spy)
+    monkeypatch.setattr(trainer._maybe_symbolic_build, "__wrapped__", spy)
     replacement = keras_compat._make_replacement(spy)  # pylint: disable=protected-access
-    monkeypatch.setattr(tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", replacement)
+    monkeypatch.setattr(trainer, "_maybe_symbolic_build", replacement)
     strategy = mirrored_strategy(2)
     with strategy.scope():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
@@ -52,22 +52,22 @@ def test_models_without_embedding_layer_use_keras_unchanged(monkeypatch):
 
 
 def test_warns_when_keras_changed(monkeypatch):
-    from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=import-outside-toplevel
-    current = tf_trainer.TensorFlowTrainer.__dict__["_maybe_symbolic_build"]
+    trainer = keras_compat.trainer_class()
+    current = trainer.__dict__["_maybe_symbolic_build"]
     try:
         keras_compat.uninstall()
 
         def changed(self, iterator=None, data_batch=None, extra=None):   # a new signature
             return None
-        tf_trainer.TensorFlowTrainer._maybe_symbolic_build = changed
+        trainer._maybe_symbolic_build = changed
         with pytest.warns(RuntimeWarning, match="could not adapt Keras"):
             assert not keras_compat.install()
         assert not keras_compat.installed()
-        del tf_trainer.TensorFlowTrainer._maybe_symbolic_build
+        del trainer._maybe_symbolic_build
         with pytest.warns(RuntimeWarning, match="has no TensorFlowTrainer._maybe_symbolic_build"):
             assert not keras_compat.install()
     finally:
-        tf_trainer.TensorFlowTrainer._maybe_symbolic_build = current
+        trainer._maybe_symbolic_build = current
         keras_compat._state.update(installed=True, reason="")  # pylint: disable=protected-access
     assert keras_compat.installed()
     with warnings.catch_warnings():
@@ -83,3 +83,20 @@ def test_multi_worker_rejection_is_kept():
             return [object.__new__(keras_layer.EmbeddingLayer)]
     with pytest.raises(NotImplementedError, match="MultiWorkerMirroredStrategy"):
         keras_compat.reject_multi_worker_fit(FakeModel())
+
+
+def test_in_symbolic_scope_follows_keras():
+    assert not keras_compat.in_symbolic_scope()
+    with keras.SymbolicScope():
+        assert keras_compat.in_symbolic_scope()
+    assert not keras_compat.in_symbolic_scope()
+    seen = []
+
+    class Probe(keras.layers.Layer):
+        def call(self, x):
+            seen.append(keras_compat.in_symbolic_scope())
+            return x
+    inputs = keras.Input((2,))
+    keras.Model(inputs, Probe()(inputs))        # traced on a KerasTensor
+    Probe()(np.ones((1, 2), np.float32))        # called on a value
+    assert seen == [True, False]
