@@ -1,7 +1,7 @@
 // In-process A/B timing of two builds of the core kernels (bench/kernel_ab.py builds and runs
-// it). On a noisy VM, separate runs of one build differ by 20-30% (BENCHMARKS.md, eighth round);
-// calls of two builds alternated in one process see the same machine state, so differences of
-// 2-3% show. Each round calls A then B, or B then A (alternating), on the same inputs.
+// it). On the project's shared 2-vCPU VMs, separate runs of one build differ by 20-30%; calls of
+// two builds alternated in one process see the same machine state, so differences of 2-3% show.
+// Each round calls A then B, or B then A (alternating), on the same inputs.
 //
 // The input is a CSR of one replica (4 SparseCores, 4 shards, one minibatch) shaped like one
 // stacked table of the benchmark workload: `features` features of batch 4096 stacked into a

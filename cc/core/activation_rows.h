@@ -63,8 +63,9 @@ Status ValidateGradientParts(const CsrView& view, const FeatureRowsPerSc& featur
 // the tables). Read through a reference to the owning object instead, the compiler may reload
 // the feature count, the tables' addresses and the row size from memory for every gradient row:
 // as far as it can tell, the update loop's own stores (its int64 run cursors, the
-// contributions it lists) might have changed them. With the copy, the fused updates with one gradient buffer per feature took 2-5%
-// less time (bench/kernel_ab.py --gradients per-feature, BENCHMARKS.md, twelfth round).
+// contributions it lists) might have changed them. With the copy, the fused updates with one
+// gradient buffer per feature take 2-5% less time (bench/kernel_ab.py --gradients per-feature;
+// BENCHMARKS.md, "Design measurements").
 struct GradientRowAddressing {
   const int32_t* feature_of_sample;  // [samples_per_sc]; unused when num_features is 1
   const uintptr_t* origin;           // [num_source_sparse_cores * num_features]

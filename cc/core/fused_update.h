@@ -111,10 +111,11 @@ __attribute__((always_inline)) inline void PrefetchRow(const float* p, int64_t b
 // memory access behind the work in between. In merged contributions (the fallback), in entries.
 // In the streamed update (UpdateShardFromRuns), each pass prefetches what it alone reads, ahead
 // in a plain array: gradient rows a number of listed contributions ahead (SumListedRows), table
-// and slot rows a number of summed rows ahead (ApplyRowSums). Measured with bench/kernel_ab.py on
-// the benchmark workload (BENCHMARKS.md, thirteenth round): 16 rows ahead took 3% less time than
-// 8 (4 was 2% slower than 8), and 32 about 2% less than 16 (faster in only 84 of 150 rounds: kept
-// at 16); 32 contributions ahead took about 2% less than 16 and 5% less than 8.
+// and slot rows a number of summed rows ahead (ApplyRowSums). On the benchmark workload
+// (bench/kernel_ab.py; BENCHMARKS.md, "Design measurements") 16 rows ahead takes 3% less time
+// than 8, and 4 is 2% slower than 8; 32 is about 2% faster than 16 on the median but faster in
+// only 84 of 150 alternating calls, too close to choose it. 32 contributions ahead takes about 2%
+// less time than 16 and 5% less than 8.
 constexpr size_t kGradientPrefetchDistance = 12;
 constexpr size_t kRowPrefetchDistance = 24;
 constexpr int64_t kSumPrefetchContributions = 32;
@@ -220,21 +221,22 @@ struct ListedContribution {
 };
 
 // A block lists at most this many contributions (64 KiB of ListedContribution) before they are
-// summed; a row with more is continued in the next block. 4,096 and 16,384 measured level.
+// summed; a row with more is continued in the next block. A list of 16,384 is no faster.
 constexpr int64_t kListedContributions = 4096;
 
 // The summed gradients of the shard's next referenced rows (at most `capacity`), between the pass
 // that sums them and the pass that applies the optimizer to them, and the contributions listed
 // for them. Splitting the passes lets each loop prefetch what it alone reads: the summing pass the
-// gradient rows, the apply pass the table and slot rows, each ahead in a plain array. Done in one
-// loop, the merge had to find the next distinct tokens of every run to prefetch their rows; split,
-// the fused updates took 12-18% less time (bench/kernel_ab.py, BENCHMARKS.md, thirteenth round).
-// A block holds at most kRowSumBlockBytes of sums and kListedContributions rows (1,024 rows at
-// width 32), at least one row, and kListedContributions contributions: its size depends on
-// neither the batch nor the table, and it stays in L2 between the passes. Unblocked (one pass over the whole shard, then the other) the
-// gain was half as large; 32 KiB blocks were 2.5% slower than 128 KiB, 512 KiB level. Wide rows
-// make few rows per block (one from width 16,385), so the apply pass's prefetch has less lead
-// there; widths above 64 were not measured.
+// gradient rows, the apply pass the table and slot rows, each ahead in a plain array. In one loop,
+// the merge would have to find the next distinct tokens of every run to prefetch their rows; split,
+// the fused updates take 12-18% less time (bench/kernel_ab.py; BENCHMARKS.md, "Design
+// measurements"). A block holds at most kRowSumBlockBytes of sums and kListedContributions rows
+// (1,024 rows at width 32), at least one row, and kListedContributions contributions: its size
+// depends on neither the batch nor the table, and it stays in L2 between the passes. Without
+// blocks (one pass over the whole shard, then the other) the gain is about half as large; 32 KiB
+// blocks are 2.5% slower than 128 KiB, and 512 KiB no faster. Wide rows make few rows per block
+// (one from width 16,385), so the apply pass's prefetch has less lead there; widths above 64 are
+// not measured.
 struct RowSumBlock {
   float* sums;       // [capacity, dim]
   int32_t* tokens;   // row inside the shard, increasing
@@ -262,8 +264,8 @@ inline int64_t RowSumBlockRows(int64_t dim) {
 // position order, which is exactly the order of a stable sort of the runs' concatenation, so the
 // sums are bit-identical to the fallback below. Nothing is sorted; the merge reads only the CSR.
 // Gradient rows are read by SumListedRows, whose loop has no data-dependent branch but the row
-// change, so it can keep many gradient reads in flight (summed in the merge, the fused Adagrad
-// update took 5-8% more time: BENCHMARKS.md, thirteenth round).
+// change, so it can keep many gradient reads in flight (summing in the merge instead makes the
+// fused Adagrad update 5-8% slower; BENCHMARKS.md, "Design measurements").
 template <bool kSkipNonFinite>
 __attribute__((always_inline)) inline int64_t ListNextRows(
     const CsrView& view, ContributionRun* runs, size_t ways,
@@ -311,11 +313,11 @@ __attribute__((always_inline)) inline int64_t ListNextRows(
 // Sums the `listed` contributions of block.list into block.sums, row by row in list order, each
 // row from zero, or the first from its partial sum in block.sums[0] when `continues_row`. kDim > 0
 // fixes the row width at compile time (it must equal `runtime_dim`): the sum is then held in
-// vector registers (RowSum) and the row loops have no remainder. Measured against a float array
-// on the stack, which GCC 12 loaded and stored for every contribution: about 2% less time for the
-// fused Adagrad update on the benchmark workload (bench/kernel_ab.py, BENCHMARKS.md, eighth
-// round). Stores and loads of a partial sum are exact. The rows of a skipped token are summed too,
-// and not used.
+// vector registers (RowSum) and the row loops have no remainder. A float array on the stack
+// instead, which GCC 12 loads and stores for every contribution, makes the fused Adagrad update
+// about 2% slower on the benchmark workload (bench/kernel_ab.py; BENCHMARKS.md, "Design
+// measurements"). Stores and loads of a partial sum are exact. The rows of a skipped token are
+// summed too, and not used.
 template <int64_t kDim>
 __attribute__((always_inline)) inline void SumListedRows(const RowSumBlock& block, int64_t listed,
                                                          bool continues_row, int64_t runtime_dim,

@@ -14,8 +14,8 @@ constexpr int64_t kMaxRanges = 64;
 // Entries whose segment is tested per block before the block's entries in the range are added.
 constexpr int64_t kFilterBlock = 2048;
 // How many of a block's entries ahead the row read and the output row are prefetched. On
-// synthetic exchange-sized inputs (80K entries, 40K rows of 32 floats) 16 took 5-9% less time
-// than none in both directions; 8 was slower than none on scattered segments.
+// synthetic exchange-sized inputs (80K entries, 40K rows of 32 floats) 16 takes 5-9% less time
+// than no prefetch in both directions, while 8 is slower than none on scattered segments.
 constexpr int64_t kPrefetchDistance = 16;
 
 // Index of the first entry of `values[0, n)` outside [0, limit), or -1.

@@ -84,9 +84,9 @@ SCE_DEFINE_ACCUMULATE_SEGMENT(AccumulateSegmentBaseline, )
 using AccumulateSegmentFn = void (*)(const CsrView&, int64_t, int64_t, const float*, int64_t,
                                      float*, int64_t, const int32_t*);
 
-// The build of the accumulation loop for `isa` and `dim`. Fixing the width at compile time made
-// the forward lookup of the benchmark workload 25-28% faster (bench/kernel_ab.py, BENCHMARKS.md,
-// eleventh round), with the same bits.
+// The build of the accumulation loop for `isa` and `dim`. With the width fixed at compile time
+// the forward lookup of the benchmark workload takes 25-28% less time, with the same bits
+// (bench/kernel_ab.py --kernel forward; BENCHMARKS.md, "Design measurements").
 AccumulateSegmentFn AccumulateSegmentFor(VectorIsa isa, int64_t dim) {
   static constexpr AccumulateSegmentFn kBuilds[3][4] = {
       SCE_ROW_WIDTH_BUILDS(AccumulateSegmentBaseline), SCE_ROW_WIDTH_BUILDS(AccumulateSegmentAvx2),

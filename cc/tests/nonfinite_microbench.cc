@@ -1,7 +1,8 @@
 // Microbenchmark of the non-finite gradient check of the fused update (issue 10, item 5): the
-// Adagrad update of one table shard set alone ("before": the update loop is unchanged for finite
-// inputs) against the same update preceded by the two AllFinite passes over the activation
-// gradients and the gains that the kernel now runs ("after"). Single thread, best of N.
+// Adagrad update of one table shard set alone (printed as "before": the update loop is the same
+// for finite inputs) against the same update preceded by the two AllFinite passes over the
+// activation gradients and the gains that the kernel runs (printed as "after"). Single thread,
+// best of N.
 //
 // Build and run with the op library's flags (setup.py COMMON_FLAGS):
 //   g++ -std=c++17 -O3 -ffp-contract=off -fno-math-errno -I. cc/core/*.cc \
