@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 from tests.api import reference_training as rt
-from tests.api.test_parity import (LOSS_SCALE, TABLES, Trainer, assert_close, initial_table,
-                                   make_optimizer, num_replicas, random_steps)
+from tests.api.parity_helpers import (LOSS_SCALE, TABLES, Trainer, assert_close, initial_table,
+                                      make_optimizer, num_replicas, random_steps)
 
 STEPS = 4
 
