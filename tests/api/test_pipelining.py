@@ -105,7 +105,7 @@ def test_pipelining_delays_activations_by_exactly_one_update():
     assert any(not np.array_equal(results[0][1][k], results[1][1][k]) for k in results[0][1])
 
 
-def test_apply_pending_gradients_and_restore():
+def test_apply_pending_gradients_and_restore(tmp_path):
     trainer, reference = _pipelined("adagrad")
     steps = random_steps(2, "sum", "ragged", True, 1, steps=3)
     _train(trainer, reference, steps[:2], "first steps")
@@ -115,7 +115,7 @@ def test_apply_pending_gradients_and_restore():
     reference.check_tables(trainer, "after the flush")
     checkpoint = tf.train.Checkpoint(embedding=trainer.embedding)
     saved = {name: t.copy() for name, t in trainer.logical_tables().items()}
-    path = checkpoint.save(f"/tmp/sce_pipelining_{id(trainer)}/ckpt")
+    path = checkpoint.save(str(tmp_path / "ckpt"))
     _train(trainer, reference, steps[2:], "third step")   # keeps an update...
     checkpoint.restore(path)                              # ...that the restore discards
     for name, table in trainer.logical_tables().items():
