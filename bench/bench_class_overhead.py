@@ -117,10 +117,11 @@ class ClassKernelsAlone:
 
     def __init__(self, embedding, flat_ids, flat_weights, gradients):
         from tf_sc_embedding import collectives, enqueue as enqueue_lib  # noqa: PLC0415
-        from tf_sc_embedding import fused_update, sharded_lookup  # noqa: PLC0415
+        from tf_sc_embedding import fused_update  # noqa: PLC0415
+        from tf_sc_embedding.exchanges import all_gather as sharded_lookup  # noqa: PLC0415
         self.fused_update = fused_update
         self.embedding = embedding
-        plan = embedding._plan  # noqa: SLF001
+        plan = embedding.plan
         self.layout = plan.sharded
         self.enqueue_lib, self.sharded_lookup, self.collectives = (
             enqueue_lib, sharded_lookup, collectives)

@@ -45,7 +45,8 @@ def measure(args):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_class_overhead import ClassKernelsAlone, class_functions  # pylint: disable=import-outside-toplevel
     from common import ragged_features  # pylint: disable=import-outside-toplevel
-    from tf_sc_embedding import collectives, fused_update, sharded_lookup  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding import collectives, fused_update  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.exchanges import all_gather as sharded_lookup  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding import enqueue as enqueue_lib  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding.data import CriteoLikeWorkload  # pylint: disable=import-outside-toplevel
     E = tf.tpu.experimental.embedding
@@ -86,7 +87,7 @@ def measure(args):
             """The fused update of every stacked table, its gradients in one tensor in the CSR's
             order, or (per_feature) as the class passes them with one replica: each feature's
             [batch, dim] gradient as it is, read feature-major."""
-            plan = embedding._plan  # noqa: SLF001
+            plan = embedding.plan
             by_path = dict(zip(embedding.feature_paths, tf.nest.flatten(gradients)))
             grads, arguments = {}, {}
             for n, s in layout.stacked_tables.items():

@@ -32,11 +32,12 @@ from common import free_loopback_ports, loopback_tf_config, wait_or_kill  # noqa
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="1,2,4")
-    parser.add_argument("--exchanges", default="all_to_all,all_to_all_sharded,all_gather",
-                        help="all_to_all: the library's default table placement; "
-                             "all_to_all_sharded: every table sharded; all_gather: the "
-                             "all-gather exchange (all-gather of ids, all-reduce of activations, "
-                             "every table sharded)")
+    parser.add_argument("--exchanges", default="all_to_all,all_to_all_replicated,all_gather",
+                        help="all_to_all: every table sharded (the library's default); "
+                             "all_to_all_replicated: tables of at most 256 KiB replicated "
+                             "(replication_threshold_bytes=262144); all_gather: the all-gather "
+                             "exchange (all-gather of ids, all-reduce of activations, every "
+                             "table sharded)")
     parser.add_argument("--batch", type=int, default=1024, help="per-worker batch")
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--vocab-cap", type=int, default=100_000)
@@ -77,7 +78,8 @@ def worker(args):
               for i, v in enumerate(vocab)]
     features = {f"f{i}": E.FeatureConfig(table=t) for i, t in enumerate(tables)}
     exchange = "all_gather" if args.exchange == "all_gather" else "all_to_all"
-    threshold = {} if args.exchange == "all_to_all" else {"replication_threshold_bytes": 0}
+    threshold = ({"replication_threshold_bytes": 256 * 1024}
+                 if args.exchange == "all_to_all_replicated" else {})
     with strategy.scope():
         embedding = sce.TPUEmbeddingV2(features, E.Adagrad(learning_rate=0.05),
                                        exchange=exchange, **threshold)

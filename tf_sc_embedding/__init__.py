@@ -1,8 +1,9 @@
 """tf_sc_embedding: TPUEmbeddingV2-style sharded embeddings whose SparseCore ops run on CPU."""
 from tf_sc_embedding import layout, ops
 from tf_sc_embedding.embedding import TPUEmbeddingV2
+from tf_sc_embedding.options import EmbeddingOptions
 
-__all__ = ["EmbeddingLayer", "TPUEmbeddingV2", "layout", "ops"]
+__all__ = ["EmbeddingLayer", "EmbeddingOptions", "TPUEmbeddingV2", "layout", "ops"]
 __version__ = "0.1.0"
 
 

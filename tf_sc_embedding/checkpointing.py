@@ -57,14 +57,12 @@ optimizer needs must be present (unless `allow_optimizer_change()` is active, in
 missing slots keep their initial values), and the last row of every tensor is read (a truncated
 data file fails here, naming the table, not half-way through a restore).
 """
-import contextlib
 import json
-import threading
 import weakref
 
 import tensorflow as tf
-from absl import logging
 
+from tf_sc_embedding import logical_tables
 from tf_sc_embedding import private_tf
 from tf_sc_embedding import table_storage
 from tf_sc_embedding.table_storage import PARAMETERS, as_tensor_zero_copy
@@ -74,23 +72,9 @@ SAVER_NAME = "LogicalEmbeddingTable"
 LAYOUT_KEY = "layout"
 VALUE_KEY = "VARIABLE_VALUE"     # the attribute name of a tf.Variable in checkpoints
 
-_options = threading.local()
-
-
-@contextlib.contextmanager
-def allow_optimizer_change():
-    """Restores inside this block accept checkpoints without some optimizer slots.
-
-    Use it when the optimizer was changed deliberately between saving and restoring: the slots
-    the checkpoint does not have keep their initial values (a warning names each). Without it, a
-    missing slot is an error and nothing is restored.
-    """
-    previous = getattr(_options, "allow_missing_slots", False)
-    _options.allow_missing_slots = True
-    try:
-        yield
-    finally:
-        _options.allow_missing_slots = previous
+# Restores inside this block accept a checkpoint without some optimizer slots (the one
+# validation rule lives in logical_tables.check_restorable).
+allow_optimizer_change = logical_tables.allow_optimizer_change
 
 
 def child_name(table_name, kind):
@@ -133,24 +117,16 @@ def _cpu_device():
 class LogicalTable:
     """One user table of a `TPUEmbeddingV2`: its checkpoint nodes (values and slots, logical)."""
 
-    def __init__(self, embedding, table_name, table_config, slot_names):
+    def __init__(self, embedding, table_name):
         self._embedding_ref = weakref.ref(embedding)
         self.table_name = table_name
-        self.table_config = table_config
-        self.slot_names = tuple(slot_names)
+        self.kinds = embedding.tables.kinds(table_name)
+        self.logical_shape = embedding.tables.shape(table_name)
         self.nodes = {kind: KindNode(self, kind) for kind in self.kinds}
 
     @property
     def embedding(self):
         return self._embedding_ref()
-
-    @property
-    def kinds(self):
-        return (PARAMETERS,) + self.slot_names
-
-    @property
-    def logical_shape(self):
-        return (int(self.table_config.vocabulary_size), int(self.table_config.dim))
 
 
 def trackable_children(logical_tables):
@@ -178,7 +154,10 @@ def _key(object_name, local_name):
 
 
 def _child_path(object_name, name):
-    return f"{object_name}/{private_tf.escape_local_name(name)}"
+    """A child's object path; the root object's path is "" (tf.train.Checkpoint(embedding)), and
+    its children's keys then start with the child's name, as TensorFlow writes them."""
+    escaped = private_tf.escape_local_name(name)
+    return f"{object_name}/{escaped}" if object_name else escaped
 
 
 def value_key(embedding_path, table_name, kind):
@@ -219,18 +198,11 @@ def _layout_record(node):
 
 
 def _saved_items(node):
-    """(kind, producer) of the values one table saves now; producer() -> array or tensor."""
-    embedding = node.embedding
-    height, _ = node.logical_shape
-    if embedding.built:
-        return [(kind, lambda k=kind: embedding.read_logical(node.table_name, k))
-                for kind in node.kinds]
-    items = []   # restored but not built yet: carry the restored values forward
-    for kind in node.kinds:
-        pending = embedding.pending_restore(node.table_name, kind)
-        if pending is not None:
-            items.append((kind, lambda p=pending: p(0, height)))
-    return items
+    """(kind, producer) of the values one table saves now; producer() -> array or tensor. Before
+    build() that is what a restore keeps for the table, if anything."""
+    tables = node.embedding.tables
+    return [(kind, lambda k=kind: tables.saved_value(node.table_name, k))
+            for kind in node.kinds if tables.has_value(node.table_name, kind)]
 
 
 def _row_slices(shape):
@@ -274,7 +246,7 @@ def _save_fn(trackables, file_prefix):
     for object_name, embedding in sorted(trackables.items(), key=lambda kv: kv[0]):
         if not _is_embedding(embedding):
             continue
-        for table in embedding.logical_tables_for_checkpoint().values():
+        for table in embedding.checkpoint_nodes().values():
             height, width = table.logical_shape
             for kind, produce in _saved_items(table):
                 items.append((value_key(object_name, table.table_name, kind), 4 * height * width,
@@ -357,40 +329,23 @@ def _check_and_collect(found, prefix, shapes):
 
     found: {LogicalTable: {kind: checkpoint key}} of the nodes this restore matched.
     """
-    allow_missing = getattr(_options, "allow_missing_slots", False)
     by_embedding = {}
     for table, keys in found.items():
         embedding = table.embedding
         if embedding is None:
             continue
+        present = {kind: key for kind, key in keys.items() if key in shapes}
+        if not present:
+            continue
+        logical_tables.check_restorable(
+            embedding.tables, {table.table_name: {k: shapes[key] for k, key in present.items()}},
+            "the checkpoint", location=f" {prefix}")
         readers = {}
-        has_parameters = keys.get(PARAMETERS) in shapes
-        for kind in table.kinds:
-            key = keys.get(kind)
-            if key is None or key not in shapes:
-                if kind != PARAMETERS and has_parameters:
-                    if not allow_missing:
-                        raise ValueError(
-                            f"table '{table.table_name}': checkpoint {prefix} has no '{kind}' "
-                            f"slot, which the table's optimizer needs (it was saved with another "
-                            "optimizer?). Nothing was restored. To change the optimizer on "
-                            "purpose, restore inside tf_sc_embedding.checkpointing."
-                            "allow_optimizer_change(): missing slots then keep their initial "
-                            "values")
-                    logging.warning("checkpoint %s has no slot '%s' for table '%s': the slot "
-                                    "keeps its initial value", prefix, kind, table.table_name)
-                continue
-            if tuple(shapes[key]) != table.logical_shape:
-                raise ValueError(
-                    f"table '{table.table_name}': the checkpoint's {kind} has shape "
-                    f"[vocabulary_size, dim] = {list(shapes[key])} but the TableConfig has "
-                    f"{list(table.logical_shape)} (checkpoint {prefix}, key '{key}'); a table "
-                    "with a different vocabulary or dimension cannot be restored")
+        for kind, key in present.items():
             reader = CheckpointRows(prefix, key, shapes[key], table.table_name, kind)
             reader.check_readable()
             readers[kind] = reader
-        if readers:
-            by_embedding.setdefault(id(embedding), (embedding, {}))[1][table.table_name] = readers
+        by_embedding.setdefault(id(embedding), (embedding, {}))[1][table.table_name] = readers
     return by_embedding.values()
 
 
@@ -412,7 +367,7 @@ def _restore_fn(trackables, merged_prefix):
     except (tf.errors.OpError, IndexError, ValueError) as e:
         raise ValueError(f"checkpoint {prefix} cannot be read: {type(e).__name__}: {e}") from None
     for embedding, readers in _check_and_collect(found, prefix, shapes):
-        embedding.restore_logical(readers)
+        embedding.tables.restore(readers)
 
 
 def _is_embedding(obj):

@@ -139,6 +139,42 @@ class ReplicaGroup:
     def is_multi_worker(self):
         return self.num_workers > 1
 
+    # -- per-replica values of this process's replicas
+    def local_values(self, structure):
+        """One structure per local replica from a structure of per-replica values (a value that
+        is not per-replica is the same for every replica)."""
+        count = len(self.local_replica_ids)
+        columns = []
+        for value in tf.nest.flatten(structure, expand_composites=False):
+            if isinstance(value, tf.distribute.DistributedValues):
+                value = list(self.strategy.experimental_local_results(value))
+                if len(value) != count:
+                    raise ValueError(f"a per-replica input has {len(value)} values, this "
+                                     f"process runs {count} replicas")
+                columns.append(value)
+            else:
+                columns.append([value] * count)
+        if isinstance(structure, tf.distribute.DistributedValues):
+            return columns[0]
+        return [tf.nest.pack_sequence_as(structure, [c[i] for c in columns])
+                for i in range(count)]
+
+    def distribute(self, local_outputs):
+        """The per-replica value whose part on local replica i is local_outputs[i]."""
+        local_ids = list(self.local_replica_ids)
+        return self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: local_outputs[local_ids.index(int(tf.get_static_value(
+                ctx.replica_id_in_sync_group)))])
+
+    def calling_replicas(self):
+        """(replica id, device) of the replica calling in replica context, else of every local
+        replica (cross-replica context, or one replica)."""
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync > 1:
+            replica_id = ReplicaView(self).replica_id
+            return [(replica_id, self.device_of(replica_id))]
+        return list(zip(self.local_replica_ids, self.local_devices))
+
     def device_of(self, replica_id):
         """The device of a replica of this process; any other replica id is an error."""
         try:

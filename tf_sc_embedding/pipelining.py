@@ -35,7 +35,7 @@ class UpdateStash:
     """
 
     def __init__(self, keys, group):
-        """keys: the (part, stacked table name) of every update a replica runs per step."""
+        """keys: the stacked table names of the updates a replica runs per step."""
         self._keys = list(keys)
         self._pending, self._inputs = {}, {}
         with tf.init_scope():
@@ -48,12 +48,9 @@ class UpdateStash:
                             private_tf.shapeless_variable(
                                 tf.zeros([0] if name != "num_minibatches_per_physical_sparse_core"
                                          else [], dtype),
-                                f"pipelined_{key[0]}_{key[1]}_{name}_replica_{replica_id}")
+                                f"pipelined_{key}_{name}_replica_{replica_id}")
                             for name, dtype in fused_update.UPDATE_INPUT_DTYPES.items()])
                         for key in self._keys}
-
-    def is_pending(self, replica_id):
-        return bool(self._pending[replica_id].numpy())
 
     def apply_pending(self, replica_id, targets, non_finite_gradients):
         """Runs the kept update of a replica if there is one, and clears it.

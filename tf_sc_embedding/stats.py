@@ -195,3 +195,10 @@ class RunningStats:
     def reset(self):
         self.maxima.assign(tf.zeros_like(self.maxima))
         self.batches.assign(0)
+
+
+def suggested_limits(measured):
+    """(max_ids_per_table, max_unique_ids_per_table) for `SparseCoreEmbeddingConfig` of a job
+    with this topology, from running maxima ({stacked table: RunningStats.read() entry})."""
+    return ({n: v[MAX_IDS] for n, v in measured.items()},
+            {n: v[MAX_UNIQUE_IDS] for n, v in measured.items()})

@@ -267,10 +267,6 @@ class TableStorage:
         return (block_replica,) if block_replica in self.group.local_replica_ids else ()
 
     # -- queries
-    @property
-    def created(self):
-        return self._tables is not None
-
     def placement(self, table_name):
         try:
             return self._placements[table_name]
@@ -281,16 +277,9 @@ class TableStorage:
     def table_names(self):
         return tuple(self._placements)
 
-    def kinds(self, table_name):
-        return (PARAMETERS,) + tuple(self.placement(table_name).optimizer.slot_names)
-
     def stacked_variables(self):
         """Stacked table name -> {"parameters": ShardedTable, <slot>: ShardedTable}."""
         return self._tables
-
-    def local_shard(self, stacked_name, kind, replica_id):
-        """The variable of one replica (of this process) for a stacked table's parameters/slot."""
-        return self._tables[stacked_name][kind].shard(replica_id)
 
     def local_variables(self):
         return [v for kinds in self._tables.values() for t in kinds.values() for v in t.shards]
@@ -491,12 +480,3 @@ class TableStorage:
                   for _, replica, start, _ in blocks.blocks]
         return tf.reshape(tf.stack(pieces, axis=1),
                           [layout.padded_height, layout.width])[:layout.height]
-
-    def owned_logical_rows(self, table_name):
-        """Boolean mask of the logical rows held by this process (for tests and tools)."""
-        blocks = self._blocks[table_name]
-        mask = np.zeros(blocks.layout.height, bool)
-        for k, replica, _, _ in blocks.blocks:
-            if self._holders(table_name, replica):
-                mask[k::blocks.n] = True
-        return mask

@@ -9,8 +9,8 @@ import tensorflow as tf
 
 import tf_sc_embedding as sce
 from tf_sc_embedding import collectives
-from test_parity import (FEATURES, TABLES, Trainer, loss_of, make_optimizer, random_steps,
-                         skip_without_devices)
+from tests.api.parity_helpers import (FEATURES, TABLES, Trainer, loss_of,
+                                      make_optimizer, random_steps, skip_without_devices)
 
 E = tf.tpu.experimental.embedding
 
@@ -530,10 +530,11 @@ def test_placement_plan_follows_the_threshold_and_overrides():
         default = sce.TPUEmbeddingV2(config, E.SGD(0.1))
         forced = sce.TPUEmbeddingV2(config, E.SGD(0.1),
                                     table_placement={"small": "sharded", "large": "replicated"})
-        none = sce.TPUEmbeddingV2(config, E.SGD(0.1), replication_threshold_bytes=0)
-    assert default.placement_plan == {"small": "replicated", "large": "sharded"}
+        threshold = sce.TPUEmbeddingV2(config, E.SGD(0.1), replication_threshold_bytes=1024)
+    # TensorFlow's layout by default: every table sharded; replication only when asked for.
+    assert default.placement_plan == {"small": "sharded", "large": "sharded"}
     assert forced.placement_plan == {"small": "sharded", "large": "replicated"}
-    assert none.placement_plan == {"small": "sharded", "large": "sharded"}
+    assert threshold.placement_plan == {"small": "replicated", "large": "sharded"}
     # One replica: nothing to replicate.
     assert sce.TPUEmbeddingV2(config, E.SGD(0.1)).placement_plan == {
         "small": "sharded", "large": "sharded"}

@@ -221,7 +221,7 @@ def test_single_replica_enqueue_runs_no_extra_counting_ops():
     assert "SceConvertFeaturesToStackedCooTensor" not in types
     assert "SceGetMinibatchSplitsWithPhysicalReplica" not in types
     assert types.count("SceConvertFeaturesToMinibatchSplits") == len(
-        embedding._plan.stacked_tables)  # pylint: disable=protected-access
+        embedding.plan.stacked_tables)
 
 
 def test_all_gather_two_replicas_running_stats_equal_compute_sparse_core_stats():
@@ -305,7 +305,7 @@ def test_single_replica_update_takes_each_features_gradient_without_a_copy():
     graph = step.get_concrete_function(features, weights).graph
     updates = [op for op in graph.get_operations()
                if op.type == "SceResourceSparseDenseMatmulGradWithAdagradAndCsrInput"]
-    layout = embedding._plan.sharded  # pylint: disable=protected-access
+    layout = embedding.plan.sharded
     assert len(updates) == len(layout.stacked_tables)
     by_name = {op.get_attr("table_name").decode(): op for op in updates}
     multi_feature = 0

@@ -271,8 +271,8 @@ def test_tf_train_checkpoint_restores_into_another_topology(tmp_path):
     tf.train.Checkpoint(model=model2).restore(path)
     for n in VOCAB:
         np.testing.assert_array_equal(tables_of(layer2)[n], tables_of(layer1)[n])
-        config = layer1.embedding._logical_nodes[f"t_{n}"].table_config  # noqa: SLF001
-        config2 = layer2.embedding._logical_nodes[f"t_{n}"].table_config  # noqa: SLF001
+        config = layer1.embedding.tables.config(f"t_{n}")
+        config2 = layer2.embedding.tables.config(f"t_{n}")
         np.testing.assert_array_equal(layer2.embedding.logical_slot(config2, "accumulators"),
                                       layer1.embedding.logical_slot(config, "accumulators"))
     np.testing.assert_allclose(model2.predict(ds, verbose=0), model1.predict(ds, verbose=0),

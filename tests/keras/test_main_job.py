@@ -82,7 +82,7 @@ def test_two_replicas_fit(tmp_path):
                              "--eval-samples", "4096", "--verbose", "0", "--no-export"],
                             tmp_path, strategy=mirrored_strategy(2))
     assert np.isfinite(results["log_loss"]) and results["auc"] > 0.6
-    assert model.sparse.embedding._num_replicas == 2  # noqa: SLF001
+    assert model.sparse.embedding.replica_group.num_replicas == 2
 
 
 @pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])

@@ -41,7 +41,7 @@ def main():
     features = {"f": E.FeatureConfig(table=table)}
     batch = 8 * replicas
     with strategy.scope():
-        # 1 KiB: below the replication threshold, so placed "sharded" explicitly.
+        # Sharded is the default; named so the test states the placement it covers.
         layer = sce.EmbeddingLayer(features, optimizer=E.SGD(learning_rate=0.5), batch_size=batch,
                                    table_placement={"t": "sharded"})
         ids = keras.Input(shape=(), batch_size=batch // replicas, dtype="int32", name="f")

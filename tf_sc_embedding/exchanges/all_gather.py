@@ -1,7 +1,10 @@
-"""The all-gather exchange: lookup and fused update when every replica sees every replica's ids.
+"""The CSR exchange: one replica, or several that all-gather every replica's ids.
 
-(The earlier multi-replica design, kept for comparison: `TPUEmbeddingV2(exchange="all_gather")`;
-the default is the all-to-all exchange of `exchange.py`, whose bytes per replica stay flat.)
+With one replica this is the plain SparseCore path: preprocessing with minibatch splits, CSR
+packing and the CSR lookup and fused update kernels. With several replicas
+(`exchange="all_gather"`) it implements SparseCore's per-partition limits (minibatching and id
+dropping), at the price of bytes that grow with the replica count; the default multi-replica
+exchange is all_to_all.py, whose bytes per replica stay flat.
 
 Each replica holds SparseCore shards [d*S, (d+1)*S) of every stacked table. A step:
 1. the replicas agree on minibatch splits (OR of every replica's bitmask) and pack CSR buffers;
@@ -15,8 +18,11 @@ import collections
 
 import tensorflow as tf
 
+from tf_sc_embedding import collectives
+from tf_sc_embedding import enqueue as enqueue_lib
 from tf_sc_embedding import fused_update
 from tf_sc_embedding import ops
+from tf_sc_embedding.exchanges import base
 
 # What apply_gradients needs from the forward pass of one stacked table.
 PreservedCsr = collections.namedtuple(
@@ -97,3 +103,48 @@ def update_inputs(view, csr, gradients):
     return fused_update.UpdateInputs(
         csr.row_pointers, csr.sorted_sample_ids, csr.sorted_token_ids, csr.sorted_gains,
         view.all_gather(gradients), csr.num_minibatches)
+
+
+class AllGatherExchange(base.Exchange):
+    """Sharded tables looked up from CSR buffers of every replica's ids (or one replica's)."""
+
+    with_splits = True
+
+    def __init__(self, layout, group, sparse_core_config):
+        super().__init__(layout, group)
+        self._sparse_core_config = sparse_core_config
+
+    def feature_major_rows(self, name):
+        return enqueue_lib.feature_major_rows(self.layout, self.stacked_tables[name])
+
+    def gradient_order(self, name):
+        """Per feature (no copy) when the update reads them in place (one replica),
+        feature-major when they are all-gathered first, else in the CSR's order."""
+        if self.feature_major_rows(name) is None:
+            return enqueue_lib.SPARSE_CORE_MAJOR
+        return (enqueue_lib.PER_FEATURE if self.layout.num_replicas == 1
+                else enqueue_lib.FEATURE_MAJOR)
+
+    def _lookup_stacked(self, view, preprocessed, parameters):
+        activations, preserved, dropped = {}, {}, []
+        for name, stacked in self.stacked_tables.items():
+            csr, num_dropped = pack_and_gather(view, self.layout, stacked, preprocessed[name],
+                                               self._sparse_core_config)
+            activations[name] = lookup(view, self.layout, stacked, csr, parameters[name],
+                                       feature_rows_per_sc=self.feature_major_rows(name))
+            preserved[name] = csr
+            dropped.append(tf.cast(num_dropped, tf.int64))
+        self.group.counter(view.replica_id, collectives.DROPPED_IDS).assign_add(tf.add_n(dropped))
+        return activations, preserved
+
+    def is_preserved(self, preserved):
+        return (isinstance(preserved, dict) and set(preserved) == set(self.stacked_tables) and
+                all(isinstance(v, PreservedCsr) for v in preserved.values()))
+
+    def _update_arguments(self, replica_id):
+        return shard_arguments(self.layout, replica_id)
+
+    def update_inputs(self, view, preserved, gradients, flags=None):
+        del flags   # never given: this exchange does not carry them
+        return {name: update_inputs(view, preserved[name], gradients[name])
+                for name in self.stacked_tables}, None

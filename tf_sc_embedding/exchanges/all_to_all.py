@@ -27,6 +27,7 @@ import collections
 import tensorflow as tf
 
 from tf_sc_embedding import fused_update
+from tf_sc_embedding.exchanges import base
 from tf_sc_embedding.ops import id_routing, replica_chunks
 from tf_sc_embedding.ops.owner_csr import owner_csr
 from tf_sc_embedding.ops.segment_sum import gathered_segment_sum
@@ -62,7 +63,7 @@ def unpack_by_replica(buffer, counts, widths):
     return replica_chunks.unpack_replica_chunks(tf.reshape(buffer, [-1]), counts, widths)
 
 
-def _exchange_counts(view, send_counts, widths):
+def exchange_counts(view, send_counts, widths):
     """(recv_counts [W source, T], id chunk, row chunk) of the all-to-all buffers, from one
     all-gather of every replica's send_counts [W dest, T].
 
@@ -80,7 +81,7 @@ def _exchange_counts(view, send_counts, widths):
     return recv_counts, id_chunk, row_chunk
 
 
-def _all_to_all(view, buffer):
+def all_to_all_flat(view, buffer):
     num_replicas = view.num_replicas
     return tf.reshape(view.all_to_all(tf.reshape(buffer, [num_replicas, -1])), [-1])
 
@@ -115,17 +116,17 @@ def lookup(view, layout, coo_by_table, table_shards):
             coo.col_ids, num_replicas=W, sparse_cores_per_replica=S,
             rows_per_shard=table.rows_per_shard, table_name=table.name)))
     send_counts = tf.stack([t["route"].counts for t in sources], axis=1)    # [W dest, T]
-    recv_counts, id_chunk, row_chunk = _exchange_counts(view, send_counts, widths)
+    recv_counts, id_chunk, row_chunk = exchange_counts(view, send_counts, widths)
 
     # 2. unique ids to their owners (as rows of the owner's variable).
-    recv_ids = _all_to_all(view, pack_by_replica([t["route"].rows for t in sources], send_counts,
-                                                 id_chunk))
+    recv_ids = all_to_all_flat(view, pack_by_replica([t["route"].rows for t in sources],
+                                                     send_counts, id_chunk))
     received = unpack_by_replica(recv_ids, recv_counts, [None] * len(stacked))
 
     # 3. owners read their rows (the variable is read in place, not copied) and return them.
     rows = [_quantized(tf.gather(table_shards[table.name].read_value(), received[i]),
                        table.quantization) for i, table in enumerate(stacked)]
-    recv_rows = _all_to_all(view, pack_by_replica(rows, recv_counts, row_chunk))
+    recv_rows = all_to_all_flat(view, pack_by_replica(rows, recv_counts, row_chunk))
     rows_in_send_order = unpack_by_replica(recv_rows, send_counts, width_list)
 
     # 4. rows -> activations.
@@ -171,7 +172,7 @@ def exchange_gradients(view, layout, preserved, gradients, flags=None):
         widths.append(count)
         chunk = chunk + count
     received = unpack_by_replica(
-        _all_to_all(view, pack_by_replica(per_unique, send_counts, chunk)), recv_counts, widths)
+        all_to_all_flat(view, pack_by_replica(per_unique, send_counts, chunk)), recv_counts, widths)
     agreed = None
     if flags is not None:
         agreed = tf.cast(tf.reduce_max(received.pop(), axis=0), tf.int32)
@@ -208,55 +209,30 @@ def owned_rows_inputs(layout, replica_id, rows_and_gradients):
     return inputs
 
 
-def _with_ids(ids, rows):
-    """[n, width + 1] float32: each row after its int32 id, bit for bit, in column 0, so that ids
-    and rows travel in one buffer and one collective (collectives copy bytes, no arithmetic)."""
-    return tf.concat([tf.bitcast(ids, tf.float32)[:, None], rows], axis=1)
+def is_exchanged(preserved, layout):
+    """Whether `preserved` has the structure `lookup` returns for `layout`."""
+    if not (isinstance(preserved, tuple) and len(preserved) == 2):
+        return False
+    tables, sizes = preserved
+    return (isinstance(tables, dict) and set(tables) == set(layout.stacked_tables) and
+            all(isinstance(v, ExchangedTable) for v in tables.values()) and
+            isinstance(sizes, ExchangeSizes))
 
 
-def _split_ids(rows_with_ids):
-    """Inverse of _with_ids: (ids [n], rows [n, width]). The ids are sliced after the bit-cast
-    back to int32, so no float op ever touches them (a small id is a denormal float)."""
-    return tf.bitcast(rows_with_ids, tf.int32)[:, 0], rows_with_ids[:, 1:]
+class AllToAllExchange(base.Exchange):
+    """Sharded tables over several replicas: unique ids to their owners, rows back."""
 
+    carries_flags = True
 
-def sparse_allreduce(view, layout, rows_and_gradients):
-    """Every replica's (row, gradient row) pairs of replicated tables, summed, on every replica.
+    def _lookup_stacked(self, view, preprocessed, parameters):
+        return lookup(view, self.layout, preprocessed, parameters)
 
-    The sparse allreduce of docs/multi_worker.md#replicated-tables in two phases, each one set of
-    collectives for all tables: (1) reduce-scatter: each row goes to replica row mod W with an
-    all-to-all, which sums the duplicates it receives; (2) all-gather of the reduced slices. A
-    replica sends about its own unique rows in (1) and 1/W of the union of all replicas' rows,
-    times W-1, in (2): bounded by the table size, whatever the number of replicas. Each phase is
-    two collectives: the counts, then the rows with their ids in column 0 (_with_ids).
-    Returns {stacked name: (rows, gradients)} in the same order on every replica.
-    """
-    W = view.num_replicas
-    stacked = list(layout.stacked_tables.values())
-    width_list = [s.padded_width + 1 for s in stacked]    # + the id column
-    widths = tf.constant(width_list, tf.int32)
-    # (1) reduce-scatter by owner = row mod W.
-    pairs, counts = [], []
-    for table in stacked:
-        r, g = rows_and_gradients[table.name]
-        owner = r % W
-        order = tf.argsort(owner, stable=True)
-        pairs.append(_with_ids(tf.gather(r, order), tf.gather(g, order)))
-        counts.append(tf.math.bincount(owner, minlength=W, maxlength=W, dtype=tf.int32))
-    send_counts = tf.stack(counts, axis=1)                                     # [W, T]
-    recv_counts, _, chunk = _exchange_counts(view, send_counts, widths)
-    received = unpack_by_replica(
-        _all_to_all(view, pack_by_replica(pairs, send_counts, chunk)), recv_counts, width_list)
-    reduced = []
-    for ids, g in map(_split_ids, received):
-        unique, inverse = tf.unique(ids, out_idx=tf.int32)
-        n = tf.size(ids)
-        reduced.append(_with_ids(unique, gathered_segment_sum(
-            g, tf.range(n), tf.ones([n]), inverse, tf.size(unique))))
-    # (2) all-gather of the reduced slices (equal shapes: padded to the largest slice).
-    mine = tf.stack([tf.shape(p, out_type=tf.int32)[0] for p in reduced])          # [T]
-    all_counts = tf.reshape(view.all_gather(mine[None, :]), [W, len(stacked)])     # [W, T]
-    chunk = tf.reduce_max(tf.reduce_sum(all_counts * widths[None, :], axis=1))
-    local = pack_by_replica(reduced, tf.reshape(mine, [1, -1]), chunk)
-    gathered = unpack_by_replica(view.all_gather(local[None, :]), all_counts, width_list)
-    return {table.name: _split_ids(gathered[i]) for i, table in enumerate(stacked)}
+    def is_preserved(self, preserved):
+        return is_exchanged(preserved, self.layout)
+
+    def _update_arguments(self, replica_id):
+        return owned_rows_arguments(self.layout, replica_id)
+
+    def update_inputs(self, view, preserved, gradients, flags=None):
+        received, agreed = exchange_gradients(view, self.layout, preserved, gradients, flags)
+        return owned_rows_inputs(self.layout, view.replica_id, received), agreed

@@ -1,0 +1,121 @@
+"""The exchange interface: one placement's input distribution, lookup and output distribution.
+
+A plan (layout.EmbeddingPlan) places every table either sharded over the replicas or replicated on
+each; the sharded tables are exchanged all-to-all or all-gathered. Each of these is one `Exchange`
+object owning the tables of its part of the plan, in the spirit of TorchRec's `EmbeddingSharding`
+(input dist -> lookup -> output dist). The training step (step.py) loops over the exchanges of a
+plan in order and never asks which kind it holds; everything that differs between placements lives
+in the subclasses:
+
+* `preprocess`: host preprocessing of one replica's features (with or without minibatch splits);
+* `lookup`: ids to their rows and rows to the activations of every feature, plus the state the
+  update needs (`preserved`), which `is_preserved` recognizes;
+* `stack_gradients`, `update_targets`, `update_inputs`: the backward pass, ending with one fused
+  optimizer update per stacked table on the replica's own variables (fused_update.py).
+"""
+import abc
+
+from tf_sc_embedding import enqueue as enqueue_lib
+from tf_sc_embedding import fused_update
+from tf_sc_embedding.table_storage import PARAMETERS
+
+
+class Exchange(abc.ABC):
+    """The tables of one part of the plan and how a step moves their ids, rows and gradients."""
+
+    # Whether preprocessing proposes minibatch splits (only the CSR lookups consume them).
+    with_splits = False
+    # Whether the gradient exchange can agree on the non-finite flags of every replica in the same
+    # collective (docs/optimizers.md#non-finite-gradients); else the step agrees on them itself.
+    carries_flags = False
+
+    def __init__(self, layout, group):
+        self.layout = layout
+        self.group = group
+
+    @property
+    def stacked_tables(self):
+        return self.layout.stacked_tables
+
+    # ----------------------------------------------------------------- input distribution
+    def preprocess(self, ids_by_path, weights_by_path, observe_maxima=None):
+        """{stacked name: preprocessed ids} of one replica's batch (enqueue.preprocess)."""
+        features = self.layout.features
+        return enqueue_lib.preprocess(
+            self.layout, [ids_by_path[f.path] for f in features],
+            [weights_by_path[f.path] for f in features], with_splits=self.with_splits,
+            observe_maxima=observe_maxima)
+
+    # ----------------------------------------------------------------- lookup
+    def lookup(self, view, preprocessed, variables):
+        """({feature path: activations}, preserved) of this replica's batch.
+
+        variables: {stacked name: {kind: table_storage.ShardedTable}} of the whole plan.
+        """
+        parameters = {name: variables[name][PARAMETERS].shard(view.replica_id)
+                      for name in self.stacked_tables}
+        stacked_activations, preserved = self._lookup_stacked(view, preprocessed, parameters)
+        by_path = {}
+        for name, stacked in self.stacked_tables.items():
+            by_path.update(enqueue_lib.unstack_activations(
+                self.layout, stacked, stacked_activations[name],
+                feature_major=self.feature_major_rows(name) is not None))
+        return by_path, preserved
+
+    @abc.abstractmethod
+    def _lookup_stacked(self, view, preprocessed, parameters):
+        """({stacked name: [samples, padded_width] activations}, preserved)."""
+
+    @abc.abstractmethod
+    def is_preserved(self, preserved):
+        """Whether `preserved` is what this exchange's lookup returned (checked statically)."""
+
+    def feature_major_rows(self, name):
+        """Each feature's rows per SparseCore when the lookup of stacked table `name` writes its
+        activations feature-major (docs/lookup.md#activation-row-order), else None."""
+        del name
+        return None
+
+    def gradient_order(self, name):
+        """The order enqueue.stack_gradients gives stacked table `name`'s gradients in."""
+        del name
+        return enqueue_lib.SPARSE_CORE_MAJOR
+
+    # ----------------------------------------------------------------- output distribution
+    def stack_gradients(self, gradients_by_path):
+        """{stacked name: gradients} from the gradients of the features' activations."""
+        return {name: enqueue_lib.stack_gradients(self.layout, stacked, gradients_by_path,
+                                                  self.gradient_order(name))
+                for name, stacked in self.stacked_tables.items()}
+
+    def update_targets(self, replica_id, variables):
+        """{stacked name: fused_update.UpdateTarget} of one replica (no tensor of a step)."""
+        targets = {}
+        for name, stacked in self.stacked_tables.items():
+            kinds = variables[name]
+            arguments = self._update_arguments(replica_id)
+            rows = self.feature_major_rows(name)
+            if rows is not None:
+                arguments = dict(arguments, feature_rows_per_sc=rows)
+            targets[name] = fused_update.UpdateTarget(
+                stacked, arguments, kinds[PARAMETERS].shard(replica_id),
+                [kinds[slot].shard(replica_id) for slot in stacked.optimizer.slot_names],
+                self._counts_skipped_rows(replica_id))
+        return targets
+
+    @abc.abstractmethod
+    def _update_arguments(self, replica_id):
+        """The fused update op's static shard attributes on one replica."""
+
+    def _counts_skipped_rows(self, replica_id):
+        """Whether rows this replica's update skips count in its skipped-rows counter."""
+        del replica_id
+        return True
+
+    @abc.abstractmethod
+    def update_inputs(self, view, preserved, gradients, flags=None):
+        """({stacked name: fused_update.UpdateInputs}, agreed flags or None) of this step.
+
+        gradients: stack_gradients' result. flags (int32 [features]) are only given to an
+        exchange that carries_flags; it returns their maximum over all replicas.
+        """

@@ -1,0 +1,78 @@
+"""The per-replica shape of a feature's samples: the one home of the rule.
+
+Ragged and sparse ids, and 1-D dense ids, are one sample per row: the feature's samples have shape
+[batch]. Dense ids of shape [batch, n, ...] are n x ... one-id samples per row, shaped
+[batch, n, ...], and their activations [batch, n, ..., dim], as in TensorFlow. The tables' layout
+is fixed by these shapes, so they must be static when the tables are built.
+"""
+import tensorflow as tf
+
+
+def _is_composite(feature):
+    """Ragged or sparse ids (tensors, or Keras's symbolic inputs flagged ragged / sparse)."""
+    return (isinstance(feature, (tf.RaggedTensor, tf.SparseTensor)) or
+            bool(getattr(feature, "ragged", False)) or bool(getattr(feature, "sparse", False)))
+
+
+def _static_rows(feature):
+    shape = tf.TensorShape(feature.shape)
+    rows = shape[0] if shape.rank else None
+    if rows is None and isinstance(feature, tf.SparseTensor):
+        value = tf.get_static_value(feature.dense_shape)
+        rows = None if value is None else int(value[0])
+    return rows
+
+
+def sample_dims(feature):
+    """(rows or None, the dimensions after the batch) of a feature's ids, as far as they are
+    static. `feature`: a tensor, ragged or sparse tensor, or Keras symbolic input."""
+    if _is_composite(feature):
+        return _static_rows(feature), []
+    if not hasattr(feature, "shape"):
+        feature = tf.convert_to_tensor(feature)
+    shape = tf.TensorShape(feature.shape)
+    if shape.rank is None or shape.rank == 0:
+        return None, []
+    dims = shape.as_list()
+    return dims[0], dims[1:]
+
+
+def sample_shape(path, feature, batch=None):
+    """The static per-replica sample shape of a feature's ids (`batch` replaces the rows).
+
+    Raises ValueError naming the feature when a dimension is not static.
+    """
+    rows, inner = sample_dims(feature)
+    rows = rows if batch is None else batch
+    if None in inner:
+        raise ValueError(f"feature '{path}': dense ids need static dimensions after the batch, "
+                         f"got shape {tuple(feature.shape)}")
+    if rows is None:
+        raise ValueError(f"feature '{path}': the batch size is not static, so the tables cannot "
+                         "be laid out; call build(per_replica_batch_size=...) (EmbeddingLayer: "
+                         "batch_size=, the global batch), set the FeatureConfig's output_shape, "
+                         "or batch the dataset with drop_remainder=True")
+    return tuple(int(d) for d in [rows] + inner)
+
+
+def configured_shape(path, feature_config, per_replica_batch_size=None):
+    """The sample shape a FeatureConfig fixes (its output_shape), else [per_replica_batch_size]."""
+    if feature_config.output_shape.rank:
+        return tuple(int(d) for d in feature_config.output_shape.as_list())
+    if per_replica_batch_size is None:
+        raise ValueError(f"feature '{path}': no output_shape in its FeatureConfig; pass "
+                         "per_replica_batch_size to build()")
+    return (int(per_replica_batch_size),)
+
+
+def flatten_like(structure, value, what, allow_none=False):
+    """tf.nest.flatten of `value`, which must have the structure of `structure` (the feature
+    config): a clear error naming `what` otherwise."""
+    try:
+        tf.nest.assert_same_structure(structure, value)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{what} must have the same structure as feature_config: {e}") from None
+    flat = tf.nest.flatten(value)
+    if not allow_none and any(x is None for x in flat):
+        raise ValueError(f"{what} contains None")
+    return flat

@@ -1,0 +1,161 @@
+"""`EmbeddingOptions`: the constructor options this library adds to TensorFlow's `TPUEmbeddingV2`.
+
+They are the one home of the extra options: their defaults, their validation and their config form.
+`TPUEmbeddingV2` and `EmbeddingLayer` accept them as keyword arguments (or as `options=`) and hand
+them here, and the Keras config stores `to_config()`; adding an option is one field below.
+"""
+import dataclasses
+import numbers
+from typing import Any, Mapping
+
+import tensorflow as tf
+
+from tf_sc_embedding import collectives
+from tf_sc_embedding.layout import DEFAULT_SPARSE_CORES_PER_REPLICA, REPLICATED, SHARDED
+
+EXCHANGES = ("auto", "all_to_all", "all_gather")
+NON_FINITE_GRADIENTS = ("error", "skip")
+PLACEMENTS = (SHARDED, REPLICATED)
+
+
+def _placement_by_name(table_placement):
+    """table_placement keyed by table name (a key may also be the table's TableConfig)."""
+    by_name = {}
+    for key, placement in dict(table_placement or {}).items():
+        name = key.name if isinstance(key, tf.tpu.experimental.embedding.TableConfig) else key
+        if not isinstance(name, str):
+            raise ValueError(f"table_placement keys must be table names or TableConfig objects, "
+                             f"got {key!r} ({type(key).__name__})")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"table '{name}': table_placement must be '{SHARDED}' or "
+                             f"'{REPLICATED}', got {placement!r}")
+        by_name[name] = placement
+    return dict(sorted(by_name.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingOptions:
+    """The options `TPUEmbeddingV2` and `EmbeddingLayer` take beyond TensorFlow's arguments.
+
+    sparse_cores_per_replica: SparseCores per replica, i.e. the shards of every table that one
+      replica holds (TensorFlow's layout has 4 per chip).
+    exchange: how replicas exchange ids and rows. "all_to_all" sends each id to the replica that
+      owns its shard and the rows back (bytes per replica do not grow with the replica count);
+      "all_gather" gives every replica every replica's ids and sums partial activations, and is
+      the exchange that implements SparseCore's per-partition limits (minibatches, id dropping).
+      "auto" picks "all_gather" when `sparse_core_embedding_config` sets per-table limits or id
+      dropping, else "all_to_all". One replica needs no exchange.
+    collective_timeout_seconds: a step whose collective waits longer fails (e.g. a worker died);
+      0 waits forever (MultiWorkerMirroredStrategy's health checks still abort the job).
+    replication_threshold_bytes: with several replicas, tables whose parameters take at most this
+      many bytes (vocabulary_size x dim x 4) are held whole by every replica, looked up locally
+      and updated alike after a sparse allreduce of the touched rows. 0 (the default, TensorFlow's
+      layout) shards every table.
+    table_placement: {table name or TableConfig: "sharded" | "replicated"}, overriding the
+      threshold per table.
+    track_sparse_core_stats: measure every enqueued batch's SparseCore partition statistics of the
+      sharded tables (`sparse_core_stats`, TensorBoard summaries).
+    non_finite_gradients: what `apply_gradients` does when a feature's activation gradient has a
+      NaN or Inf on any replica (docs/optimizers.md#non-finite-gradients). "error": the step fails
+      on every replica, naming each such feature and table, before anything is written. "skip":
+      rows with a non-finite gradient keep their values and slots and are counted
+      (`num_skipped_gradient_rows`); the other rows are updated.
+    adapt_sparse_core_limits: raise each sharded stacked table's partition limits online to the
+      statistics agreed over all replicas and workers, logging each raise (`sparse_core_limits`).
+      Needs track_sparse_core_stats.
+    """
+    sparse_cores_per_replica: int = DEFAULT_SPARSE_CORES_PER_REPLICA
+    exchange: str = "auto"
+    collective_timeout_seconds: float = collectives.DEFAULT_TIMEOUT_SECONDS
+    replication_threshold_bytes: int = 0
+    table_placement: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    track_sparse_core_stats: bool = True
+    non_finite_gradients: str = "error"
+    adapt_sparse_core_limits: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "table_placement", _placement_by_name(self.table_placement))
+        _require_int("replication_threshold_bytes", self.replication_threshold_bytes, minimum=0)
+        _require_choice("exchange", self.exchange, EXCHANGES)
+        _require_choice("non_finite_gradients", self.non_finite_gradients, NON_FINITE_GRADIENTS)
+        timeout = self.collective_timeout_seconds
+        if (not isinstance(timeout, numbers.Real) or isinstance(timeout, bool) or
+                not timeout >= 0 or timeout == float("inf")):
+            raise ValueError(f"collective_timeout_seconds must be a finite number >= 0 (0 waits "
+                             f"forever), got {timeout!r}")
+        for name in ("track_sparse_core_stats", "adapt_sparse_core_limits"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.adapt_sparse_core_limits and not self.track_sparse_core_stats:
+            raise ValueError("adapt_sparse_core_limits needs track_sparse_core_stats=True (the "
+                             "limits are raised to the measured statistics)")
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def field_names(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_arguments(cls, options=None, **kwargs):
+        """The options given as `options=` or as keyword arguments (not both)."""
+        if options is not None:
+            if kwargs:
+                raise ValueError(f"pass either options= or the keyword arguments "
+                                 f"{sorted(kwargs)}, not both")
+            if not isinstance(options, cls):
+                raise TypeError(f"options must be an EmbeddingOptions, got "
+                                f"{type(options).__name__}")
+            return options
+        unknown = set(kwargs) - set(cls.field_names())
+        if unknown:
+            raise TypeError(f"unknown option(s) {sorted(unknown)}; the options are "
+                            f"{list(cls.field_names())}")
+        return cls(**kwargs)
+
+    @classmethod
+    def split_arguments(cls, kwargs):
+        """(the options among kwargs, the other kwargs): e.g. a Keras layer's own arguments."""
+        names = set(cls.field_names())
+        return ({k: v for k, v in kwargs.items() if k in names},
+                {k: v for k, v in kwargs.items() if k not in names})
+
+    # ------------------------------------------------------------------ config form
+    def to_config(self):
+        """A JSON-serializable dict of every option (Keras `get_config`)."""
+        config = {name: getattr(self, name) for name in self.field_names()}
+        config["table_placement"] = dict(self.table_placement)
+        return config
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]):
+        return cls.from_arguments(**dict(config))
+
+    # ------------------------------------------------------------------ rules
+    def replicated_tables(self, tables_by_name, num_replicas):
+        """Names of the tables held whole by every replica: only with several replicas; a table
+        is replicated when table_placement says so, or when it names no placement and its
+        parameters take at most replication_threshold_bytes."""
+        unknown = set(self.table_placement) - set(tables_by_name)
+        if unknown:
+            raise ValueError(f"table_placement names unknown tables {sorted(unknown)}; the tables "
+                             f"are {sorted(tables_by_name)}")
+        if num_replicas == 1:
+            return frozenset()
+        replicated = set()
+        for name, table in tables_by_name.items():
+            placement = self.table_placement.get(name)
+            size = int(table.vocabulary_size) * int(table.dim) * 4
+            if placement == REPLICATED or (placement is None and
+                                           size <= self.replication_threshold_bytes):
+                replicated.add(name)
+        return frozenset(replicated)
+
+
+def _require_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _require_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")

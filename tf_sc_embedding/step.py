@@ -1,0 +1,195 @@
+"""`EmbeddingStep`: what one training step does with built tables, for every exchange alike.
+
+`TPUEmbeddingV2.build()` creates it from the plan, the storage and the exchanges (one per
+placement, exchanges/). It owns the per-step behaviour: enqueue (host preprocessing), dequeue
+(lookup), apply_gradients (the fused update, or keeping it for the next step with pipelining),
+the non-finite gradient policy, the partition statistics and the online limits. It loops over the
+exchanges in order and never asks which kind each is.
+"""
+import contextlib
+
+import tensorflow as tf
+
+from tf_sc_embedding import collectives
+from tf_sc_embedding import fused_update
+from tf_sc_embedding import online_limits as online_limits_lib
+from tf_sc_embedding import pipelining
+from tf_sc_embedding import stats as stats_lib
+from tf_sc_embedding.ops import gradient_check
+
+
+class EmbeddingStep:
+    """Enqueue, dequeue and apply_gradients of one built embedding (see the module docstring)."""
+
+    def __init__(self, plan, storage, exchanges, group, options, sparse_core_config, pipelined):
+        self.plan = plan
+        self.exchanges = list(exchanges)
+        self.storage = storage
+        self._group = group
+        self._non_finite = options.non_finite_gradients
+        self._paths = [f.path for f in plan.features]
+        self._tables_of_features = [f.table.name for f in plan.features]
+        self.stats = self.online_limits = None
+        if options.track_sparse_core_stats and plan.sharded is not None:
+            self.stats = stats_lib.RunningStats(plan.sharded)
+            if options.adapt_sparse_core_limits:
+                self.online_limits = online_limits_lib.OnlineLimits(self.stats,
+                                                                    sparse_core_config)
+        self.stash = None
+        if pipelined:
+            self.stash = pipelining.UpdateStash(
+                self._update_targets(group.local_replica_ids[0]), group)
+
+    # ----------------------------------------------------------------------------- enqueue
+    def enqueue(self, flat_ids, flat_weights, device=None, summarize=None):
+        """{stacked name: preprocessed ids} of one replica's batch (flat, in feature order)."""
+        ids = dict(zip(self._paths, flat_ids))
+        weights = dict(zip(self._paths, flat_weights))
+        result = {}
+        with tf.device(device) if device else contextlib.nullcontext():
+            for exchange in self.exchanges:
+                observe = (self._stats_observer(summarize)
+                           if self.stats is not None and exchange.layout is self.stats.layout
+                           else None)
+                result.update(exchange.preprocess(ids, weights, observe))
+        return result
+
+    def _stats_observer(self, summarize):
+        if summarize is None:   # one replica of the process writes the summaries
+            context = tf.distribute.get_replica_context()
+            summarize = True
+            if context is not None and context.num_replicas_in_sync > 1:
+                replica = tf.get_static_value(context.replica_id_in_sync_group)
+                summarize = replica is None or int(replica) == self._group.local_replica_ids[0]
+        return lambda maxima: self.stats.observe_maxima(maxima, summarize)
+
+    # ----------------------------------------------------------------------------- dequeue
+    def dequeue(self, preprocessed):
+        """(flat activations in feature order, preserved) of this replica's batch."""
+        view = collectives.ReplicaView(self._group)
+        variables = self.storage.stacked_variables()
+        by_path, preserved = {}, []
+        for exchange in self.exchanges:
+            activations, kept = exchange.lookup(view, preprocessed, variables)
+            by_path.update(activations)
+            preserved.append(kept)
+        if self.online_limits is not None:
+            self.online_limits.update(view)
+        return [by_path[p] for p in self._paths], tuple(preserved)
+
+    def check_preserved(self, preserved):
+        """preserved_outputs must be what dequeue returned (checked before any collective)."""
+        ok = (isinstance(preserved, tuple) and len(preserved) == len(self.exchanges) and
+              all(e.is_preserved(p) for e, p in zip(self.exchanges, preserved)) and
+              all(isinstance(t, (tf.Tensor, tf.Variable))
+                  for t in tf.nest.flatten(preserved) if t is not None))
+        if not ok:
+            raise ValueError("preserved_outputs must be the second value returned by dequeue / "
+                             "embedding_lookup of this embedding in the same step (stacked "
+                             f"tables {sorted(self.plan.stacked_tables)}); got "
+                             f"{type(preserved).__name__}")
+
+    # ----------------------------------------------------------------------------- update
+    def _update_targets(self, replica_id):
+        variables = self.storage.stacked_variables()
+        targets = {}
+        for exchange in self.exchanges:
+            targets.update(exchange.update_targets(replica_id, variables))
+        return targets
+
+    def apply_gradients(self, flat_gradients, preserved):
+        """The fused update of this step (or, pipelined, the previous step's; this one is kept).
+
+        Returns tensors to depend on; with non_finite_gradients="skip" they count skipped rows.
+        """
+        view = collectives.ReplicaView(self._group)   # fails outside strategy.run
+        self.check_preserved(preserved)
+        by_path = dict(zip(self._paths, flat_gradients))
+        stacked = [exchange.stack_gradients(by_path) for exchange in self.exchanges]
+        targets = self._update_targets(view.replica_id)
+        mode = self._non_finite
+        skipped = []
+        # No table is updated before every table's inputs passed validation: a bad id in one
+        # feature must leave all tables unchanged, not only the table it belongs to.
+        before = [t for t in tf.nest.flatten(preserved) if isinstance(t, tf.Tensor)]
+        if self.stash is not None:
+            # The previous step's update, after this step's lookup (program order on the table
+            # variables) and independent of this step's gradients: it overlaps the dense work.
+            # This step's checks wait for it, so a failing step never cancels it half-way.
+            skipped.append(self.stash.apply_pending(view.replica_id, targets, mode))
+            before.append(skipped[-1])
+        with tf.control_dependencies(before):
+            inputs = self._update_inputs(view, preserved, stacked, flat_gradients, mode)
+            recording = pipelining.summaries_recording() if self.stash is not None else True
+            run_now = lambda: self._run(targets, inputs, mode)   # noqa: E731
+            keep = lambda: self._keep(view.replica_id, inputs)   # noqa: E731
+            if recording is True:      # sequential (also while summaries are recorded)
+                skipped.append(run_now())
+            elif recording is False:
+                skipped.append(keep())
+            else:
+                skipped.append(tf.cond(recording, run_now, keep))
+        updates = list(skipped)
+        if mode == "skip":
+            counter = self._group.counter(view.replica_id, collectives.SKIPPED_GRADIENT_ROWS)
+            updates.append(counter.assign_add(tf.add_n(skipped)))
+        return updates
+
+    def _update_inputs(self, view, preserved, stacked, flat_gradients, mode):
+        """{stacked name: UpdateInputs} after every exchange, checked finite in "error" mode.
+
+        Every replica marks the features whose gradient has a NaN or Inf, and the marks are agreed
+        over all replicas (inside the first exchange that carries them, else by an all-gather of
+        their own), so every replica takes the same decision: the stateless check fails the step
+        on every replica before any write, since the updates consume their inputs only as
+        forwarded by the check (docs/optimizers.md#non-finite-gradients).
+        """
+        flags = carrier = None
+        if mode == "error":
+            flags = gradient_check.non_finite_flags(
+                [None if g is None else tf.convert_to_tensor(g) for g in flat_gradients])
+            carrier = next((e for e in self.exchanges if e.carries_flags), None)
+            if carrier is None:
+                stacked = self._require_finite(view.all_max(flags), stacked)
+        inputs, agreed = {}, None
+        for exchange, kept, gradients in zip(self.exchanges, preserved, stacked):
+            given = flags if exchange is carrier else None
+            values, agreed_here = exchange.update_inputs(view, kept, gradients, given)
+            inputs.update(values)
+            agreed = agreed_here if given is not None else agreed
+        if agreed is not None:
+            inputs = self._require_finite(agreed, inputs)
+        return inputs
+
+    def _require_finite(self, agreed_flags, values):
+        checked = gradient_check.require_finite_gradients(
+            agreed_flags, tf.nest.flatten(values), self._paths, self._tables_of_features)
+        return tf.nest.pack_sequence_as(values, checked)
+
+    @staticmethod
+    def _run(targets, inputs, mode):
+        keys = list(targets)
+        results = [fused_update.run(targets[k], inputs[k], mode) for k in keys]
+        if mode == "skip":
+            return fused_update.skipped_rows([targets[k] for k in keys], results)
+        with tf.control_dependencies(results):
+            return tf.constant(0, tf.int64)
+
+    def _keep(self, replica_id, inputs):
+        with tf.control_dependencies([self.stash.keep(replica_id, inputs)]):
+            return tf.constant(0, tf.int64)
+
+    def apply_pending(self, replica_ids_and_devices):
+        """Runs the kept update of the given replicas (pipelining); [] without pipelining."""
+        if self.stash is None:
+            return []
+        results = []
+        for replica_id, device in replica_ids_and_devices:
+            with tf.device(device):
+                skipped = self.stash.apply_pending(replica_id, self._update_targets(replica_id),
+                                                   self._non_finite)
+                if self._non_finite == "skip":
+                    counter = self._group.counter(replica_id, collectives.SKIPPED_GRADIENT_ROWS)
+                    skipped = counter.assign_add(skipped)
+                results.append(skipped)
+        return results
