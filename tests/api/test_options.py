@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tf_sc_embedding import collectives
+from tf_sc_embedding.keras_layer import EmbeddingLayer
 from tf_sc_embedding.layout import DEFAULT_SPARSE_CORES_PER_REPLICA
 from tf_sc_embedding.options import EmbeddingOptions
 import tf_sc_embedding as sce
@@ -317,7 +318,6 @@ def test_package_exports_the_same_class():
 
 
 def test_layer_accepts_keyword_arguments_or_options():
-    from tf_sc_embedding.keras_layer import EmbeddingLayer  # pylint: disable=import-outside-toplevel
     layer = EmbeddingLayer(feature_config(), optimizer=E.SGD(0.1), exchange="all_gather",
                            collective_timeout_seconds=5, name="emb")
     assert layer.name == "emb"
@@ -332,7 +332,6 @@ def test_layer_accepts_keyword_arguments_or_options():
 
 
 def test_layer_get_config_holds_every_option_and_round_trips():
-    from tf_sc_embedding.keras_layer import EmbeddingLayer  # pylint: disable=import-outside-toplevel
     o = EmbeddingOptions(**dict(NON_DEFAULT, table_placement={"ta": "replicated"}))
     layer = EmbeddingLayer(feature_config(), optimizer=E.SGD(0.1), options=o, name="emb")
     config = layer.get_config()
