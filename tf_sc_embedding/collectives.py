@@ -299,7 +299,14 @@ class ReplicaView:
     # -- collectives
     def all_to_all(self, value):
         """value: [W, ...]; row d goes to replica d; returns [W, ...] with row s from replica s."""
-        return value if self.num_replicas == 1 else self._launch("all_to_all", value)
+        if self.num_replicas == 1:
+            return value
+        rows = tf.TensorShape(value.shape)[0] if value.shape.rank else None
+        if rows is not None and rows != self.num_replicas:
+            # A mismatched all-to-all aborts TensorFlow's collective executor for the process.
+            raise ValueError(f"all_to_all needs one row per replica ({self.num_replicas}), got "
+                             f"shape {value.shape}")
+        return self._launch("all_to_all", value)
 
     def all_gather(self, value):
         """Concatenation along axis 0 of every replica's value (equal shapes)."""

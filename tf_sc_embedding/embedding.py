@@ -115,7 +115,8 @@ class TPUEmbeddingV2(tf.Module):
                 # Tracked as attributes so that tf.Module finds the table variables.
                 self._variables = storage.stacked_variables()
                 stash = self._step.stash
-                return storage, self.apply_pending_gradients, stash.discard if stash else _noop
+                return storage, self.apply_pending_gradients, (stash.discard if stash
+                                                               else lambda: None)
 
             self._tables.build(create_storage)
 
@@ -338,10 +339,6 @@ class TPUEmbeddingV2(tf.Module):
     def collective_bytes_sent(self):
         """{local replica id: bytes sent through the embedding's collectives so far}."""
         return self._group.bytes_sent()
-
-
-def _noop():
-    pass
 
 
 def _has_distributed_values(*structures):

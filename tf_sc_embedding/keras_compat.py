@@ -45,8 +45,8 @@ MULTI_WORKER_FIT_MESSAGE = (
     "model.fit / evaluate / predict of a model with an EmbeddingLayer is not supported under "
     "MultiWorkerMirroredStrategy (Keras 3 itself fails there). Use a custom training loop: "
     "strategy.run around the model call under a tf.GradientTape, then "
-    "optimizer.apply_gradients; the layer updates its tables through the same gradient (see the "
-    "README, 'Multi-worker training', and docs/multi_worker.md#launching)")
+    "optimizer.apply_gradients; the layer updates its tables through the same gradient (see "
+    "docs/multi_worker.md#launching)")
 
 _state = {"installed": False, "reason": "not attempted"}
 

@@ -112,21 +112,29 @@ def _table_name(table, index):
     return table.name if table.name else f"table_{index}"
 
 
+def _positive_integer(name, value):
+    try:
+        count = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        count = None
+    if count is None or count < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return count
+
+
+def check_sparse_cores_per_replica(value):
+    """sparse_cores_per_replica must be a positive integer (its power-of-two rule, with the
+    replica count, is check_sparse_core_count's)."""
+    return _positive_integer("sparse_cores_per_replica", value)
+
+
 def check_sparse_core_count(num_replicas, sparse_cores_per_replica):
     """Every table is sharded over replicas x sparse_cores_per_replica SparseCores, id `i` on
     SparseCore `(i + rotation) mod N` with TensorFlow's bit masks (docs/layout.md#stacking), so N
     must be a power of two: rejected here, before any variable or op exists, instead of by the
     preprocessing ops at the first step. (Replicated tables are laid out for one replica.)"""
-    counts = []
-    for name, value in (("number of replicas", num_replicas),
-                        ("sparse_cores_per_replica", sparse_cores_per_replica)):
-        try:
-            count = None if isinstance(value, bool) else operator.index(value)
-        except TypeError:
-            count = None
-        if count is None or count < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        counts.append(count)
+    counts = [_positive_integer("number of replicas", num_replicas),
+              check_sparse_cores_per_replica(sparse_cores_per_replica)]
     total = counts[0] * counts[1]
     if total & (total - 1):
         raise ValueError(

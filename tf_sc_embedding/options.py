@@ -6,11 +6,13 @@ them here, and the Keras config stores `to_config()`; adding an option is one fi
 """
 import dataclasses
 import numbers
+import types
 from typing import Any, Mapping
 
 import tensorflow as tf
 
 from tf_sc_embedding import collectives
+from tf_sc_embedding import layout
 from tf_sc_embedding.layout import DEFAULT_SPARSE_CORES_PER_REPLICA, REPLICATED, SHARDED
 
 EXCHANGES = ("auto", "all_to_all", "all_gather")
@@ -19,9 +21,14 @@ PLACEMENTS = (SHARDED, REPLICATED)
 
 
 def _placement_by_name(table_placement):
-    """table_placement keyed by table name (a key may also be the table's TableConfig)."""
+    """table_placement keyed by table name (a key may also be the table's TableConfig), as a
+    read-only mapping (the options are immutable)."""
+    table_placement = {} if table_placement is None else table_placement
+    if not isinstance(table_placement, Mapping):
+        raise ValueError(f"table_placement must be a mapping {{table name or TableConfig: "
+                         f"'{SHARDED}' | '{REPLICATED}'}}, got {table_placement!r}")
     by_name = {}
-    for key, placement in dict(table_placement or {}).items():
+    for key, placement in table_placement.items():
         name = key.name if isinstance(key, tf.tpu.experimental.embedding.TableConfig) else key
         if not isinstance(name, str):
             raise ValueError(f"table_placement keys must be table names or TableConfig objects, "
@@ -29,8 +36,11 @@ def _placement_by_name(table_placement):
         if placement not in PLACEMENTS:
             raise ValueError(f"table '{name}': table_placement must be '{SHARDED}' or "
                              f"'{REPLICATED}', got {placement!r}")
+        if by_name.get(name, placement) != placement:
+            raise ValueError(f"table '{name}': table_placement names it twice, as "
+                             f"'{by_name[name]}' and '{placement}'")
         by_name[name] = placement
-    return dict(sorted(by_name.items()))
+    return types.MappingProxyType(dict(sorted(by_name.items())))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +85,7 @@ class EmbeddingOptions:
 
     def __post_init__(self):
         object.__setattr__(self, "table_placement", _placement_by_name(self.table_placement))
+        layout.check_sparse_cores_per_replica(self.sparse_cores_per_replica)
         _require_int("replication_threshold_bytes", self.replication_threshold_bytes, minimum=0)
         _require_choice("exchange", self.exchange, EXCHANGES)
         _require_choice("non_finite_gradients", self.non_finite_gradients, NON_FINITE_GRADIENTS)
@@ -89,6 +100,16 @@ class EmbeddingOptions:
         if self.adapt_sparse_core_limits and not self.track_sparse_core_stats:
             raise ValueError("adapt_sparse_core_limits needs track_sparse_core_stats=True (the "
                              "limits are raised to the measured statistics)")
+
+    def __hash__(self):
+        return hash(tuple((name, tuple(value.items()) if isinstance(value, dict) else value)
+                          for name, value in self.to_config().items()))
+
+    def __reduce__(self):   # the read-only mapping does not pickle; the config does
+        return (type(self).from_config, (self.to_config(),))
+
+    def __deepcopy__(self, memo):
+        return self   # immutable
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -27,6 +27,7 @@ import threading
 import tensorflow as tf
 
 from tf_sc_embedding import enqueue as enqueue_lib
+from tf_sc_embedding import feature_shapes
 from tf_sc_embedding import ops
 from tf_sc_embedding import private_tf
 from tf_sc_embedding.layout import EmbeddingLayout, flat_feature_paths
@@ -57,21 +58,6 @@ def table_stats(layout, stacked_name, per_feature):
     return max_ids, max_unique
 
 
-def _input_shape(feature, path):
-    if isinstance(feature, (tf.RaggedTensor, tf.SparseTensor)):
-        rows = feature.shape[0]
-        if rows is None and isinstance(feature, tf.SparseTensor):
-            value = tf.get_static_value(feature.dense_shape)
-            rows = None if value is None else int(value[0])
-        shape = [rows]
-    else:
-        shape = tf.convert_to_tensor(feature).shape.as_list()
-    if None in shape:
-        raise ValueError(f"feature '{path}': the batch size must be static (or set the "
-                         "FeatureConfig's output_shape)")
-    return tuple(shape)
-
-
 def compute_sparse_core_stats(features, feature_config, num_tpu_chips, num_sc_per_chip=4,
                               optimizer=None, sparse_core_embedding_config=None):
     """TensorFlow's `TPUEmbeddingV2.compute_sparse_core_stats` on CPU.
@@ -92,15 +78,11 @@ def compute_sparse_core_stats(features, feature_config, num_tpu_chips, num_sc_pe
     """
     paths = flat_feature_paths(feature_config)
     flat_configs = tf.nest.flatten(feature_config)
-    try:
-        tf.nest.assert_same_structure(feature_config, features)
-    except (ValueError, TypeError) as e:
-        raise type(e)(f"features must have the same structure as feature_config: {e}") from None
-    flat = tf.nest.flatten(features)
+    flat = feature_shapes.flatten_like(feature_config, features, "features")
     shapes = {}
     for path, config, feature in zip(paths, flat_configs, flat):
-        shapes[path] = (tuple(config.output_shape.as_list()) if config.output_shape.rank
-                        else _input_shape(feature, path))
+        shapes[path] = (feature_shapes.configured_shape(path, config) if config.output_shape.rank
+                        else feature_shapes.sample_shape(path, feature))
     if optimizer is None and any(c.table.optimizer is None for c in flat_configs):
         # TensorFlow stacks tables without an optimizer together; the optimizer does not change
         # the statistics, only which tables stack, so any single one will do.
@@ -191,10 +173,6 @@ class RunningStats:
         return {name: {MAX_IDS: int(values[t, 0]), MAX_UNIQUE_IDS: int(values[t, 1]),
                        "batches": batches}
                 for t, name in enumerate(self.names)}
-
-    def reset(self):
-        self.maxima.assign(tf.zeros_like(self.maxima))
-        self.batches.assign(0)
 
 
 def suggested_limits(measured):

@@ -353,3 +353,34 @@ def test_layer_get_config_holds_every_option_and_round_trips():
 def test_tpu_embedding_rejects_bad_sparse_cores_per_replica_naming_it(cores):
     with pytest.raises(ValueError, match="sparse_cores_per_replica"):
         sce.TPUEmbeddingV2(feature_config(), E.SGD(0.1), sparse_cores_per_replica=cores)
+
+
+@pytest.mark.parametrize("cores", [0, -1, 2.5, True, "4", None])
+def test_bad_sparse_cores_per_replica_fails_in_the_options(cores):
+    with pytest.raises(ValueError, match="sparse_cores_per_replica must be a positive integer"):
+        EmbeddingOptions(sparse_cores_per_replica=cores)
+
+
+def test_options_are_immutable_hashable_and_copy_as_themselves():
+    import copy  # pylint: disable=import-outside-toplevel
+    import pickle  # pylint: disable=import-outside-toplevel
+    options = EmbeddingOptions(**NON_DEFAULT)
+    with pytest.raises(TypeError):
+        options.table_placement["other"] = "sharded"
+    assert hash(options) == hash(EmbeddingOptions(**NON_DEFAULT))
+    assert hash(options) != hash(EmbeddingOptions())
+    assert copy.deepcopy(options) is options
+    assert pickle.loads(pickle.dumps(options)) == options
+
+
+def test_table_placement_naming_a_table_twice_differently_fails():
+    config = table("t", 16, 4)
+    with pytest.raises(ValueError, match="table 't': table_placement names it twice"):
+        EmbeddingOptions(table_placement={config: "replicated", "t": "sharded"})
+    same = EmbeddingOptions(table_placement={config: "replicated", "t": "replicated"})
+    assert dict(same.table_placement) == {"t": "replicated"}
+
+
+def test_table_placement_that_is_not_a_mapping_fails_naming_it():
+    with pytest.raises(ValueError, match="table_placement must be a mapping"):
+        EmbeddingOptions(table_placement="ab")

@@ -40,7 +40,6 @@ import tensorflow as tf
 
 NUM_INTEGER_FEATURES = 13
 NUM_CATEGORICAL_FEATURES = 26
-NUM_FIELDS = 1 + NUM_INTEGER_FEATURES + NUM_CATEGORICAL_FEATURES
 FEATURE_NAMES = tuple(f"C{i + 1}" for i in range(NUM_CATEGORICAL_FEATURES))
 DENSE_NAMES = tuple(f"I{i + 1}" for i in range(NUM_INTEGER_FEATURES))
 MISSING_ID = 0          # reserved row of every table for an empty categorical field

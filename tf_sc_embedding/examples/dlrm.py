@@ -207,7 +207,7 @@ def make_dataset(split, batch_size, feature_names, repeat=False):
 
 
 def preprocessed_dataset(dataset, layer, batch_size, strategy, prefetch=4):
-    """The recipe of README "Preprocessing ahead of the step", for `fit` / `evaluate`.
+    """The recipe of docs/training_loop.md#preprocessing-ahead-of-the-step, for `fit` / `evaluate`.
 
     Every global batch ({"dense", "ids"}, labels) of `batch_size` samples becomes one element per
     replica, in replica order, whose ids are that replica's slice preprocessed by
