@@ -144,18 +144,19 @@ class ReplicaGroup:
         """One structure per local replica from a structure of per-replica values (a value that
         is not per-replica is the same for every replica)."""
         count = len(self.local_replica_ids)
-        columns = []
-        for value in tf.nest.flatten(structure, expand_composites=False):
-            if isinstance(value, tf.distribute.DistributedValues):
-                value = list(self.strategy.experimental_local_results(value))
-                if len(value) != count:
-                    raise ValueError(f"a per-replica input has {len(value)} values, this "
-                                     f"process runs {count} replicas")
-                columns.append(value)
-            else:
-                columns.append([value] * count)
+
+        def per_replica(value):
+            if not isinstance(value, tf.distribute.DistributedValues):
+                return [value] * count
+            values = list(self.strategy.experimental_local_results(value))
+            if len(values) != count:
+                raise ValueError(f"a per-replica input has {len(values)} values, this process "
+                                 f"runs {count} replicas")
+            return values
+
         if isinstance(structure, tf.distribute.DistributedValues):
-            return columns[0]
+            return per_replica(structure)
+        columns = [per_replica(value) for value in tf.nest.flatten(structure)]
         return [tf.nest.pack_sequence_as(structure, [c[i] for c in columns])
                 for i in range(count)]
 

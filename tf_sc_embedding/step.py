@@ -153,10 +153,12 @@ class EmbeddingStep:
                 stacked = self._require_finite(view.all_max(flags), stacked)
         inputs, agreed = {}, None
         for exchange, kept, gradients in zip(self.exchanges, preserved, stacked):
-            given = flags if exchange is carrier else None
-            values, agreed_here = exchange.update_inputs(view, kept, gradients, given)
+            carries = exchange is carrier
+            values, agreed_here = exchange.update_inputs(view, kept, gradients,
+                                                         flags if carries else None)
             inputs.update(values)
-            agreed = agreed_here if given is not None else agreed
+            if carries:
+                agreed = agreed_here
         if agreed is not None:
             inputs = self._require_finite(agreed, inputs)
         return inputs

@@ -113,9 +113,11 @@ class AllGatherExchange(base.Exchange):
     def __init__(self, layout, group, sparse_core_config):
         super().__init__(layout, group)
         self._sparse_core_config = sparse_core_config
+        self._feature_major_rows = {name: enqueue_lib.feature_major_rows(layout, stacked)
+                                    for name, stacked in layout.stacked_tables.items()}
 
     def feature_major_rows(self, name):
-        return enqueue_lib.feature_major_rows(self.layout, self.stacked_tables[name])
+        return self._feature_major_rows[name]
 
     def gradient_order(self, name):
         """Per feature (no copy) when the update reads them in place (one replica),
