@@ -13,7 +13,7 @@ process, the median over steps, averaged over workers) is the steadier measure o
 worker does on a shared host.
 
 Usage: python bench/bench_multiworker.py [--workers 1,2,4] [--batch 1024] [--steps 10]
-       [--feed arguments|iterator]
+       [--feed arguments|iterator] [--pin] [--profile]
 """
 import argparse
 import json
@@ -49,6 +49,13 @@ def parse_args():
     parser.add_argument("--ports", default="")
     parser.add_argument("--exchange", default="all_to_all")
     parser.add_argument("--out", default="")
+    parser.add_argument("--pin", action="store_true",
+                        help="pin worker i to core i mod cores (one worker per core, as on "
+                             "separate hosts; with --workers 1 the same as taskset -c 0)")
+    parser.add_argument("--profile", action="store_true",
+                        help="trace worker 0's measured steps with tf.profiler and print where "
+                             "its CPU goes by phase (bench/phase_profile.py); step times then "
+                             "include the profiler's overhead")
     parser.add_argument("--feed", default="arguments", choices=["arguments", "iterator"],
                         help="arguments: the step function takes the batch's 52 ragged tensors "
                              "(TensorFlow's argument handling costs ~2-3 ms per call); iterator: "
@@ -59,6 +66,8 @@ def parse_args():
 
 # ------------------------------------------------------------------------------------ worker
 def worker(args):
+    if args.pin:   # before TensorFlow sizes its thread pools from the affinity
+        os.sched_setaffinity(0, {args.index % os.cpu_count()})
     ports = args.ports.split(",")
     os.environ["TF_CONFIG"] = loopback_tf_config(ports, args.index)
     import numpy as np  # pylint: disable=import-outside-toplevel
@@ -114,9 +123,12 @@ def worker(args):
     iterator = iter(dataset)
 
     times, cpu_times = [], []
+    trace_dir = os.path.join(args.out, "trace") if args.profile and args.index == 0 else None
     for step, (ids, weights) in enumerate(batches):
         if step == args.warmup:
             embedding.replica_group.reset_bytes_sent()
+            if trace_dir:
+                tf.profiler.experimental.start(trace_dir)
         start, cpu_start = time.perf_counter(), time.process_time()
         result = (step_on_iterator(iterator) if args.feed == "iterator" else
                   step_on_arguments(ids, weights))
@@ -124,13 +136,19 @@ def worker(args):
         if step >= args.warmup:
             times.append((time.perf_counter() - start) * 1e3)
             cpu_times.append((time.process_time() - cpu_start) * 1e3)
+    phases = None
+    if trace_dir:
+        tf.profiler.experimental.stop()
+        from phase_profile import phase_breakdown  # pylint: disable=import-outside-toplevel
+        phases = phase_breakdown(trace_dir, args.steps, statistics.median(cpu_times))
     sent = sum(embedding.collective_bytes_sent().values())
     ids_per_step = statistics.mean(
         sum(int(x.values.shape[0]) for x in ids.values()) for ids, _ in batches)
     with open(os.path.join(args.out, f"worker_{args.index}.json"), "w") as f:
         json.dump({"bytes_per_step": sent / args.steps, "step_ms": statistics.median(times),
                    "cpu_ms": statistics.median(cpu_times),
-                   "ids_per_step": ids_per_step, "replicated_tables": replicated}, f)
+                   "ids_per_step": ids_per_step, "replicated_tables": replicated,
+                   "phases": phases}, f)
     return 0
 
 
@@ -141,6 +159,7 @@ def run_cluster(args, workers, exchange, directory):
               "--exchange", exchange, "--out", directory, "--batch", str(args.batch),
               "--dim", str(args.dim), "--vocab-cap", str(args.vocab_cap),
               "--steps", str(args.steps), "--warmup", str(args.warmup), "--feed", args.feed]
+    common += ["--pin"] * args.pin + ["--profile"] * args.profile
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")
     env.pop("TF_CONFIG", None)
     logs = [open(os.path.join(directory, f"log_{i}.txt"), "w") for i in range(workers)]
@@ -160,7 +179,7 @@ def run_cluster(args, workers, exchange, directory):
     return {"bytes_per_step": statistics.mean(r["bytes_per_step"] for r in results),
             "step_ms": results[0]["step_ms"], "ids_per_step": results[0]["ids_per_step"],
             "cpu_ms": statistics.mean(r["cpu_ms"] for r in results),
-            "replicated_tables": results[0]["replicated_tables"]}
+            "replicated_tables": results[0]["replicated_tables"], "phases": results[0]["phases"]}
 
 
 def project(exchange, measured, target):
@@ -200,6 +219,8 @@ def main():
                 print(f"{workers} worker(s), {exchange}: {r['bytes_per_step'] / 1e6:.2f} MB sent "
                       f"per worker per step, step {r['step_ms']:.1f} ms, CPU {r['cpu_ms']:.1f} ms "
                       "per worker per step", flush=True)
+                for phase, ms in r["phases"] or ():
+                    print(f"    worker 0, CPU ms per step: {ms:6.1f}  {phase}", flush=True)
     print(f"\n### Multi-worker exchange (per-worker batch {args.batch}, dim {args.dim}, "
           f"vocabularies capped at {args.vocab_cap:,}, ~{results[(exchanges[0], counts[0])]['ids_per_step']:,.0f} ids per worker per step)\n")
     print("| workers | exchange | replicated tables | MB sent per worker per step | "
