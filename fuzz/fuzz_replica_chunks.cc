@@ -1,6 +1,9 @@
 // libFuzzer target: sce::ValidateReplicaChunks + Pack/UnpackReplicaChunks (cc/core/replica_chunks.h)
 // with arbitrary counts, widths and chunk sizes. Whatever is accepted must pack and unpack within
-// the buffers the TensorFlow kernels allocate from the validated sizes (ASan), and round-trip.
+// the buffers the TensorFlow kernels allocate from the validated sizes (ASan), and round-trip;
+// the gathered pack must equal the pack of the gathered rows, and the padded unpack must zero
+// exactly the padding.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -51,5 +54,47 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int t = 0; t < num_tables; ++t) SCE_FUZZ_CHECK(back[t] == tables[t]);
   // Every element of the buffer is written: a value or zero padding.
   for (uint32_t v : buffer) SCE_FUZZ_CHECK(v != kUnwritten);
+
+  // Gathered: table t's entries are rows of a source one row longer, read in reverse order.
+  std::vector<std::vector<uint32_t>> sources(num_tables);
+  std::vector<std::vector<int32_t>> indices(num_tables);
+  std::vector<sce::GatheredTable> gathered(num_tables);
+  for (int t = 0; t < num_tables; ++t) {
+    const int64_t width = chunks.widths[t];
+    sources[t].assign((rows[t] + 1) * width, 0);
+    for (int64_t k = 0; k < rows[t]; ++k) {
+      indices[t].push_back(static_cast<int32_t>(rows[t] - k));
+      for (int64_t d = 0; d < width; ++d) {
+        sources[t][(rows[t] - k) * width + d] = tables[t][k * width + d];
+      }
+    }
+    gathered[t] = {sources[t].data(), rows[t] + 1, indices[t].data()};
+  }
+  SCE_FUZZ_CHECK(sce::CheckGatherIndices(gathered, rows, "fuzz").ok());
+  std::vector<uint32_t> from_gather(buffer.size(), kUnwritten);
+  sce::PackGatheredReplicaChunks(chunks, gathered, from_gather.data());
+  SCE_FUZZ_CHECK(from_gather == buffer);
+  if (num_tables > 0 && rows[0] > 0) {
+    indices[0][0] = static_cast<int32_t>(rows[0] + 1);   // one past the source
+    SCE_FUZZ_CHECK(!sce::CheckGatherIndices(gathered, rows, "fuzz").ok());
+  }
+
+  // Padded unpack: multiples 1..4 by table.
+  std::vector<int64_t> multiples, padded;
+  for (int t = 0; t < num_tables; ++t) multiples.push_back(1 + t % 4);
+  if (!sce::PaddedRows(chunks, rows, multiples, "fuzz", &padded).ok()) return 0;
+  std::vector<std::vector<uint32_t>> wide(num_tables);
+  for (int t = 0; t < num_tables; ++t) {
+    SCE_FUZZ_CHECK(padded[t] >= rows[t] && padded[t] % multiples[t] == 0 &&
+                   padded[t] - rows[t] < multiples[t]);
+    wide[t].assign(padded[t] * chunks.widths[t], kUnwritten);
+    out_ptrs[t] = wide[t].data();
+  }
+  sce::UnpackReplicaChunks(chunks, buffer.data(), out_ptrs, padded);
+  for (int t = 0; t < num_tables; ++t) {
+    const size_t real = tables[t].size();
+    SCE_FUZZ_CHECK(std::equal(tables[t].begin(), tables[t].end(), wide[t].begin()));
+    for (size_t e = real; e < wide[t].size(); ++e) SCE_FUZZ_CHECK(wide[t][e] == 0);
+  }
   return 0;
 }

@@ -269,7 +269,8 @@ def make_case(seed, index):
         columns = tables + a.choice(0, [0, 1])   # one column too many: a mismatch
         counts = [int_list(rng, columns, 3) for _ in range(max(min(replicas, 6), 0))]
         case.update(counts=counts, widths=widths, chunk=a(12, 64), ids=rng.random() < 0.5,
-                    rows_off_by=a.choice(0, [0, 1, -1]), buffer_off_by=a.choice(0, [0, 1, -1]))
+                    rows_off_by=a.choice(0, [0, 1, -1]), buffer_off_by=a.choice(0, [0, 1, -1]),
+                    index_off_by=a.choice(0, [0, 1, -1]), multiples=[a(2, 4, 0) for _ in widths])
     elif op == "id_routing":
         case.update(replicas=a(2, 4, 1), sparse_cores=a(4, 4, 1), rows_per_shard=a(8, 16, 1),
                     ids=int_list(rng, rng.randint(0, 40), 63), rank=a.choice(1, [0, 1, 2]))
@@ -441,10 +442,22 @@ def run_case(case):
             rows = f32(case["rows"]).reshape([len(case["rows"]), case["width"]])
             if case["rows_rank"] != 2:
                 rows = rows.reshape([-1] + [1] * (case["rows_rank"] - 1))
-            return gathered_segment_sum(rows, i32(case["positions"]), f32(case["gains"]),
-                                        i32(case["segments"]),
-                                        np.int64(case["num_segments"]).astype(np.int32),
-                                        table_name=T)
+            from tf_sc_embedding.ops import segment_sum  # noqa: PLC0415
+            stacked = gathered_segment_sum(rows, i32(case["positions"]), f32(case["gains"]),
+                                           i32(case["segments"]),
+                                           np.int64(case["num_segments"]).astype(np.int32),
+                                           table_name=T)
+            # The per-feature forms: 2 SparseCores, features of 3 and 7 rows each (segment ids up
+            # to 20 stay inside the stacked rows only by chance).
+            to_features = segment_sum.gathered_segment_sum_to_features(
+                rows, i32(case["positions"]), f32(case["gains"]), i32(case["segments"]), 2,
+                [3, 7], table_name=T)
+            from_features = segment_sum.gathered_segment_sum_from_features(
+                [np.ones([6, max(case["width"], 1)], np.float32),
+                 np.ones([14, max(case["width"], 1)], np.float32)], i32(case["segments"]),
+                f32(case["gains"]), i32(case["positions"]),
+                np.int64(case["num_segments"]).astype(np.int32), 2, [3, 7], table_name=T)
+            return stacked, to_features, from_features
         if op == "replica_chunks":
             from tf_sc_embedding.ops import replica_chunks  # noqa: PLC0415
             counts = i32(case["counts"]).reshape([len(case["counts"]), -1]) if case["counts"] \
@@ -460,8 +473,15 @@ def run_case(case):
             packed = replica_chunks.pack_replica_chunks(values, counts, chunk)
             size = counts.shape[0] * int(chunk) + case["buffer_off_by"]
             buffer = np.ones([size if 0 <= size <= 1 << 20 else 0], dtype)
-            unpacked = replica_chunks.unpack_replica_chunks(buffer, counts, case["widths"])
-            return packed, unpacked
+            unpacked = replica_chunks.unpack_replica_chunks(
+                buffer, counts, case["widths"], row_multiples=case["multiples"])
+            # The gathered pack reads rows of params by index; an index one past (or before) the
+            # params must be rejected.
+            params = [np.ones([v.shape[0] + 1, max(v.shape[1], 1)], np.float32) for v in values]
+            indices = [np.full([v.shape[0]], v.shape[0] + 1 + case["index_off_by"] - 1, np.int32)
+                       for v in values]
+            gathered = replica_chunks.pack_gathered_replica_chunks(params, indices, counts, chunk)
+            return packed, unpacked, gathered
         if op == "id_routing":
             from tf_sc_embedding.ops.id_routing import route_ids_to_owners  # noqa: PLC0415
             ids = i32(case["ids"])

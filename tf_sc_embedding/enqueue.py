@@ -222,10 +222,14 @@ def unstack_activations(layout, stacked, activations, feature_major=False):
 
     feature_major: the rows are in the order feature_major_rows gives the lookup (then each
     feature's block is split off without a copy); otherwise in the CSR's SparseCore-major order.
+    A list or tuple of activations holds every feature's matrix already (the all-to-all
+    exchange's segment sums write them so).
     """
     S = layout.sparse_cores_per_replica
     features = stacked.features
-    if feature_major:
+    if isinstance(activations, (list, tuple)):
+        parts = list(activations)
+    elif feature_major:
         parts = tf.split(activations, [f.sample_count for f in features], axis=0)
     else:
         blocks = tf.reshape(activations, [S, stacked.sample_count // S, stacked.padded_width])

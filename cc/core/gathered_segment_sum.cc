@@ -35,7 +35,21 @@ template <int64_t kDim>
 __attribute__((always_inline)) inline void SumRangeBody(const GatheredSegmentSumArgs& a,
                                                         int64_t first, int64_t last, float* out) {
   const int64_t width = kDim > 0 ? kDim : a.width;
-  std::memset(out + first * width, 0, sizeof(float) * (last - first) * width);
+  const float* const* row_table = a.row_table;
+  float* const* out_table = a.out_table;
+  const auto source_row = [&](int64_t i) {
+    return row_table != nullptr ? row_table[a.positions[i]]
+                                : a.rows + static_cast<int64_t>(a.positions[i]) * width;
+  };
+  const auto target_row = [&](int64_t i) {
+    return out_table != nullptr ? out_table[a.segments[i]]
+                                : out + static_cast<int64_t>(a.segments[i]) * width;
+  };
+  if (out_table != nullptr) {
+    for (int64_t s = first; s < last; ++s) std::memset(out_table[s], 0, sizeof(float) * width);
+  } else {
+    std::memset(out + first * width, 0, sizeof(float) * (last - first) * width);
+  }
   // Segments are validated to [0, num_segments) and num_segments <= kMaxInt32: the unsigned
   // difference is below `span` exactly for the segments in [first, last).
   const uint32_t span = static_cast<uint32_t>(last - first);
@@ -52,10 +66,8 @@ __attribute__((always_inline)) inline void SumRangeBody(const GatheredSegmentSum
     for (int64_t k = 0; k < count; ++k) {
       if (k + kPrefetchDistance < count) {
         const int64_t ahead = in_range[k + kPrefetchDistance];
-        const char* row = reinterpret_cast<const char*>(
-            a.rows + static_cast<int64_t>(a.positions[ahead]) * width);
-        const char* target = reinterpret_cast<const char*>(
-            out + static_cast<int64_t>(a.segments[ahead]) * width);
+        const char* row = reinterpret_cast<const char*>(source_row(ahead));
+        const char* target = reinterpret_cast<const char*>(target_row(ahead));
         for (int64_t line = 0; line < lines_per_row; ++line) {
           __builtin_prefetch(row + 64 * line);
           __builtin_prefetch(target + 64 * line, 1);
@@ -63,8 +75,8 @@ __attribute__((always_inline)) inline void SumRangeBody(const GatheredSegmentSum
       }
       const int64_t i = in_range[k];
       const float gain = a.gains[i];
-      const float* row = a.rows + static_cast<int64_t>(a.positions[i]) * width;
-      float* target = out + static_cast<int64_t>(a.segments[i]) * width;
+      const float* row = source_row(i);
+      float* target = target_row(i);
       for (int64_t d = 0; d < width; ++d) target[d] += gain * row[d];
     }
   }
@@ -108,7 +120,7 @@ Status ValidateGatheredSegmentSum(const GatheredSegmentSumArgs& a, const std::st
     return InvalidArgument(where, ": positions, gains and segment_ids must hold ", a.num_entries,
                            " entries");
   }
-  if (a.num_rows > 0 && a.width > 0 && a.rows == nullptr) {
+  if (a.num_rows > 0 && a.width > 0 && a.rows == nullptr && a.row_table == nullptr) {
     return InvalidArgument(where, ": rows must hold ", a.num_rows, " rows");
   }
   const int64_t bad_position = FirstOutOfRange(a.positions, a.num_entries, a.num_rows);
@@ -123,6 +135,21 @@ Status ValidateGatheredSegmentSum(const GatheredSegmentSumArgs& a, const std::st
                            a.num_segments, ")");
   }
   return Status::Ok();
+}
+
+Status CheckFeatureBlocks(int64_t sparse_cores, const std::vector<int64_t>& rows_per_sc,
+                          const std::string& where, int64_t* stacked_rows) {
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "sparse_cores", sparse_cores, 1, kMaxInt32));
+  if (rows_per_sc.empty()) return InvalidArgument(where, ": no features");
+  int64_t per_sc = 0;
+  for (size_t f = 0; f < rows_per_sc.size(); ++f) {
+    SCE_RETURN_IF_ERROR(CheckInRange(where, "a feature's rows per SparseCore", rows_per_sc[f], 0,
+                                     kMaxInt32));
+    per_sc += rows_per_sc[f];   // < 2^31 terms of < 2^31: no overflow before the check below
+    SCE_RETURN_IF_ERROR(CheckInRange(where, "the rows per SparseCore", per_sc, 0, kMaxInt32));
+  }
+  return CheckedSize(where, "the stacked rows (sparse cores * rows per SparseCore)",
+                     {sparse_cores, per_sc}, kMaxInt32, stacked_rows);
 }
 
 void GatheredSegmentSum(const GatheredSegmentSumArgs& a, float* out,

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cc/core/parallel.h"
 #include "cc/core/status.h"
@@ -32,6 +33,12 @@ struct GatheredSegmentSumArgs {
   const int32_t* segments = nullptr;   // [num_entries]: output row of each entry
   int64_t num_entries = 0;
   int64_t num_segments = 0;            // output rows
+  // Optional row tables, for rows and outputs that are not one matrix (the exchange's activations
+  // and activation gradients are one tensor per feature): when set, row r of `rows` is
+  // row_table[r] ([num_rows] pointers to `width` floats; `rows` is then unused) and output row s
+  // is out_table[s] ([num_segments] pointers to distinct rows; `out` is then unused).
+  const float* const* row_table = nullptr;
+  float* const* out_table = nullptr;
 };
 
 // Checks sizes (the output [num_segments, width] within kMaxAllocationElements) and that every
@@ -39,7 +46,7 @@ struct GatheredSegmentSumArgs {
 // e.g. "table 'video'". Nothing is written; call before allocating the output.
 Status ValidateGatheredSegmentSum(const GatheredSegmentSumArgs& args, const std::string& where);
 
-// Writes out[num_segments, width] (zero-filled first). Requires a validated `args`. Output rows
+// Writes out[num_segments, width] (zero-filled first; or the rows of out_table). Requires a validated `args`. Output rows
 // are split into at most `max_ranges` ranges that run in parallel; each range reads every entry's
 // segment and adds the entries that fall in it, so no two threads write one row and the order
 // within a row is fixed. Since every range reads all segment ids, pass the number of threads that
@@ -49,6 +56,26 @@ Status ValidateGatheredSegmentSum(const GatheredSegmentSumArgs& args, const std:
 void GatheredSegmentSum(const GatheredSegmentSumArgs& args, float* out,
                         const ParallelFor& parallel_for, int64_t max_ranges,
                         VectorIsa isa = BestVectorIsa());
+
+// The row tables of a stacked table's activations held as one matrix per feature
+// (docs/lookup.md#activation-row-order): stacked row s * M + start_f + k (SparseCore s, feature f
+// at offset start_f of the SparseCore's M rows, k < rows_per_sc[f]) is row s * rows_per_sc[f] + k
+// of feature f's [S * rows_per_sc[f], width] matrix. CheckFeatureBlocks validates the sizes
+// (S >= 1, rows >= 0, S * M within int32) and gives S * M.
+Status CheckFeatureBlocks(int64_t sparse_cores, const std::vector<int64_t>& rows_per_sc,
+                          const std::string& where, int64_t* stacked_rows);
+
+template <typename T>
+void FeatureRowTable(int64_t sparse_cores, const std::vector<int64_t>& rows_per_sc,
+                     const std::vector<T*>& features, int64_t width, std::vector<T*>* table) {
+  table->clear();
+  for (int64_t s = 0; s < sparse_cores; ++s) {
+    for (size_t f = 0; f < rows_per_sc.size(); ++f) {
+      T* row = features[f] + s * rows_per_sc[f] * width;
+      for (int64_t k = 0; k < rows_per_sc[f]; ++k, row += width) table->push_back(row);
+    }
+  }
+}
 
 }  // namespace sce
 

@@ -18,27 +18,14 @@ int64_t PerSparseCore(const OwnerCsrParams& p, int64_t n) {
   return (n + p.sparse_cores_per_replica - 1) / p.sparse_cores_per_replica;
 }
 
-// Entries per (source SparseCore, local shard), in key order (source_sc * S + shard), given the
-// shard of each entry in sorted order.
-void CountSegments(const OwnerCsrParams& p, int64_t n, const std::vector<int32_t>& shard_counts,
+// Entries per (source SparseCore, local shard), in key order (source_sc * S + shard): entry i
+// belongs to source SparseCore i div M.
+void CountSegments(const OwnerCsrParams& p, const int32_t* rows, int64_t n,
                    std::vector<int64_t>* counts) {
   const int64_t S = p.sparse_cores_per_replica;
   const int64_t M = std::max<int64_t>(PerSparseCore(p, n), 1);
   counts->assign(S * S, 0);
-  // Entries [start, start + shard_counts[s]) of the sorted order have shard s; split them at the
-  // source SparseCore boundaries (multiples of M).
-  int64_t start = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    int64_t at = start;
-    const int64_t end = start + shard_counts[s];
-    while (at < end) {
-      const int64_t source = at / M;
-      const int64_t stop = std::min(end, (source + 1) * M);
-      (*counts)[source * S + s] += stop - at;
-      at = stop;
-    }
-    start = end;
-  }
+  for (int64_t i = 0; i < n; ++i) ++(*counts)[(i / M) * S + rows[i] / p.rows_per_shard];
 }
 
 }  // namespace
@@ -56,17 +43,15 @@ Status ValidateOwnerCsr(const OwnerCsrParams& p, const int32_t* rows, int64_t n,
   SCE_RETURN_IF_ERROR(CheckedSize(where, "the row pointers (sparse cores * block)",
                                   {S, Block(p)}, kMaxAllocationElements, &sizes->row_pointers));
   if (n > 0 && rows == nullptr) return InvalidArgument(where, ": rows missing");
-  std::vector<int32_t> shard_counts(S, 0);
   for (int64_t i = 0; i < n; ++i) {
     if (rows[i] < 0 || rows[i] >= local_rows) {
       return InvalidArgument(where, ": rows[", i, "] = ", rows[i],
                              " is not a row of this replica's variable (", local_rows, " rows)");
     }
-    ++shard_counts[rows[i] / p.rows_per_shard];
   }
   // Each segment is padded to a multiple of 8: at most n + 7 * S * S entries.
   std::vector<int64_t> counts;
-  CountSegments(p, n, shard_counts, &counts);
+  CountSegments(p, rows, n, &counts);
   int64_t entries = 0;
   for (int64_t c : counts) entries += (c + kXlaPadSize - 1) / kXlaPadSize * kXlaPadSize;
   SCE_RETURN_IF_ERROR(CheckInRange(where, "the CSR's padded entries", entries, 0,
@@ -78,20 +63,14 @@ Status ValidateOwnerCsr(const OwnerCsrParams& p, const int32_t* rows, int64_t n,
 
 void BuildOwnerCsr(const OwnerCsrParams& p, const int32_t* rows, int64_t n,
                    const OwnerCsrSizes& sizes, int32_t* row_pointers, int32_t* sample_ids,
-                   int32_t* token_ids, float* gains, int32_t* order) {
+                   int32_t* token_ids, float* gains) {
   const int64_t S = p.sparse_cores_per_replica;
   const int64_t R = p.rows_per_shard;
   const int64_t block = Block(p);
   const int64_t M = std::max<int64_t>(PerSparseCore(p, n), 1);
-  // Stable counting sort of the entries by local shard.
-  std::vector<int32_t> shard_counts(S, 0);
-  for (int64_t i = 0; i < n; ++i) ++shard_counts[rows[i] / R];
-  std::vector<int64_t> next(S, 0);
-  for (int64_t s = 1; s < S; ++s) next[s] = next[s - 1] + shard_counts[s - 1];
-  for (int64_t i = 0; i < n; ++i) order[next[rows[i] / R]++] = static_cast<int32_t>(i);
   // Segment sizes in key order; row pointers over all S * block keys (empty keys repeat).
   std::vector<int64_t> counts;
-  CountSegments(p, n, shard_counts, &counts);
+  CountSegments(p, rows, n, &counts);
   std::fill(sample_ids, sample_ids + sizes.entries, kPad);
   std::fill(token_ids, token_ids + sizes.entries, kPad);
   std::fill(gains, gains + sizes.entries, static_cast<float>(kPad));
@@ -111,15 +90,15 @@ void BuildOwnerCsr(const OwnerCsrParams& p, const int32_t* rows, int64_t n,
       }
     }
   }
-  // Entry j (sorted order) goes to its segment, in order.
+  // Entry i goes to its segment, in order.
   std::vector<int64_t> filled(S * S, 0);
-  for (int64_t j = 0; j < n; ++j) {
-    const int64_t source = j / M;
-    const int32_t row = rows[order[j]];
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t source = i / M;
+    const int32_t row = rows[i];
     const int64_t shard = row / R;
     const int64_t segment = source * S + shard;
     const int64_t slot = segment_begin[segment] + filled[segment]++;
-    sample_ids[slot] = static_cast<int32_t>(j - source * M);
+    sample_ids[slot] = static_cast<int32_t>(i - source * M);
     token_ids[slot] = static_cast<int32_t>(row - shard * R);
     gains[slot] = 1.0f;
   }

@@ -2,13 +2,15 @@
 // rows of its own variable that a replica received gradients for -> a CSR the fused update
 // kernels read (docs/preprocessing.md#csr).
 //
-// The CSR has one source replica and one minibatch. Entries are the received rows sorted by
-// local shard (stably: rows from replica 0 first); entry j of that order is sample j mod M of
-// source SparseCore j div M (M = ceil(n / S)), so the kernel reads its gradient from activation
-// row j once the gradients are put in the same order (`order`). Each (source SparseCore, shard)
-// segment starts 8-aligned and padding holds kPad, as the format requires. The shard segment of a
-// source SparseCore is found at index source_sc * block + replica_id * S + shard, where block =
-// S * W rounded up to 8: the CSR view of this replica's S local shards among all W * S.
+// The CSR has one source replica and one minibatch. Entry i (the i-th received row) is sample
+// i mod M of source SparseCore i div M (M = ceil(n / S)), so the kernel reads its gradient from
+// activation row i: the received gradients are used in the order they arrived, with no reorder
+// (padded to S * M rows). Within each (source SparseCore, shard) segment the entries keep their
+// received order, so a row's contributions are summed in the order of the replicas that sent
+// them. Each segment starts 8-aligned and padding holds kPad, as the format requires. The shard
+// segment of a source SparseCore is found at index source_sc * block + replica_id * S + shard,
+// where block = S * W rounded up to 8: the CSR view of this replica's S local shards among all
+// W * S.
 #ifndef SCE_CORE_OWNER_CSR_H_
 #define SCE_CORE_OWNER_CSR_H_
 
@@ -37,10 +39,10 @@ Status ValidateOwnerCsr(const OwnerCsrParams& params, const int32_t* rows, int64
                         const std::string& where, OwnerCsrSizes* sizes);
 
 // Writes the CSR into buffers of the validated sizes: row_pointers[sizes.row_pointers],
-// sample_ids / token_ids / gains[sizes.entries], order[n] (order[j] = index in `rows` of entry j).
+// sample_ids / token_ids / gains[sizes.entries].
 void BuildOwnerCsr(const OwnerCsrParams& params, const int32_t* rows, int64_t n,
                    const OwnerCsrSizes& sizes, int32_t* row_pointers, int32_t* sample_ids,
-                   int32_t* token_ids, float* gains, int32_t* order);
+                   int32_t* token_ids, float* gains);
 
 }  // namespace sce
 

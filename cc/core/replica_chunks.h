@@ -36,9 +36,32 @@ Status ValidateReplicaChunks(const ReplicaChunks& chunks, const std::string& whe
 void PackReplicaChunks(const ReplicaChunks& chunks, const std::vector<const uint32_t*>& tables,
                        uint32_t* buffer);
 
-// The inverse: tables[t] receives rows_per_table[t] entries, chunk after chunk.
+// The same, with table t's entries gathered: its k-th entry is row indices[t][k] of source[t]
+// ([source_rows[t], widths[t]]). The owner side of the exchange packs the rows of its variables
+// that others asked for straight from the variables, without an intermediate gathered copy.
+// CheckGatherIndices first.
+struct GatheredTable {
+  const uint32_t* source = nullptr;
+  int64_t source_rows = 0;
+  const int32_t* indices = nullptr;   // [rows_per_table[t]]
+};
+Status CheckGatherIndices(const std::vector<GatheredTable>& tables,
+                          const std::vector<int64_t>& rows_per_table, const std::string& where);
+void PackGatheredReplicaChunks(const ReplicaChunks& chunks,
+                               const std::vector<GatheredTable>& tables, uint32_t* buffer);
+
+// The inverse of PackReplicaChunks: tables[t] receives rows_per_table[t] entries, chunk after
+// chunk, then zero entries up to padded_rows[t] (padded_rows may be empty: no padding).
 void UnpackReplicaChunks(const ReplicaChunks& chunks, const uint32_t* buffer,
-                         const std::vector<uint32_t*>& tables);
+                         const std::vector<uint32_t*>& tables,
+                         const std::vector<int64_t>& padded_rows = {});
+
+// padded_rows[t]: rows_per_table[t] rounded up to a multiple of multiples[t] (each >= 1), checked
+// to stay within kMaxAllocationElements elements. The update of the rows a replica owns reads
+// S * ceil(n / S) gradient rows; unpacking them padded saves a copy.
+Status PaddedRows(const ReplicaChunks& chunks, const std::vector<int64_t>& rows_per_table,
+                  const std::vector<int64_t>& multiples, const std::string& where,
+                  std::vector<int64_t>* padded_rows);
 
 }  // namespace sce
 

@@ -1,5 +1,7 @@
-// Kernel of SceGatheredSegmentSum: a thin adapter over sce::GatheredSegmentSum.
+// Kernels of SceGatheredSegmentSum and its per-feature forms: thin adapters over
+// sce::GatheredSegmentSum.
 #include <string>
+#include <vector>
 
 #include "cc/core/gathered_segment_sum.h"
 #include "cc/kernels/kernel_utils.h"
@@ -61,6 +63,135 @@ class GatheredSegmentSumOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("SceGatheredSegmentSum").Device(DEVICE_CPU), GatheredSegmentSumOp);
+
+// Shared by the per-feature forms: the table name, the feature blocks and the entry vectors.
+class FeatureSegmentSumBase : public OpKernel {
+ public:
+  FeatureSegmentSumBase(OpKernelConstruction* ctx, const char* op) : OpKernel(ctx) {
+    std::string table;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table));
+    where_ = table.empty() ? std::string(op) : absl::StrCat(op, ", table '", table, "'");
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("sparse_cores", &sparse_cores_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("feature_rows_per_sc", &rows_per_sc_));
+    OP_REQUIRES_OK(ctx, ToTf(sce::CheckFeatureBlocks(sparse_cores_, rows_per_sc_, where_,
+                                                     &stacked_rows_)));
+  }
+
+ protected:
+  // positions, gains and segment ids (inputs first..first+2) into args.
+  absl::Status EntryArgs(OpKernelContext* ctx, int first, sce::GatheredSegmentSumArgs* args) {
+    const Tensor& positions = ctx->input(first);
+    const Tensor& gains = ctx->input(first + 1);
+    const Tensor& segments = ctx->input(first + 2);
+    const int64_t n = positions.NumElements();
+    if (positions.dims() != 1 || gains.dims() != 1 || segments.dims() != 1 ||
+        gains.NumElements() != n || segments.NumElements() != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where_, ": positions, gains and segment_ids must be vectors of one length, got ",
+          positions.shape().DebugString(), ", ", gains.shape().DebugString(), " and ",
+          segments.shape().DebugString()));
+    }
+    args->positions = positions.flat<int32_t>().data();
+    args->gains = gains.flat<float>().data();
+    args->segments = segments.flat<int32_t>().data();
+    args->num_entries = n;
+    return absl::OkStatus();
+  }
+
+  int64_t FeatureRows(size_t f) const { return sparse_cores_ * rows_per_sc_[f]; }
+
+  std::string where_;
+  int64_t sparse_cores_ = 0;
+  std::vector<int64_t> rows_per_sc_;
+  int64_t stacked_rows_ = 0;
+};
+
+// Rows -> activations written straight into one output per feature (no split afterwards).
+class GatheredSegmentSumToFeaturesOp : public FeatureSegmentSumBase {
+ public:
+  explicit GatheredSegmentSumToFeaturesOp(OpKernelConstruction* ctx)
+      : FeatureSegmentSumBase(ctx, "SceGatheredSegmentSumToFeatures") {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rows = ctx->input(0);
+    OP_REQUIRES(ctx, rows.dims() == 2,
+                absl::InvalidArgumentError(absl::StrCat(where_, ": rows must be rank 2, got ",
+                                                        rows.shape().DebugString())));
+    sce::GatheredSegmentSumArgs args;
+    OP_REQUIRES_OK(ctx, EntryArgs(ctx, 1, &args));
+    args.rows = rows.flat<float>().data();
+    args.num_rows = rows.dim_size(0);
+    args.width = rows.dim_size(1);
+    args.num_segments = stacked_rows_;
+    OP_REQUIRES_OK(ctx, ToTf(sce::ValidateGatheredSegmentSum(args, where_)));
+    OpOutputList outputs;
+    OP_REQUIRES_OK(ctx, ctx->output_list("activations", &outputs));
+    std::vector<float*> features;
+    for (size_t f = 0; f < rows_per_sc_.size(); ++f) {
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, outputs.allocate(static_cast<int>(f),
+                                           TensorShape({FeatureRows(f), args.width}), &out));
+      features.push_back(out->flat<float>().data());
+    }
+    std::vector<float*> table;
+    sce::FeatureRowTable(sparse_cores_, rows_per_sc_, features, args.width, &table);
+    args.out_table = table.data();
+    sce::GatheredSegmentSum(args, nullptr, ThreadPoolFor(ctx), IntraOpThreads(ctx));
+  }
+};
+
+// Activation gradients, one input per feature, -> one gradient row per segment (no concat first).
+class GatheredSegmentSumFromFeaturesOp : public FeatureSegmentSumBase {
+ public:
+  explicit GatheredSegmentSumFromFeaturesOp(OpKernelConstruction* ctx)
+      : FeatureSegmentSumBase(ctx, "SceGatheredSegmentSumFromFeatures") {}
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList gradients;
+    OP_REQUIRES_OK(ctx, ctx->input_list("gradients", &gradients));
+    const int num_features = gradients.size();
+    OP_REQUIRES(ctx, num_features == static_cast<int>(rows_per_sc_.size()),
+                absl::InvalidArgumentError(absl::StrCat(
+                    where_, ": ", num_features, " gradients for ", rows_per_sc_.size(),
+                    " features")));
+    int64_t width = -1;
+    std::vector<const float*> features;
+    for (int f = 0; f < num_features; ++f) {
+      const Tensor& g = gradients[f];
+      if (width < 0 && g.dims() == 2) width = g.dim_size(1);
+      OP_REQUIRES(ctx, g.dims() == 2 && g.dim_size(0) == FeatureRows(f) && g.dim_size(1) == width,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      where_, ": gradients[", f, "] must be [", FeatureRows(f), ", ",
+                      width < 0 ? std::string("width") : absl::StrCat(width), "], got ",
+                      g.shape().DebugString())));
+      features.push_back(g.flat<float>().data());
+    }
+    const Tensor& num_segments = ctx->input(num_features + 3);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(num_segments.shape()),
+                absl::InvalidArgumentError(absl::StrCat(
+                    where_, ": num_segments must be a scalar, got ",
+                    num_segments.shape().DebugString())));
+    sce::GatheredSegmentSumArgs args;
+    OP_REQUIRES_OK(ctx, EntryArgs(ctx, num_features, &args));
+    std::vector<const float*> table;
+    sce::FeatureRowTable(sparse_cores_, rows_per_sc_, features, width, &table);
+    args.row_table = table.data();
+    args.num_rows = stacked_rows_;
+    args.width = width;
+    args.num_segments = num_segments.scalar<int32_t>()();
+    OP_REQUIRES_OK(ctx, ToTf(sce::ValidateGatheredSegmentSum(args, where_)));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({args.num_segments, args.width}),
+                                             &out));
+    sce::GatheredSegmentSum(args, out->flat<float>().data(), ThreadPoolFor(ctx),
+                            IntraOpThreads(ctx));
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("SceGatheredSegmentSumToFeatures").Device(DEVICE_CPU),
+                        GatheredSegmentSumToFeaturesOp);
+REGISTER_KERNEL_BUILDER(Name("SceGatheredSegmentSumFromFeatures").Device(DEVICE_CPU),
+                        GatheredSegmentSumFromFeaturesOp);
 
 }  // namespace
 }  // namespace sce_kernels

@@ -31,16 +31,15 @@ class OwnerCsrOp : public OpKernel {
     sce::OwnerCsrSizes sizes;
     // Every row and size is checked before anything is allocated.
     OP_REQUIRES_OK(ctx, ToTf(sce::ValidateOwnerCsr(params_, data, n, where_, &sizes)));
-    Tensor *pointers, *samples, *tokens, *gains, *order;
+    Tensor *pointers, *samples, *tokens, *gains;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({sizes.row_pointers}), &pointers));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({sizes.entries}), &samples));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({sizes.entries}), &tokens));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({sizes.entries}), &gains));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({n}), &order));
     sce::BuildOwnerCsr(params_, data, n, sizes, pointers->flat<int32_t>().data(),
                        samples->flat<int32_t>().data(), tokens->flat<int32_t>().data(),
-                       gains->flat<float>().data(), order->flat<int32_t>().data());
-    OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, 5, sizes.activation_rows));
+                       gains->flat<float>().data());
+    OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, 4, sizes.activation_rows));
   }
 
  private:

@@ -84,6 +84,7 @@ class UnpackReplicaChunksOp : public OpKernel {
     where_ = Where("SceUnpackReplicaChunks", label);
     OP_REQUIRES_OK(ctx, ctx->GetAttr("widths", &widths_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("flat", &flat_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("row_multiples", &row_multiples_));
     for (int64_t w : widths_) {
       OP_REQUIRES(ctx, w >= 1 && (!flat_ || w == 1),
                   absl::InvalidArgumentError(absl::StrCat(
@@ -108,21 +109,83 @@ class UnpackReplicaChunksOp : public OpKernel {
     chunks.counts = counts.flat<int32_t>().data();
     std::vector<int64_t> rows;
     OP_REQUIRES_OK(ctx, ToTf(sce::ValidateReplicaChunks(chunks, where_, &rows)));
+    std::vector<int64_t> padded;
+    OP_REQUIRES_OK(ctx, ToTf(sce::PaddedRows(chunks, rows, row_multiples_, where_, &padded)));
     std::vector<uint32_t*> tables;
     for (int64_t t = 0; t < num_tables; ++t) {
       Tensor* out = nullptr;
-      const TensorShape shape = flat_ ? TensorShape({rows[t]}) : TensorShape({rows[t], widths_[t]});
+      const int64_t n = padded.empty() ? rows[t] : padded[t];
+      const TensorShape shape = flat_ ? TensorShape({n}) : TensorShape({n, widths_[t]});
       OP_REQUIRES_OK(ctx, ctx->allocate_output(static_cast<int>(t), shape, &out));
       tables.push_back(reinterpret_cast<uint32_t*>(out->flat<T>().data()));
     }
     sce::UnpackReplicaChunks(chunks, reinterpret_cast<const uint32_t*>(buffer.flat<T>().data()),
-                             tables);
+                             tables, padded);
   }
 
  private:
   std::string where_;
   std::vector<int64_t> widths_;
+  std::vector<int64_t> row_multiples_;
   bool flat_ = false;
+};
+
+template <typename T>
+class PackGatheredReplicaChunksOp : public OpKernel {
+ public:
+  explicit PackGatheredReplicaChunksOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string label;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("label", &label));
+    where_ = Where("ScePackGatheredReplicaChunks", label);
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList params, indices;
+    OP_REQUIRES_OK(ctx, ctx->input_list("params", &params));
+    OP_REQUIRES_OK(ctx, ctx->input_list("indices", &indices));
+    const int num_tables = params.size();
+    const Tensor& counts = ctx->input(2 * num_tables);
+    const Tensor& chunk = ctx->input(2 * num_tables + 1);
+    OP_REQUIRES_OK(ctx, CheckCounts(counts, num_tables, where_));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(chunk.shape()),
+                absl::InvalidArgumentError(absl::StrCat(where_, ": chunk must be a scalar, got ",
+                                                        chunk.shape().DebugString())));
+    sce::ReplicaChunks chunks;
+    chunks.num_replicas = counts.dim_size(0);
+    chunks.chunk = chunk.scalar<int32_t>()();
+    chunks.counts = counts.flat<int32_t>().data();
+    std::vector<sce::GatheredTable> tables(num_tables);
+    for (int t = 0; t < num_tables; ++t) {
+      const Tensor& p = params[t];
+      const Tensor& i = indices[t];
+      OP_REQUIRES(ctx, p.dims() == 2 && i.dims() == 1,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      where_, ": params[", t, "] must be a matrix and indices[", t,
+                      "] a vector, got ", p.shape().DebugString(), " and ",
+                      i.shape().DebugString())));
+      chunks.widths.push_back(p.dim_size(1));
+      tables[t].source = reinterpret_cast<const uint32_t*>(p.flat<T>().data());
+      tables[t].source_rows = p.dim_size(0);
+      tables[t].indices = i.flat<int32_t>().data();
+    }
+    std::vector<int64_t> rows;
+    OP_REQUIRES_OK(ctx, ToTf(sce::ValidateReplicaChunks(chunks, where_, &rows)));
+    for (int t = 0; t < num_tables; ++t) {
+      OP_REQUIRES(ctx, rows[t] == indices[t].dim_size(0),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      where_, ": counts[:, ", t, "] add up to ", rows[t], " entries, indices[",
+                      t, "] has ", indices[t].dim_size(0))));
+    }
+    OP_REQUIRES_OK(ctx, ToTf(sce::CheckGatherIndices(tables, rows, where_)));
+    Tensor* buffer = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({chunks.num_replicas * chunks.chunk}), &buffer));
+    sce::PackGatheredReplicaChunks(chunks, tables,
+                                   reinterpret_cast<uint32_t*>(buffer->flat<T>().data()));
+  }
+
+ private:
+  std::string where_;
 };
 
 #define SCE_REGISTER_CHUNK_KERNELS(T)                                                          \
@@ -131,7 +194,10 @@ class UnpackReplicaChunksOp : public OpKernel {
       PackReplicaChunksOp<T>);                                                                 \
   REGISTER_KERNEL_BUILDER(                                                                     \
       Name("SceUnpackReplicaChunks").Device(DEVICE_CPU).TypeConstraint<T>("T"),                \
-      UnpackReplicaChunksOp<T>);
+      UnpackReplicaChunksOp<T>);                                                               \
+  REGISTER_KERNEL_BUILDER(                                                                     \
+      Name("ScePackGatheredReplicaChunks").Device(DEVICE_CPU).TypeConstraint<T>("T"),          \
+      PackGatheredReplicaChunksOp<T>);
 SCE_REGISTER_CHUNK_KERNELS(int32_t)
 SCE_REGISTER_CHUNK_KERNELS(float)
 #undef SCE_REGISTER_CHUNK_KERNELS

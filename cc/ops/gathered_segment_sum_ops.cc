@@ -37,5 +37,82 @@ REGISTER_OP("SceGatheredSegmentSum")
       return absl::OkStatus();
     });
 
+// The same sum for the exchange's activations, held as one matrix per feature
+// (docs/lookup.md#activation-row-order). Segment ids (ToFeatures) or positions (FromFeatures)
+// are stacked rows s * M + start_f + k, where M = sum(feature_rows_per_sc) and feature f starts
+// at start_f in each SparseCore's M rows; that row is row s * feature_rows_per_sc[f] + k of
+// feature f's [sparse_cores * feature_rows_per_sc[f], width] matrix.
+//
+// ToFeatures: rows -> activations, written straight into one output per feature.
+REGISTER_OP("SceGatheredSegmentSumToFeatures")
+    .Input("rows: float")
+    .Input("positions: int32")
+    .Input("gains: float")
+    .Input("segment_ids: int32")
+    .Output("activations: N * float")
+    .Attr("N: int >= 1")
+    .Attr("sparse_cores: int >= 1")
+    .Attr("feature_rows_per_sc: list(int)")
+    .Attr("table_name: string = ''")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle rows, entries;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &rows));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &entries));
+      for (int i = 2; i <= 3; ++i) {
+        ShapeHandle other;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &other));
+        TF_RETURN_IF_ERROR(c->Merge(entries, other, &entries));
+      }
+      int64_t n, cores;
+      std::vector<int64_t> rows_per_sc;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(c->GetAttr("sparse_cores", &cores));
+      TF_RETURN_IF_ERROR(c->GetAttr("feature_rows_per_sc", &rows_per_sc));
+      if (static_cast<int64_t>(rows_per_sc.size()) != n) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "SceGatheredSegmentSumToFeatures: feature_rows_per_sc has ", rows_per_sc.size(),
+            " entries, N is ", n));
+      }
+      for (int64_t f = 0; f < n; ++f) {
+        if (rows_per_sc[f] < 0 || rows_per_sc[f] > (int64_t{1} << 31) / cores) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "SceGatheredSegmentSumToFeatures: feature_rows_per_sc[", f, "] = ",
+              rows_per_sc[f], " is out of range"));
+        }
+        c->set_output(f, c->Matrix(cores * rows_per_sc[f], c->Dim(rows, 1)));
+      }
+      return absl::OkStatus();
+    });
+
+// FromFeatures: activation gradients, one input per feature, -> [num_segments, width].
+REGISTER_OP("SceGatheredSegmentSumFromFeatures")
+    .Input("gradients: N * float")
+    .Input("positions: int32")
+    .Input("gains: float")
+    .Input("segment_ids: int32")
+    .Input("num_segments: int32")
+    .Output("output: float")
+    .Attr("N: int >= 1")
+    .Attr("sparse_cores: int >= 1")
+    .Attr("feature_rows_per_sc: list(int)")
+    .Attr("table_name: string = ''")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      ShapeHandle gradient, entries, scalar;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &gradient));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(n), 1, &entries));
+      for (int64_t i = n + 1; i <= n + 2; ++i) {
+        ShapeHandle other;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &other));
+        TF_RETURN_IF_ERROR(c->Merge(entries, other, &entries));
+      }
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(n + 3), 0, &scalar));
+      DimensionHandle segments;
+      TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(n + 3, &segments));
+      c->set_output(0, c->Matrix(segments, c->Dim(gradient, 1)));
+      return absl::OkStatus();
+    });
+
 }  // namespace
 }  // namespace tensorflow

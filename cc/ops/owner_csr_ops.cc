@@ -10,15 +10,14 @@ using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
 // A CSR (one source replica, one minibatch) whose entries update the received `rows` of this
-// replica's variable, the order of those entries (`order[j]` = index in rows of entry j) and the
-// number of activation rows the update reads.
+// replica's variable (entry i reads gradient row i) and the number of activation rows the update
+// reads (S * ceil(n / S): the gradients padded with zero rows).
 REGISTER_OP("SceOwnerCsr")
     .Input("rows: int32")
     .Output("row_pointers: int32")
     .Output("sorted_sample_ids: int32")
     .Output("sorted_token_ids: int32")
     .Output("sorted_gains: float")
-    .Output("order: int32")
     .Output("activation_rows: int32")
     .Attr("num_replicas: int >= 1")
     .Attr("sparse_cores_per_replica: int >= 1")
@@ -29,8 +28,7 @@ REGISTER_OP("SceOwnerCsr")
       ShapeHandle rows;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &rows));
       for (int i = 0; i < 4; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
-      c->set_output(4, rows);
-      c->set_output(5, c->Scalar());
+      c->set_output(4, c->Scalar());
       return absl::OkStatus();
     });
 

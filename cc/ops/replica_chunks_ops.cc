@@ -33,8 +33,37 @@ REGISTER_OP("ScePackReplicaChunks")
       return absl::OkStatus();
     });
 
+// The same buffer with values[t] = params[t][indices[t]] (rows of [rows_t, width_t] matrices),
+// gathered while packing: the owner side packs rows straight from its variables.
+REGISTER_OP("ScePackGatheredReplicaChunks")
+    .Input("params: N * T")
+    .Input("indices: N * int32")
+    .Input("counts: int32")
+    .Input("chunk: int32")
+    .Output("buffer: T")
+    .Attr("T: {int32, float}")
+    .Attr("N: int >= 1")
+    .Attr("label: string = ''")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      ShapeHandle counts, scalar, shape;
+      for (int64_t t = 0; t < n; ++t) {
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(t), 2, &shape));
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(n + t), 1, &shape));
+      }
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n), 2, &counts));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n + 1), 0, &scalar));
+      DimensionHandle chunk, total;
+      TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(2 * n + 1, &chunk));
+      TF_RETURN_IF_ERROR(c->Multiply(c->Dim(counts, 0), chunk, &total));
+      c->set_output(0, c->Vector(total));
+      return absl::OkStatus();
+    });
+
 // The inverse: values[t] gets the counts[d, t] entries of every chunk d, in chunk order, as
-// [n_t, widths[t]] (or [n_t] with flat, which needs every width to be 1).
+// [n_t, widths[t]] (or [n_t] with flat, which needs every width to be 1), then zero entries up to
+// a multiple of row_multiples[t] rows (no padding when row_multiples is empty).
 REGISTER_OP("SceUnpackReplicaChunks")
     .Input("buffer: T")
     .Input("counts: int32")
@@ -43,6 +72,7 @@ REGISTER_OP("SceUnpackReplicaChunks")
     .Attr("N: int >= 1")
     .Attr("widths: list(int)")
     .Attr("flat: bool = false")
+    .Attr("row_multiples: list(int) = []")
     .Attr("label: string = ''")
     .SetShapeFn([](InferenceContext* c) {
       int64_t n;

@@ -2372,6 +2372,43 @@ void TestGatheredSegmentSum() {
   CHECK_ERROR(sce::ValidateGatheredSegmentSum(args, "table 't'"), "must hold 3 entries");
 }
 
+void TestFeatureRowTables() {
+  g_test = "gathered segment sum: per-feature row tables give the stacked sum's rows";
+  // S = 2, features of 1 and 2 rows per SparseCore: stacked rows 0..5 are f0[0], f1[0], f1[1],
+  // f0[1], f1[2], f1[3].
+  int64_t stacked = 0;
+  CHECK_OK(sce::CheckFeatureBlocks(2, {1, 2}, "table 't'", &stacked));
+  CHECK_EQ(stacked, int64_t{6});
+  FloatVec f0(2), f1(4);
+  std::vector<float*> table;
+  sce::FeatureRowTable<float>(2, {1, 2}, {f0.data(), f1.data()}, 1, &table);
+  CHECK(table.size() == 6 && table[0] == &f0[0] && table[1] == &f1[0] && table[2] == &f1[1] &&
+        table[3] == &f0[1] && table[4] == &f1[2] && table[5] == &f1[3]);
+  // out[stacked row s] = rows[0] * (s + 1), written through the table.
+  const FloatVec rows = {3};
+  const IntVec positions = {0, 0, 0, 0, 0, 0};
+  const FloatVec gains = {1, 2, 3, 4, 5, 6};
+  const IntVec segments = {0, 1, 2, 3, 4, 5};
+  sce::GatheredSegmentSumArgs args;
+  args.rows = rows.data();
+  args.num_rows = 1;
+  args.width = 1;
+  args.positions = positions.data();
+  args.gains = gains.data();
+  args.segments = segments.data();
+  args.num_entries = 6;
+  args.num_segments = 6;
+  args.out_table = table.data();
+  CHECK_OK(sce::ValidateGatheredSegmentSum(args, "t"));
+  sce::GatheredSegmentSum(args, nullptr, sce::RunSerially, 3);
+  CHECK_EQ(f0, (FloatVec{3, 12}));
+  CHECK_EQ(f1, (FloatVec{6, 9, 15, 18}));
+  CHECK_ERROR(sce::CheckFeatureBlocks(0, {1}, "t", &stacked), "sparse_cores");
+  CHECK_ERROR(sce::CheckFeatureBlocks(2, {}, "t", &stacked), "no features");
+  CHECK_ERROR(sce::CheckFeatureBlocks(2, {-1}, "t", &stacked), "rows per SparseCore");
+  CHECK_ERROR(sce::CheckFeatureBlocks(4, {int64_t{1} << 30}, "t", &stacked), "stacked rows");
+}
+
 void TestReplicaChunks() {
   g_test = "replica chunks: worked example, round trip, checked counts and sizes";
   // Two replicas, two tables of widths 1 and 2, chunk 5. Replica 0 gets 1 entry of table 0 and
@@ -2470,8 +2507,8 @@ void TestIdRouting() {
 
 void TestOwnerCsr() {
   g_test = "owner csr: worked example, padding, checked rows";
-  // W = 1, S = 2, R = 10: rows 13 (shard 1), 4 (shard 0), 15 (shard 1). Sorted by shard: 4, 13,
-  // 15; M = 2: entries 0-1 from source SparseCore 0, entry 2 from source SparseCore 1.
+  // W = 1, S = 2, R = 10: rows 13 (shard 1), 4 (shard 0), 15 (shard 1); M = 2: entries 0-1 are
+  // samples 0-1 of source SparseCore 0, entry 2 is sample 0 of source SparseCore 1.
   sce::OwnerCsrParams params;
   params.num_replicas = 1;
   params.sparse_cores_per_replica = 2;
@@ -2482,17 +2519,16 @@ void TestOwnerCsr() {
   CHECK_EQ(sizes.row_pointers, int64_t{16});
   CHECK_EQ(sizes.entries, int64_t{24});
   CHECK_EQ(sizes.activation_rows, int64_t{4});
-  IntVec pointers(16), samples(24), tokens(24), order(3);
+  IntVec pointers(16), samples(24), tokens(24);
   FloatVec gains(24);
   sce::BuildOwnerCsr(params, rows.data(), 3, sizes, pointers.data(), samples.data(),
-                     tokens.data(), gains.data(), order.data());
-  CHECK_EQ(order, (IntVec{1, 0, 2}));
+                     tokens.data(), gains.data());
   CHECK_EQ(pointers, (IntVec{1, 9, 16, 16, 16, 16, 16, 16, 16, 17, 24, 24, 24, 24, 24, 24}));
   CHECK_EQ(tokens[0], 4);
   CHECK_EQ(tokens[8], 3);
   CHECK_EQ(tokens[16], 5);
-  CHECK_EQ(samples[0], 0);
-  CHECK_EQ(samples[8], 1);
+  CHECK_EQ(samples[0], 1);
+  CHECK_EQ(samples[8], 0);
   CHECK_EQ(samples[16], 0);
   CHECK_EQ(tokens[1], sce::kPad);
   CHECK(gains[0] == 1.0f && gains[1] == static_cast<float>(sce::kPad));
@@ -2518,7 +2554,7 @@ int main() {
       TestHugePageAdvice, TestStableSortByKey,
       TestStableSortWords, TestAdjacentMerge,
       TestFeatureMajorActivations, TestLookupOverwritesActivations, TestLookupIsaVersionsAgree, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
-      TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks, TestIdRouting, TestOwnerCsr,
+      TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks, TestIdRouting, TestOwnerCsr, TestFeatureRowTables,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

@@ -12,7 +12,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 
 from tests.reference import segment_sum as ref  # noqa: E402
 from tf_sc_embedding._library import library  # noqa: E402
-from tf_sc_embedding.ops.segment_sum import gathered_segment_sum  # noqa: E402
+from tf_sc_embedding.ops.segment_sum import (gathered_segment_sum,  # noqa: E402
+                                           gathered_segment_sum_from_features,
+                                           gathered_segment_sum_to_features)
 
 SETTINGS = dict(deadline=None, max_examples=60,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -144,3 +146,89 @@ def test_a_failed_call_leaves_the_next_one_working():
         gathered_segment_sum(rows, [5], [1.0], [0], 1)
     got = gathered_segment_sum(rows, [2, 0], [1.0, 2.0], [0, 0], 1).numpy()
     np.testing.assert_array_equal(got, [[4.0, 7.0]])
+
+
+@st.composite
+def feature_cases(draw):
+    """A stacked table of F features over S SparseCores; segment ids are stacked rows."""
+    S = draw(st.integers(1, 4))
+    per_sc = draw(st.lists(st.integers(0, 40), min_size=1, max_size=5))
+    if sum(per_sc) == 0:
+        per_sc[0] = 1
+    width = draw(st.sampled_from([1, 8, 32, 33]))
+    num_rows = draw(st.integers(1, 50))
+    num_entries = draw(st.integers(0, 2000))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    rows = rng.normal(size=(num_rows, width)).astype(np.float32)
+    positions = rng.integers(0, num_rows, num_entries).astype(np.int32)
+    gains = rng.normal(size=num_entries).astype(np.float32)
+    segments = np.sort(rng.integers(0, S * sum(per_sc), num_entries)).astype(np.int32)
+    return rows, positions, gains, segments, S, per_sc
+
+
+def split_per_feature(stacked, S, per_sc):
+    """The stacked SparseCore-major matrix -> one matrix per feature (the unstacking rule)."""
+    width = stacked.shape[1]
+    blocks = stacked.reshape(S, sum(per_sc), width)
+    starts = np.concatenate([[0], np.cumsum(per_sc)[:-1]])
+    return [blocks[:, a:a + n].reshape(S * n, width) for a, n in zip(starts, per_sc)]
+
+
+@settings(**SETTINGS)
+@given(feature_cases())
+def test_per_feature_forms_equal_the_stacked_sum_split_or_concatenated(case):
+    rows, positions, gains, segments, S, per_sc = case
+    stacked = ref.gathered_segment_sum(rows, positions, gains, segments, S * sum(per_sc))
+    got = gathered_segment_sum_to_features(rows, positions, gains, segments, S, per_sc)
+    for g, want in zip(got, split_per_feature(stacked, S, per_sc)):
+        np.testing.assert_array_equal(g.numpy(), want)
+    # Backward: per-feature gradients read in place equal the sum over their concatenation.
+    grads = split_per_feature(np.random.default_rng(1).normal(
+        size=(S * sum(per_sc), rows.shape[1])).astype(np.float32), S, per_sc)
+    width = rows.shape[1]
+    concatenated = np.concatenate([g.reshape(S, n, width) for g, n in zip(grads, per_sc)],
+                                  axis=1).reshape(S * sum(per_sc), width)
+    back = gathered_segment_sum_from_features(grads, segments, gains, positions, rows.shape[0],
+                                              S, per_sc)
+    np.testing.assert_array_equal(
+        back.numpy(), ref.gathered_segment_sum(concatenated, segments, gains, positions,
+                                               rows.shape[0]))
+
+
+def test_per_feature_gradient_matches_the_stacked_op():
+    rng = np.random.default_rng(5)
+    S, per_sc = 2, [3, 1, 2]
+    rows = tf.constant(rng.normal(size=(7, 4)).astype(np.float32))
+    positions = rng.integers(0, 7, 30).astype(np.int32)
+    gains = tf.constant(rng.normal(size=30).astype(np.float32))
+    segments = rng.integers(0, 12, 30).astype(np.int32)
+    weights = [tf.constant(rng.normal(size=(S * n, 4)).astype(np.float32)) for n in per_sc]
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([rows, gains])
+        parts = gathered_segment_sum_to_features(rows, positions, gains, segments, S, per_sc)
+        loss = tf.add_n([tf.reduce_sum(p * w) for p, w in zip(parts, weights)])
+        stacked = gathered_segment_sum(rows, positions, gains, segments, 12)
+        stacked_weights = np.concatenate([w.numpy().reshape(S, n, 4) for w, n in
+                                          zip(weights, per_sc)], axis=1).reshape(12, 4)
+        reference_loss = tf.reduce_sum(stacked * stacked_weights)
+    for got, want in zip(tape.gradient(loss, [rows, gains]),
+                         tape.gradient(reference_loss, [rows, gains])):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_per_feature_forms_reject_bad_input_naming_the_table():
+    rows = np.zeros((2, 3), np.float32)
+    one = np.zeros(1, np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"table 'video'.*segment_ids\[0\] = 6"):
+        gathered_segment_sum_to_features(rows, [0], one, [6], 2, [1, 2], table_name="video")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"table 'video'.*gradients\[1\] must be"):
+        gathered_segment_sum_from_features([np.zeros((2, 3), np.float32),
+                                            np.zeros((3, 3), np.float32)], [0], one, [0], 1, 2,
+                                           [1, 2], table_name="video")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="2 gradients for 3 features"):
+        gathered_segment_sum_from_features([np.zeros((2, 3), np.float32)] * 2, [0], one, [0], 1,
+                                           2, [1, 1, 1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"positions\[0\] = 4"):
+        gathered_segment_sum_from_features([np.zeros((2, 3), np.float32),
+                                            np.zeros((2, 3), np.float32)], [4], one, [0], 1, 2,
+                                           [1, 1])

@@ -18,29 +18,31 @@ PAD = 2**31 - 1
 
 
 def reference(rows, W, S, R, replica_id):
-    """Entries sorted stably by shard; entry j is sample j % M of source SparseCore j // M;
-    segment (source, shard) at key source * block + replica_id * S + shard, 8-aligned."""
+    """Entry i is sample i % M of source SparseCore i // M; segment (source, shard) at key
+    source * block + replica_id * S + shard, 8-aligned, entries in received order."""
     rows = np.asarray(rows, np.int64)
     n = rows.size
     block = -(-(S * W) // 8) * 8
     per_sc = -(-n // S)
     shard = rows // R
-    order = np.argsort(shard, kind="stable")
-    j = np.arange(n)
-    source = j // max(per_sc, 1)
-    key = source * block + replica_id * S + shard[order]
+    i = np.arange(n)
+    source = i // max(per_sc, 1)
+    key = source * block + replica_id * S + shard
+    order = np.argsort(key, kind="stable")      # entries grouped by segment, in received order
     counts = np.bincount(key, minlength=S * block)
     padded = (counts + 7) // 8 * 8
     begin = np.concatenate([[0], np.cumsum(padded)[:-1]])
-    slot = begin[key] + j - np.concatenate([[0], np.cumsum(counts)[:-1]])[key]
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n) - np.concatenate([[0], np.cumsum(counts)[:-1]])[key[order]]
+    slot = begin[key] + rank
     total = int(padded.sum())
     tokens = np.full(total, PAD, np.int64)
     samples = np.full(total, PAD, np.int64)
     gains = np.full(total, float(PAD), np.float32)
-    tokens[slot] = rows[order] - shard[order] * R
-    samples[slot] = j - source * per_sc
+    tokens[slot] = rows - shard * R
+    samples[slot] = i - source * per_sc
     gains[slot] = 1.0
-    return begin + counts, samples, tokens, gains, order, S * per_sc
+    return begin + counts, samples, tokens, gains, S * per_sc
 
 
 @st.composite
@@ -64,10 +66,9 @@ def test_matches_reference(case):
 
 def test_worked_example():
     # W = 1, S = 2, R = 10; rows 13 (shard 1, token 3), 4 (shard 0, token 4), 15 (shard 1,
-    # token 5). Sorted by shard: entries 4, 13, 15 (order [1, 0, 2]); M = 2, so entry 0 and 1
-    # belong to source SparseCore 0 (samples 0, 1) and entry 2 to source SparseCore 1 (sample 0).
+    # token 5). M = 2, so entries 0 and 1 are samples 0 and 1 of source SparseCore 0 and entry 2
+    # is sample 0 of source SparseCore 1: entry i reads gradient row i.
     got = owner_csr(np.array([13, 4, 15], np.int32), 1, 2, 10, 0)
-    assert got.order.numpy().tolist() == [1, 0, 2]
     assert int(got.activation_rows) == 4
     pointers = got.row_pointers.numpy().tolist()
     # Segments (source 0, shard 0) at 0, (0, 1) at 8, (1, 1) at 16, each padded to 8 entries;
@@ -75,7 +76,7 @@ def test_worked_example():
     assert len(pointers) == 2 * 8 and pointers[:3] == [1, 9, 16] and pointers[8:11] == [16, 17, 24]
     tokens = got.sorted_token_ids.numpy()
     assert tokens[0] == 4 and tokens[8] == 3 and tokens[16] == 5
-    assert got.sorted_sample_ids.numpy()[[0, 8, 16]].tolist() == [0, 1, 0]
+    assert got.sorted_sample_ids.numpy()[[0, 8, 16]].tolist() == [1, 0, 0]
 
 
 @pytest.mark.parametrize("rows,W,S,R,replica,message", [

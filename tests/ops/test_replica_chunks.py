@@ -10,7 +10,8 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-from tf_sc_embedding.ops.replica_chunks import pack_replica_chunks, unpack_replica_chunks  # noqa
+from tf_sc_embedding.ops.replica_chunks import (pack_gathered_replica_chunks,  # noqa: E402
+                                                 pack_replica_chunks, unpack_replica_chunks)
 
 SETTINGS = dict(deadline=None, max_examples=80,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -138,3 +139,45 @@ def test_a_failed_call_leaves_the_next_one_working():
         _pack([np.arange(3, dtype=np.int32)], [[3]], 1)
     got = _pack([np.arange(3, dtype=np.int32)], [[1], [2]], 2)
     assert got.numpy().tolist() == [0, 0, 1, 2]
+
+
+@settings(**SETTINGS)
+@given(cases(), st.integers(0, 2**31 - 1))
+def test_gathered_pack_equals_pack_of_the_gathered_rows(case, seed):
+    values, counts, chunk, widths = case
+    if widths[0] is None:
+        values = [v[:, None] for v in values]    # rows of width 1
+    rng = np.random.default_rng(seed)
+    params, indices = [], []
+    for v in values:
+        source = rng.normal(size=(v.shape[0] + 3, v.shape[1])).astype(np.float32)
+        order = rng.permutation(source.shape[0])[:v.shape[0]].astype(np.int32)
+        params.append(source)
+        indices.append(order)
+    got = pack_gathered_replica_chunks(params, indices, counts, chunk).numpy()
+    want = reference_pack([p[i] for p, i in zip(params, indices)], counts, chunk)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_gathered_pack_rejects_an_index_outside_params():
+    params = [np.zeros((3, 2), np.float32)]
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"indices\[0\]\[1\] = 3 is not a row of params\[0\] \(3 rows\)"):
+        pack_gathered_replica_chunks(params, [np.array([0, 3], np.int32)],
+                                     np.array([[2]], np.int32), 4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="add up to 2 entries"):
+        pack_gathered_replica_chunks(params, [np.array([0], np.int32)],
+                                     np.array([[2]], np.int32), 4)
+
+
+def test_unpack_pads_each_table_to_its_row_multiple():
+    counts = np.array([[3, 1], [2, 0]], np.int32)
+    values = [np.arange(10, dtype=np.float32).reshape(5, 2), np.ones((1, 3), np.float32)]
+    buffer = pack_replica_chunks(values, counts, 9)
+    first, second = unpack_replica_chunks(buffer, counts, [2, 3], row_multiples=[4, 1])
+    np.testing.assert_array_equal(first.numpy(), np.concatenate([values[0], np.zeros((3, 2))]))
+    np.testing.assert_array_equal(second.numpy(), values[1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row_multiples has 1 entries"):
+        unpack_replica_chunks(buffer, counts, [2, 3], row_multiples=[4])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row multiple"):
+        unpack_replica_chunks(buffer, counts, [2, 3], row_multiples=[0, 1])

@@ -26,11 +26,12 @@ import collections
 
 import tensorflow as tf
 
+from tf_sc_embedding import enqueue as enqueue_lib
 from tf_sc_embedding import fused_update
 from tf_sc_embedding.exchanges import base
 from tf_sc_embedding.ops import id_routing, replica_chunks
+from tf_sc_embedding.ops import segment_sum
 from tf_sc_embedding.ops.owner_csr import owner_csr
-from tf_sc_embedding.ops.segment_sum import gathered_segment_sum
 
 
 # Per stacked table, what apply_gradients needs from the forward pass.
@@ -56,11 +57,28 @@ def pack_by_replica(values, counts, chunk):
     return replica_chunks.pack_replica_chunks(values, counts, chunk)
 
 
-def unpack_by_replica(buffer, counts, widths):
+def unpack_by_replica(buffer, counts, widths, row_multiples=None):
     """Inverse of pack_by_replica: per table, the entries of every replica's chunk, in replica
-    order ([n_t] where widths[t] is None, else [n_t, widths[t]]). The buffer holds one equal
-    chunk per row of counts."""
-    return replica_chunks.unpack_replica_chunks(tf.reshape(buffer, [-1]), counts, widths)
+    order ([n_t] where widths[t] is None, else [n_t, widths[t]]), padded with zero entries to a
+    multiple of row_multiples[t] if given. The buffer holds one equal chunk per row of counts."""
+    return replica_chunks.unpack_replica_chunks(tf.reshape(buffer, [-1]), counts, widths,
+                                                row_multiples=row_multiples)
+
+
+def feature_blocks(layout, stacked):
+    """Each feature's rows per SparseCore when stacked table `stacked`'s activations and their
+    gradients can be one matrix per feature, written and read in place by the segment sums
+    (ops/segment_sum.py; no split of the activations, no concatenation of the gradients), else
+    None (the table has padding columns: the activations are one matrix, sliced per feature)."""
+    return enqueue_lib.feature_major_rows(layout, stacked)
+
+
+def gradient_order(layout, name):
+    """The order the exchange takes stacked table `name`'s gradients in (enqueue.stack_gradients):
+    one tensor per feature where feature_blocks allows it."""
+    if feature_blocks(layout, layout.stacked_tables[name]) is not None:
+        return enqueue_lib.PER_FEATURE
+    return enqueue_lib.SPARSE_CORE_MAJOR
 
 
 def exchange_counts(view, send_counts, widths):
@@ -123,45 +141,68 @@ def lookup(view, layout, coo_by_table, table_shards):
                                                      send_counts, id_chunk))
     received = unpack_by_replica(recv_ids, recv_counts, [None] * len(stacked))
 
-    # 3. owners read their rows (the variable is read in place, not copied) and return them.
-    rows = [_quantized(tf.gather(table_shards[table.name].read_value(), received[i]),
-                       table.quantization) for i, table in enumerate(stacked)]
-    recv_rows = all_to_all_flat(view, pack_by_replica(rows, recv_counts, row_chunk))
+    # 3. owners read their rows and return them: packed straight from the variables (read in
+    # place, not copied), or gathered and quantized first for tables with quantization.
+    variables = [table_shards[table.name].read_value() for table in stacked]
+    if all(table.quantization is None for table in stacked):
+        packed = replica_chunks.pack_gathered_replica_chunks(variables, received, recv_counts,
+                                                             row_chunk)
+    else:
+        packed = pack_by_replica([_quantized(tf.gather(v, received[i]), table.quantization)
+                                  for i, (v, table) in enumerate(zip(variables, stacked))],
+                                 recv_counts, row_chunk)
+    recv_rows = all_to_all_flat(view, packed)
     rows_in_send_order = unpack_by_replica(recv_rows, send_counts, width_list)
 
-    # 4. rows -> activations.
+    # 4. rows -> activations: one matrix per feature where feature_blocks allows it.
     activations, preserved = {}, {}
     for i, table in enumerate(stacked):
         coo = sources[i]["coo"]
         unique_positions = sources[i]["route"].positions
-        activations[table.name] = gathered_segment_sum(
-            rows_in_send_order[i], unique_positions, coo.gains, coo.row_ids, table.sample_count,
-            table_name=table.name)
+        blocks = feature_blocks(layout, table)
+        if blocks is not None:
+            activations[table.name] = segment_sum.gathered_segment_sum_to_features(
+                rows_in_send_order[i], unique_positions, coo.gains, coo.row_ids, S, blocks,
+                table_name=table.name)
+        else:
+            activations[table.name] = segment_sum.gathered_segment_sum(
+                rows_in_send_order[i], unique_positions, coo.gains, coo.row_ids,
+                table.sample_count, table_name=table.name)
         preserved[table.name] = ExchangedTable(
             sample_rows=coo.row_ids, unique_positions=unique_positions, gains=coo.gains,
             received_rows=received[i])
     return activations, (preserved, ExchangeSizes(send_counts, recv_counts, row_chunk))
 
 
-def exchange_gradients(view, layout, preserved, gradients, flags=None):
+def exchange_gradients(view, layout, preserved, gradients, flags=None, padded=True):
     """Step 5: one gradient row per unique id, sent to its owner.
 
     Returns ({stacked name: (rows of the owner's variable, [received, padded_width] gradients)}
-    of the rows this replica owns (several entries per row when several replicas touched it),
-    agreed flags). `flags` (int32 [F] of 0 and 1, e.g. this replica's non-finite gradient marks)
+    of the rows this replica owns (several entries per row when several replicas touched it;
+    with `padded`, the gradients are followed by zero rows up to a multiple of S, as the owner's
+    update reads them), agreed flags). `gradients` are in gradient_order. `flags` (int32 [F] of 0 and 1, e.g. this replica's non-finite gradient marks)
     ride in the same all-to-all as floats, one extra chunk entry per replica, so that agreeing on
     them costs no launch of its own; the agreed flags are their elementwise max over all replicas
     (None without flags).
     """
     tables, sizes = preserved
     stacked = list(layout.stacked_tables.values())
+    S = layout.sparse_cores_per_replica
     per_unique = []
     for i, table in enumerate(stacked):
         state = tables[table.name]
-        per_unique.append(gathered_segment_sum(
-            gradients[table.name], state.sample_rows, state.gains, state.unique_positions,
-            tf.reduce_sum(sizes.send_counts[:, i]), table_name=table.name))
+        unique = tf.reduce_sum(sizes.send_counts[:, i])
+        blocks = feature_blocks(layout, table)
+        if blocks is not None:
+            per_unique.append(segment_sum.gathered_segment_sum_from_features(
+                gradients[table.name], state.sample_rows, state.gains, state.unique_positions,
+                unique, S, blocks, table_name=table.name))
+        else:
+            per_unique.append(segment_sum.gathered_segment_sum(
+                gradients[table.name], state.sample_rows, state.gains, state.unique_positions,
+                unique, table_name=table.name))
     widths = [t.padded_width for t in stacked]
+    multiples = [S if padded else 1] * len(stacked)
     send_counts, recv_counts, chunk = sizes.send_counts, sizes.recv_counts, sizes.row_chunk
     if flags is not None:
         W, count = view.num_replicas, int(flags.shape[0])
@@ -170,9 +211,11 @@ def exchange_gradients(view, layout, preserved, gradients, flags=None):
         send_counts = tf.concat([send_counts, ones], axis=1)
         recv_counts = tf.concat([recv_counts, ones], axis=1)
         widths.append(count)
+        multiples.append(1)
         chunk = chunk + count
     received = unpack_by_replica(
-        all_to_all_flat(view, pack_by_replica(per_unique, send_counts, chunk)), recv_counts, widths)
+        all_to_all_flat(view, pack_by_replica(per_unique, send_counts, chunk)), recv_counts, widths,
+        row_multiples=multiples)
     agreed = None
     if flags is not None:
         agreed = tf.cast(tf.reduce_max(received.pop(), axis=0), tf.int32)
@@ -187,11 +230,13 @@ def owned_rows_arguments(layout, replica_id):
                 num_source_replicas=1, first_local_shard=replica_id * S, num_local_shards=S)
 
 
-def owned_rows_inputs(layout, replica_id, rows_and_gradients):
+def owned_rows_inputs(layout, replica_id, rows_and_gradients, padded=False):
     """The fused update's inputs for rows of this replica's variables (duplicates are summed).
 
-    rows_and_gradients: {stacked name: (rows, [n, padded_width] gradients)}. Returns {stacked
-    name: fused_update.UpdateInputs} (the target's arguments are `owned_rows_arguments`).
+    rows_and_gradients: {stacked name: (rows, [n, padded_width] gradients)}, gradient i for row i
+    (padded: followed by zero rows up to a multiple of S, as exchange_gradients returns them).
+    Returns {stacked name: fused_update.UpdateInputs} (the target's arguments are
+    `owned_rows_arguments`).
     """
     W = layout.num_replicas
     S = layout.sparse_cores_per_replica
@@ -201,8 +246,8 @@ def owned_rows_inputs(layout, replica_id, rows_and_gradients):
         csr = owner_csr(rows, num_replicas=W, sparse_cores_per_replica=S,
                         rows_per_shard=table.rows_per_shard, replica_id=replica_id,
                         table_name=table.name)
-        grads = tf.gather(grads, csr.order)
-        grads = tf.pad(grads, [[0, csr.activation_rows - tf.shape(grads)[0]], [0, 0]])
+        if not padded:
+            grads = tf.pad(grads, [[0, csr.activation_rows - tf.shape(grads)[0]], [0, 0]])
         inputs[table.name] = fused_update.UpdateInputs(
             csr.row_pointers, csr.sorted_sample_ids, csr.sorted_token_ids, csr.sorted_gains,
             grads, tf.constant(1))
@@ -230,9 +275,12 @@ class AllToAllExchange(base.Exchange):
     def is_preserved(self, preserved):
         return is_exchanged(preserved, self.layout)
 
+    def gradient_order(self, name):
+        return gradient_order(self.layout, name)
+
     def _update_arguments(self, replica_id):
         return owned_rows_arguments(self.layout, replica_id)
 
     def update_inputs(self, view, preserved, gradients, flags=None):
         received, agreed = exchange_gradients(view, self.layout, preserved, gradients, flags)
-        return owned_rows_inputs(self.layout, view.replica_id, received), agreed
+        return owned_rows_inputs(self.layout, view.replica_id, received, padded=True), agreed

@@ -79,6 +79,9 @@ class ReplicatedExchange(base.Exchange):
     def is_preserved(self, preserved):
         return all_to_all.is_exchanged(preserved, self.layout)
 
+    def gradient_order(self, name):
+        return all_to_all.gradient_order(self.layout, name)
+
     def _update_arguments(self, replica_id):
         del replica_id   # every replica holds every shard, as replica 0 of a one-replica layout
         return all_to_all.owned_rows_arguments(self.layout, 0)
@@ -90,6 +93,6 @@ class ReplicatedExchange(base.Exchange):
     def update_inputs(self, view, preserved, gradients, flags=None):
         del flags   # never given: this exchange does not carry them
         local_rows, _ = all_to_all.exchange_gradients(collectives.LocalView(), self.layout,
-                                                      preserved, gradients)
+                                                      preserved, gradients, padded=False)
         merged = sparse_allreduce(view, self.layout, local_rows)
         return all_to_all.owned_rows_inputs(self.layout, 0, merged), None

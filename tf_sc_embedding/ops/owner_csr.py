@@ -7,10 +7,10 @@ import collections
 from tf_sc_embedding._library import library as _lib
 
 # row_pointers, sorted_sample_ids, sorted_token_ids, sorted_gains: the CSR (one source replica,
-# one minibatch); order[j]: index in `rows` of entry j (put the gradient rows in this order);
-# activation_rows: rows of the gradient the update reads (S * ceil(n / S)).
+# one minibatch) whose entry i reads gradient row i; activation_rows: rows of the gradient the
+# update reads (S * ceil(n / S): the received gradients, then zero rows).
 OwnerCsr = collections.namedtuple("OwnerCsr", ["row_pointers", "sorted_sample_ids",
-                                               "sorted_token_ids", "sorted_gains", "order",
+                                               "sorted_token_ids", "sorted_gains",
                                                "activation_rows"])
 
 
@@ -18,9 +18,9 @@ def owner_csr(rows, num_replicas, sparse_cores_per_replica, rows_per_shard, repl
               table_name="", name=None):
     """OwnerCsr of `rows` (int32 [n], rows of this replica's variable, each in [0, S * R)).
 
-    Entries are sorted stably by local shard; entry j is sample j mod M of source SparseCore
-    j div M (M = ceil(n / S)), and each (source SparseCore, shard) segment starts 8-aligned
-    (docs/preprocessing.md#csr). A row outside the variable fails with InvalidArgument naming the
+    Entry i is sample i mod M of source SparseCore i div M (M = ceil(n / S)), so the gradients
+    are read in the order the rows were received; each (source SparseCore, shard) segment keeps
+    that order and starts 8-aligned (docs/preprocessing.md#csr). A row outside the variable fails with InvalidArgument naming the
     table.
     """
     return OwnerCsr(*_lib.sce_owner_csr(

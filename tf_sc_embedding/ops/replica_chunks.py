@@ -21,15 +21,26 @@ def pack_replica_chunks(values, counts, chunk, label="", name=None):
                                         chunk=tf.cast(chunk, tf.int32), label=label, name=name)
 
 
-def unpack_replica_chunks(buffer, counts, widths, label="", name=None):
+def pack_gathered_replica_chunks(params, indices, counts, chunk, label="", name=None):
+    """pack_replica_chunks of the rows params[t][indices[t]], gathered while packing (no
+    intermediate copy). params: per table [rows_t, width_t]; indices: per table int32 [n_t]
+    (an index outside params[t] fails with InvalidArgument)."""
+    return _lib.sce_pack_gathered_replica_chunks(
+        params=list(params), indices=list(indices), counts=counts,
+        chunk=tf.cast(chunk, tf.int32), label=label, name=name)
+
+
+def unpack_replica_chunks(buffer, counts, widths, label="", row_multiples=None, name=None):
     """The inverse of pack_replica_chunks: per table, the entries of every chunk in chunk order.
 
     widths: per table, None for ids (the result is [n_t]) or the row width ([n_t, width]); all
-    None or all given. The chunk size is the buffer's size / W.
+    None or all given. The chunk size is the buffer's size / W. row_multiples (per table, or
+    None): table t's result is padded with zero entries to a multiple of row_multiples[t].
     """
     flat = all(w is None for w in widths)
     if not flat and any(w is None for w in widths):
         raise ValueError(f"unpack_replica_chunks: widths must be all None or all set, got {widths}")
     return _lib.sce_unpack_replica_chunks(buffer=buffer, counts=counts, N=len(widths),
                                           widths=[1 if flat else int(w) for w in widths],
-                                          flat=flat, label=label, name=name)
+                                          flat=flat, row_multiples=list(row_multiples or []),
+                                          label=label, name=name)

@@ -37,3 +37,54 @@ def _gathered_segment_sum_grad(op, grad):
                                   table_name=table_name)
     d_gains = tf.reduce_sum(tf.gather(rows, positions) * tf.gather(grad, segment_ids), axis=1)
     return [d_rows, None, d_gains, None, None]
+
+
+def gathered_segment_sum_to_features(rows, positions, gains, segment_ids, sparse_cores,
+                                     feature_rows_per_sc, table_name="", name=None):
+    """gathered_segment_sum into one activation matrix per feature, with no split afterwards.
+
+    segment_ids are stacked rows s * M + start_f + k (M = sum(feature_rows_per_sc), feature f at
+    offset start_f of each SparseCore's M rows); that row is row s * feature_rows_per_sc[f] + k of
+    feature f's [sparse_cores * feature_rows_per_sc[f], width] result
+    (docs/lookup.md#activation-row-order). Differentiable with respect to rows and gains.
+    """
+    return _lib.sce_gathered_segment_sum_to_features(
+        rows=rows, positions=positions, gains=gains, segment_ids=segment_ids,
+        N=len(feature_rows_per_sc), sparse_cores=sparse_cores,
+        feature_rows_per_sc=list(feature_rows_per_sc),
+        table_name=table_name, name=name)
+
+
+def gathered_segment_sum_from_features(gradients, positions, gains, segment_ids, num_segments,
+                                       sparse_cores, feature_rows_per_sc, table_name="",
+                                       name=None):
+    """gathered_segment_sum whose rows are the per-feature matrices `gradients` (positions are
+    stacked rows, numbered as in gathered_segment_sum_to_features), read in place instead of
+    concatenated first."""
+    return _lib.sce_gathered_segment_sum_from_features(
+        gradients=list(gradients), positions=positions, gains=gains, segment_ids=segment_ids,
+        num_segments=tf.cast(num_segments, tf.int32), sparse_cores=sparse_cores,
+        feature_rows_per_sc=list(feature_rows_per_sc), table_name=table_name, name=name)
+
+
+def _attr(op, name):
+    value = op.get_attr(name)
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@tf.RegisterGradient("SceGatheredSegmentSumToFeatures")
+def _to_features_grad(op, *grads):
+    """d rows: the per-feature gradients summed back per row (the FromFeatures op);
+    d gains[i]: <rows[positions[i]], grad of entry i's activation row>."""
+    rows, positions, gains, segment_ids = op.inputs
+    cores, per_sc = _attr(op, "sparse_cores"), list(_attr(op, "feature_rows_per_sc"))
+    grads = [tf.zeros_like(out) if g is None else g for g, out in zip(grads, op.outputs)]
+    d_rows = gathered_segment_sum_from_features(
+        grads, segment_ids, gains, positions, tf.shape(rows)[0], cores, per_sc,
+        table_name=_attr(op, "table_name"))
+    width = tf.shape(rows)[1]
+    stacked = tf.reshape(tf.concat([tf.reshape(g, [cores, p, width])
+                                    for g, p in zip(grads, per_sc)], axis=1),
+                         [cores * sum(per_sc), width])
+    d_gains = tf.reduce_sum(tf.gather(rows, positions) * tf.gather(stacked, segment_ids), axis=1)
+    return [d_rows, None, d_gains, None]
