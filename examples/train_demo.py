@@ -1,11 +1,15 @@
 """Train embedding tables with tf_sc_embedding's TPUEmbeddingV2 on the built-in data.
 
 A custom training loop in the TPUEmbeddingV2 style: each step looks up 26 Criteo-like features
-(ragged, weighted, Zipf-distributed ids), feeds the activations to a small dense model, and applies
-the fused per-table Adagrad update. Labels come from a hidden "teacher" table per feature, so the
+(ragged, Zipf-distributed ids), feeds the activations to a small dense model, and applies the
+fused per-table Adagrad update. Labels come from a hidden "teacher" table per feature, so the
 held-out log loss falls as the tables learn. Runs under MirroredStrategy with --replicas > 1,
 and under MultiWorkerMirroredStrategy with --workers (one process per worker, each started with
 the same --workers list and its own --task-index; the tables are sharded over the workers).
+
+Batches come from a tf.data pipeline per worker (`distribute_datasets_from_function`): each worker
+makes only its own replicas' share of the global batch, in the background, and the step takes it
+with next() inside the tf.function, so a step runs no Python (docs/training_loop.md).
 With --checkpoint-dir, saves at the end following TensorFlow's multi-worker convention (every
 worker saves, the chief to the real directory) and resumes from the latest checkpoint there.
 """
@@ -64,6 +68,7 @@ def main():
     rng = np.random.default_rng(0)
     teacher = [rng.normal(0, 1.0, size=v).astype(np.float32) for v in vocab]
     per_replica = args.batch // args.replicas
+    num_features = len(vocab)
 
     with strategy.scope():
         tables = [E.TableConfig(vocabulary_size=v, dim=args.dim, combiner="mean", name=f"t{i}",
@@ -77,14 +82,41 @@ def main():
         print(f"restored {tf.train.latest_checkpoint(args.checkpoint_dir)}")
     readout = tf.ones([len(vocab) * args.dim, 1]) / args.dim
 
-    def labelled_batch(index):
-        batch = workload.batch(args.batch, index=index)
+    def labelled_arrays(index, size):
+        """Batch `index` of `size` samples as numpy: per feature (ids, row splits), and labels
+        drawn from the teacher."""
+        batch = workload.batch(size, index=index)
         logit = sum(np.add.reduceat(teacher[i][batch.ids[i]], batch.row_splits[i][:-1]) /
-                    np.diff(batch.row_splits[i]) for i in range(len(vocab)))
-        labels = (rng.random(args.batch) < 1 / (1 + np.exp(-logit))).astype(np.float32)
-        ids = {f"f{i}": tf.RaggedTensor.from_row_splits(batch.ids[i], batch.row_splits[i])
-               for i in range(len(vocab))}
-        return ids, labels
+                    np.diff(batch.row_splits[i]) for i in range(num_features))
+        draws = np.random.default_rng([index, 1]).random(size)
+        labels = (draws < 1 / (1 + np.exp(-logit))).astype(np.float32)
+        return tuple(zip(batch.ids, batch.row_splits)), labels
+
+    def as_ragged(arrays, labels):
+        return ({f"f{i}": tf.RaggedTensor.from_row_splits(ids, splits, validate=False)
+                 for i, (ids, splits) in enumerate(arrays)}, labels)
+
+    def labelled_batch(index, size):
+        return as_ragged(*labelled_arrays(index, size))
+
+    signature = (tuple((tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32))
+                       for _ in range(num_features)), tf.TensorSpec([None], tf.float32))
+
+    def training_data(context):
+        """This input pipeline's batches, one per local replica and step: pipeline p of P makes
+        the per-replica batches (n * P + p) * L + j (L local replicas), in a background thread
+        (numpy arrays made ragged by a graph map)."""
+        size = context.get_per_replica_batch_size(args.batch)
+        local = args.replicas // context.num_input_pipelines
+
+        def batches():
+            for n in range(args.steps):
+                for j in range(local):
+                    yield labelled_arrays(
+                        (n * context.num_input_pipelines + context.input_pipeline_id) * local + j,
+                        size)
+        dataset = tf.data.Dataset.from_generator(batches, output_signature=signature)
+        return dataset.map(as_ragged).prefetch(2)
 
     def distribute(ids, labels):
         def per_replica_value(ctx):
@@ -101,7 +133,7 @@ def main():
         return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
 
     @tf.function
-    def train_step(inputs):
+    def train_step(iterator):
         def step(ids, labels):
             activations, preserved = embedding(ids)
             with tf.GradientTape() as tape:
@@ -109,7 +141,7 @@ def main():
                 loss = loss_of(activations, labels)
             embedding.apply_gradients(tape.gradient(loss, activations), preserved)
             return loss
-        losses = strategy.run(step, args=inputs)
+        losses = strategy.run(step, args=next(iterator))
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None)
 
     @tf.function
@@ -117,15 +149,23 @@ def main():
         losses = strategy.run(lambda ids, labels: loss_of(embedding(ids)[0], labels), args=inputs)
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None)
 
-    held_out = distribute(*labelled_batch(10**6))
+    held_out = distribute(*labelled_batch(10**6, args.batch))
     print(f"held-out log loss before training: {eval_step(held_out).numpy():.4f}")
+    iterator = iter(strategy.distribute_datasets_from_function(training_data))
     start = time.time()
+    timed_from = None
     for n in range(args.steps):
-        loss = train_step(distribute(*labelled_batch(n)))
+        if n == 1:   # step 0 traces the function
+            timed_from = time.time()
+        loss = train_step(iterator)
         if n % 25 == 0 or n == args.steps - 1:
             print(f"step {n:4d}  training log loss {loss.numpy():.4f}")
     print(f"held-out log loss after {args.steps} steps: {eval_step(held_out).numpy():.4f} "
           f"({time.time() - start:.1f}s)")
+    if timed_from is not None and args.steps > 1:
+        seconds = time.time() - timed_from
+        print(f"{(args.steps - 1) * args.batch / seconds:,.0f} samples/s in all after the first "
+              f"step ({args.replicas} replica(s), global batch {args.batch})")
     if args.checkpoint_dir:
         # Every worker saves (the embedding gathers each table from all workers); only the
         # chief's files are kept.

@@ -335,3 +335,34 @@ def test_keras_layer_custom_loop_under_two_workers_trains_complete_tables(tmp_pa
             stderr=subprocess.STDOUT, env=_env(), start_new_session=True)])
     assert codes == [0], (tmp_path / "log_load.txt").read_text()[-3000:]
     np.testing.assert_array_equal(np.load(tmp_path / "keras_loaded.npz")["t"], first)
+
+
+@pytest.mark.slow
+def test_the_demo_trains_over_two_workers_and_resumes_from_the_chiefs_checkpoint(tmp_path):
+    """examples/train_demo.py --workers (docs/multi_worker.md#launching): both workers train, the
+    held-out loss falls, they agree on it, and a second run resumes from the chief's save."""
+    demo = os.path.join(os.path.dirname(WORKER), "..", "..", "examples", "train_demo.py")
+
+    def run(name):
+        ports = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+        logs = [open(tmp_path / f"{name}_{i}.txt", "w") for i in range(2)]
+        processes = [subprocess.Popen(
+            [sys.executable, demo, "--workers", ports, "--task-index", str(i), "--steps", "30",
+             "--batch", "512", "--checkpoint-dir", str(tmp_path / "ckpt")], stdout=logs[i],
+            stderr=subprocess.STDOUT, env=_env(), start_new_session=True) for i in range(2)]
+        codes = wait_all(processes)
+        for log in logs:
+            log.close()
+        texts = [(tmp_path / f"{name}_{i}.txt").read_text() for i in range(2)]
+        assert codes == [0, 0], texts[0][-3000:] + texts[1][-3000:]
+        return texts
+
+    first = run("first")
+    losses = [[float(x) for x in re.findall(r"held-out log loss \S+ \S+(?: \S+)?: ([0-9.]+)", t)]
+              for t in first]
+    assert losses[0] == losses[1] and losses[0][1] < losses[0][0] - 0.005, losses
+    assert "2 replica(s)" in first[0] and "saved " in first[0]
+    second = run("second")
+    assert "restored " in second[0] and "restored " in second[1]
+    resumed = float(re.search(r"held-out log loss before training: ([0-9.]+)", second[0])[1])
+    assert abs(resumed - losses[0][1]) < 1e-6, (resumed, losses)
