@@ -272,8 +272,18 @@ def make_case(seed, index):
                     rows_off_by=a.choice(0, [0, 1, -1]), buffer_off_by=a.choice(0, [0, 1, -1]),
                     index_off_by=a.choice(0, [0, 1, -1]), multiples=[a(2, 4, 0) for _ in widths])
     elif op == "id_routing":
+        n = rng.randint(0, 40)
+        # Sample rows for the partition statistics: sorted in [0, 4 * 10) when valid, then
+        # perhaps one too many / few, unsorted or noisy; rows_per_sparse_core 0 skips them.
+        row_ids = sorted(rng.randint(0, 39) for _ in range(n + a.choice(0, [0, 1, -1])))
+        if rng.random() < NOISE["value"]:
+            rng.shuffle(row_ids)
+        row_ids = [r if rng.random() >= NOISE["value"] / 4 else int_list(rng, 1, 63)[0]
+                   for r in row_ids]
         case.update(replicas=a(2, 4, 1), sparse_cores=a(4, 4, 1), rows_per_shard=a(8, 16, 1),
-                    ids=int_list(rng, rng.randint(0, 40), 63), rank=a.choice(1, [0, 1, 2]))
+                    ids=int_list(rng, n, 63), rank=a.choice(1, [0, 1, 2]),
+                    row_ids=row_ids, rows_per_sparse_core=a.choice(10, [0, 0, 1, 10, a(10, 16, 0)]),
+                    row_rank=a.choice(1, [0, 1, 2]))
     elif op == "owner_csr":
         case.update(replicas=a(2, 4, 1), sparse_cores=a(4, 4, 1), rows_per_shard=a(8, 16, 1),
                     replica_id=a(1, 4, 0), rows=int_list(rng, rng.randint(0, 40), 31))
@@ -487,8 +497,14 @@ def run_case(case):
             ids = i32(case["ids"])
             if case["rank"] != 1:
                 ids = ids.reshape([1] * case["rank"]) if ids.size == 1 else ids.reshape([-1, 1])
-            return tuple(route_ids_to_owners(ids, case["replicas"], case["sparse_cores"],
-                                             case["rows_per_shard"], table_name=T))
+            row_ids = i32(case.get("row_ids", []))
+            if case.get("row_rank", 1) != 1:
+                row_ids = row_ids.reshape([1] * case["row_rank"]) if row_ids.size == 1 \
+                    else row_ids.reshape([-1, 1])
+            return tuple(route_ids_to_owners(
+                ids, case["replicas"], case["sparse_cores"], case["rows_per_shard"],
+                row_ids=row_ids, rows_per_sparse_core=case.get("rows_per_sparse_core", 0),
+                table_name=T))
         if op == "owner_csr":
             from tf_sc_embedding.ops.owner_csr import owner_csr  # noqa: PLC0415
             return tuple(owner_csr(i32(case["rows"]), case["replicas"], case["sparse_cores"],

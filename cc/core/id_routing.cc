@@ -1,5 +1,6 @@
 #include "cc/core/id_routing.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "cc/core/checked_math.h"
@@ -26,7 +27,105 @@ Status ValidateIdRouting(const IdRoutingParams& p, const int32_t* ids, int64_t n
   return Status::Ok();
 }
 
+Status ValidateIdSampleRows(const IdRoutingParams& p, const IdSampleRows& r, int64_t n,
+                            const std::string& where) {
+  SCE_RETURN_IF_ERROR(
+      CheckInRange(where, "rows_per_sparse_core", r.rows_per_sparse_core, 0, kMaxInt32));
+  int64_t samples;
+  SCE_RETURN_IF_ERROR(CheckedSize(where, "the samples (sparse cores * rows_per_sparse_core)",
+                                  {p.sparse_cores_per_replica, r.rows_per_sparse_core}, kMaxInt32,
+                                  &samples));
+  if (r.rows_per_sparse_core == 0) return Status::Ok();  // no statistics: row_ids unused
+  if (r.num_row_ids != n) {
+    return InvalidArgument(where, ": row_ids has ", r.num_row_ids, " entries but ids has ", n,
+                           " (one sample row per id)");
+  }
+  if (n > 0 && r.row_ids == nullptr) return InvalidArgument(where, ": row_ids missing");
+  int32_t previous = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t row = r.row_ids[i];
+    if (row < 0 || row >= samples) {
+      return InvalidArgument(where, ": row_ids[", i, "] = ", row, " is not a sample row in [0, ",
+                             samples, ") (sparse cores * rows_per_sparse_core)");
+    }
+    if (row < previous) {
+      return InvalidArgument(where, ": row_ids[", i, "] = ", row, " is smaller than row_ids[",
+                             i - 1, "] = ", previous, " (row_ids must be nondecreasing)");
+    }
+    previous = row;
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// The partition statistics from the sorted (key << 32 | entry) words, key = shard * R + c div N:
+// shards in order, each col's entries side by side in entry order, hence in row order (rows are
+// validated nondecreasing). Within one col, an entry is a new id of its partition when its row
+// differs from the previous entry's, and a new unique id when its SparseCore does; a new col is
+// both. One counter pair per source SparseCore holds the partition (that SparseCore, the current
+// shard): tagged with its shard, it is folded into the maxima and restarted when a later shard
+// first reaches it. The only branches are these rare ones: the order of new cols, rows and
+// SparseCores is random, a branch on it would often be mispredicted.
+void CountPartitions(const uint64_t* sorted, int64_t n, int64_t S, int64_t R,
+                     const IdSampleRows& sample_rows, IdRoute* route) {
+  struct Partition {
+    int64_t shard = -1;
+    int32_t ids = 0, uniques = 0;  // each at most n <= 2^31 - 1
+  };
+  const int32_t* row_ids = sample_rows.row_ids;
+  const uint64_t per_sc = static_cast<uint64_t>(sample_rows.rows_per_sparse_core);
+  // row div per_sc as the high half of row * ceil(2^64 / per_sc) (per_sc >= 2): exact for
+  // row, per_sc < 2^31 (the product exceeds row / per_sc by less than row / 2^64 < 1 / per_sc),
+  // and a fraction of the cost of a division per entry.
+  const uint64_t reciprocal =
+      per_sc == 1 ? 0
+                  : static_cast<uint64_t>(((static_cast<unsigned __int128>(1) << 64) - 1) /
+                                          per_sc) + 1;
+  std::vector<Partition> partitions(S);
+  int32_t max_ids = 0, max_uniques = 0;
+  auto fold = [&](const Partition& p) {
+    max_ids = std::max(max_ids, p.ids);
+    max_uniques = std::max(max_uniques, p.uniques);
+  };
+  int64_t shard = -1, shard_end = 0;  // the current shard; its keys end at shard_end
+  uint64_t prev_key = ~uint64_t{0}, prev_row = ~uint64_t{0}, prev_sc = ~uint64_t{0};
+  for (int64_t j = 0; j < n; ++j) {
+    const uint64_t word = sorted[j];
+    const uint64_t key = word >> 32;
+    const uint64_t row = static_cast<uint32_t>(row_ids[static_cast<uint32_t>(word)]);
+    if (static_cast<int64_t>(key) >= shard_end) {
+      shard = static_cast<int64_t>(key) / R;
+      shard_end = (shard + 1) * R;
+    }
+    const uint64_t sc = per_sc == 1 ? row
+                                    : static_cast<uint64_t>(
+                                          (static_cast<unsigned __int128>(row) * reciprocal) >> 64);
+    Partition& p = partitions[sc];
+    if (p.shard != shard) {
+      fold(p);
+      p = Partition{shard, 0, 0};
+    }
+    const bool new_col = key != prev_key;
+    p.ids += static_cast<int32_t>(new_col | (row != prev_row));
+    p.uniques += static_cast<int32_t>(new_col | (sc != prev_sc));
+    prev_key = key;
+    prev_row = row;
+    prev_sc = sc;
+  }
+  for (const Partition& p : partitions) fold(p);
+  route->max_ids = max_ids;
+  route->max_unique_ids = max_uniques;
+}
+
+}  // namespace
+
 void RouteIds(const IdRoutingParams& p, const int32_t* ids, int64_t n, IdRoute* route) {
+  RouteIds(p, ids, n, IdSampleRows(), route);
+}
+
+void RouteIds(const IdRoutingParams& p, const int32_t* ids, int64_t n,
+              const IdSampleRows& sample_rows, IdRoute* route) {
   const int64_t S = p.sparse_cores_per_replica;
   const int64_t R = p.rows_per_shard;
   const int64_t N = p.num_replicas * S;
@@ -34,8 +133,11 @@ void RouteIds(const IdRoutingParams& p, const int32_t* ids, int64_t n, IdRoute* 
   route->counts.assign(p.num_replicas, 0);
   route->rows.clear();
   route->positions.assign(n, 0);
+  route->max_ids = 0;
+  route->max_unique_ids = 0;
   if (n == 0) return;
-  // (key << 32 | entry) words; key = owner * S * R + row < W * S * R <= 2^31 - 1.
+  // (key << 32 | entry) words; key = owner * S * R + row = shard * R + c div N < W * S * R
+  // <= 2^31 - 1.
   std::vector<uint64_t> words(2 * n);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t shard = ids[i] % N;
@@ -57,6 +159,7 @@ void RouteIds(const IdRoutingParams& p, const int32_t* ids, int64_t n, IdRoute* 
     }
     route->positions[static_cast<uint32_t>(sorted[j])] = unique;
   }
+  if (sample_rows.rows_per_sparse_core > 0) CountPartitions(sorted, n, S, R, sample_rows, route);
 }
 
 }  // namespace sce

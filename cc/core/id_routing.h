@@ -11,6 +11,20 @@
 // The order inside an owner's group is by row, not by first occurrence; the exchange's results
 // do not depend on it (each replica sends a row at most once, and every sum over a row's
 // contributions runs in entry or replica order).
+//
+// Partition statistics (optional). The exchange also reports, per stacked table, the largest
+// number of ids and of unique ids in one partition, where a partition is a (source SparseCore,
+// target shard) pair: the source SparseCore of an id is its sample row div rows_per_sparse_core
+// (the stacked COO holds S blocks of rows_per_sparse_core samples), its target shard is
+// c mod N. An id counts once per sample (repeats of a col in one row are one id, as the
+// minibatch-splits op merges them) and a unique id once per partition. These are exactly the
+// max_ids / max_uniques of SceGetMinibatchSplitsWithPhysicalReplica at max_division_level 0
+// without limits, whose shard is col & (N - 1) (it requires N to be a power of two; here any N,
+// same value where both are defined). Since the key is shard * R + c div N, the sort above has
+// already put every col's entries side by side, shards in order, and kept them in entry order,
+// i.e. in row order; one more pass over the sorted words, reading each entry's row, counts them
+// with S counters (the partitions of the current shard). So the exchange gets the statistics
+// without running the splits op, with its own sort and dedup, only for these two numbers.
 #ifndef SCE_CORE_ID_ROUTING_H_
 #define SCE_CORE_ID_ROUTING_H_
 
@@ -25,10 +39,21 @@ namespace sce {
 
 using IdRoutingParams = ShardGrid;
 
+// The sample rows of the ids (the stacked COO's row_ids), read only for the statistics.
+struct IdSampleRows {
+  int64_t rows_per_sparse_core = 0;  // 0: no statistics (row_ids is not read)
+  const int32_t* row_ids = nullptr;  // [num_row_ids]; entry i is the sample row of ids[i]
+  int64_t num_row_ids = 0;
+};
+
 struct IdRoute {
   std::vector<int32_t> rows;       // [unique ids]: row in the owner's variable, grouped by owner
   std::vector<int32_t> counts;     // [W]: unique ids per owner
   std::vector<int32_t> positions;  // [ids]: index of each id's unique id in `rows`
+  // The partition statistics (0 without rows_per_sparse_core or without ids): the most distinct
+  // (row, col) pairs and the most distinct cols of one (source SparseCore, target shard) pair.
+  int32_t max_ids = 0;
+  int32_t max_unique_ids = 0;
 };
 
 // Checks W, S, R >= 1, W * S * R within int32 (the table's rows), and every id in [0, W*S*R).
@@ -36,8 +61,17 @@ struct IdRoute {
 Status ValidateIdRouting(const IdRoutingParams& params, const int32_t* ids, int64_t n,
                          const std::string& where);
 
-// Requires validated arguments.
+// Checks rows_per_sparse_core in [0, 2^31 - 1] and S * rows_per_sparse_core within int32; when it
+// is > 0, also that there are n row_ids, each in [0, S * rows_per_sparse_core) and not smaller
+// than the one before. Call (after ValidateIdRouting) before the RouteIds that takes `rows`.
+Status ValidateIdSampleRows(const IdRoutingParams& params, const IdSampleRows& rows, int64_t n,
+                            const std::string& where);
+
+// Requires validated arguments. Without `rows` (or with rows_per_sparse_core 0) the statistics
+// are 0; rows, counts and positions do not depend on them.
 void RouteIds(const IdRoutingParams& params, const int32_t* ids, int64_t n, IdRoute* route);
+void RouteIds(const IdRoutingParams& params, const int32_t* ids, int64_t n,
+              const IdSampleRows& rows, IdRoute* route);
 
 }  // namespace sce
 

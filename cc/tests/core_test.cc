@@ -2505,6 +2505,147 @@ void TestIdRouting() {
   CHECK_ERROR(sce::ValidateIdRouting(params, nullptr, 0, "table 't'"), "rows_per_shard");
 }
 
+// The partition maxima of a stacked COO by brute force: distinct (row, col) pairs and distinct
+// (SparseCore, col) pairs per (row div per_sc, col mod N).
+std::pair<int32_t, int32_t> BruteForcePartitionMaxima(const IntVec& rows, const IntVec& cols,
+                                                      int64_t N, int64_t per_sc) {
+  std::vector<std::array<int64_t, 2>> pairs, sc_cols;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    pairs.push_back({rows[i], cols[i]});
+    sc_cols.push_back({rows[i] / per_sc, cols[i]});
+  }
+  auto max_per_partition = [&](std::vector<std::array<int64_t, 2>> v, bool rows_given) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    std::vector<std::array<int64_t, 2>> partitions;
+    for (const auto& e : v) partitions.push_back({rows_given ? e[0] / per_sc : e[0], e[1] % N});
+    std::sort(partitions.begin(), partitions.end());
+    int32_t best = 0;
+    for (size_t a = 0, b = 0; a < partitions.size(); a = b) {
+      while (b < partitions.size() && partitions[b] == partitions[a]) ++b;
+      best = std::max(best, static_cast<int32_t>(b - a));
+    }
+    return best;
+  };
+  return {max_per_partition(pairs, true), max_per_partition(sc_cols, false)};
+}
+
+void TestIdRoutingPartitionMaxima() {
+  g_test = "id routing: partition maxima vs brute force and the minibatch splits, checked rows";
+  // W = 2, S = 2, R = 3 (N = 4), 2 rows per SparseCore. SparseCore 0 (rows 0-1) sends ids 1, 5
+  // and 9 to shard 1 as the (row, col) pairs (0,1), (0,5), (1,5) (twice: one id) and (1,9):
+  // 4 ids, 3 unique. SparseCore 1 (rows 2-3) sends id 2 from two rows to shard 2: 2 ids, 1 unique.
+  sce::IdRoutingParams params;
+  params.num_replicas = 2;
+  params.sparse_cores_per_replica = 2;
+  params.rows_per_shard = 3;
+  const IntVec rows = {0, 0, 1, 1, 1, 2, 3};
+  const IntVec cols = {1, 5, 5, 5, 9, 2, 2};
+  sce::IdSampleRows sample_rows{2, rows.data(), 7};
+  CHECK_OK(sce::ValidateIdSampleRows(params, sample_rows, 7, "table 't'"));
+  sce::IdRoute with, without;
+  sce::RouteIds(params, cols.data(), 7, sample_rows, &with);
+  sce::RouteIds(params, cols.data(), 7, &without);
+  CHECK_EQ(with.max_ids, 4);
+  CHECK_EQ(with.max_unique_ids, 3);
+  CHECK_EQ(without.max_ids, 0);
+  CHECK_EQ(without.max_unique_ids, 0);
+  CHECK_EQ(with.rows, without.rows);
+  CHECK_EQ(with.counts, without.counts);
+  CHECK_EQ(with.positions, without.positions);
+  sce::RouteIds(params, cols.data(), 0, sce::IdSampleRows{2, rows.data(), 0}, &with);
+  CHECK_EQ(with.max_ids, 0);
+  CHECK_EQ(with.max_unique_ids, 0);
+
+  // Random stacked COOs (rows sorted, repeated ids within samples, hot cols) against brute force
+  // and, when W * S is a power of two, against GetMinibatchSplits at level 0 without limits.
+  std::mt19937 rng(23);
+  bool agree = true, splits_agree = true;
+  for (int trial = 0; trial < 300; ++trial) {
+    params.num_replicas = 1 + rng() % 5;
+    params.sparse_cores_per_replica = int64_t{1} << (rng() % 3);
+    params.rows_per_shard = 1 + rng() % 200;
+    const int64_t N = params.num_replicas * params.sparse_cores_per_replica;
+    const int64_t per_sc = 1 + rng() % 30;
+    const int64_t samples = params.sparse_cores_per_replica * per_sc;
+    const int64_t vocab = N * params.rows_per_shard;
+    const int64_t high = rng() % 2 ? std::min<int64_t>(vocab, 1 + rng() % 20) : vocab;
+    const size_t n = rng() % 600;
+    IntVec r(n), c(n);
+    for (size_t i = 0; i < n; ++i) r[i] = static_cast<int32_t>(rng() % samples);
+    std::sort(r.begin(), r.end());
+    for (size_t i = 0; i < n; ++i) {
+      // Now and then the previous id of the same sample again.
+      c[i] = i > 0 && r[i] == r[i - 1] && rng() % 4 == 0 ? c[i - 1]
+                                                          : static_cast<int32_t>(rng() % high);
+    }
+    sample_rows = sce::IdSampleRows{per_sc, r.data(), static_cast<int64_t>(n)};
+    if (!sce::ValidateIdRouting(params, c.data(), n, "t").ok() ||
+        !sce::ValidateIdSampleRows(params, sample_rows, n, "t").ok()) {
+      agree = false;
+      continue;
+    }
+    sce::RouteIds(params, c.data(), n, sample_rows, &with);
+    const auto expected = BruteForcePartitionMaxima(r, c, N, per_sc);
+    agree = agree && with.max_ids == expected.first && with.max_unique_ids == expected.second;
+    if ((N & (N - 1)) != 0) continue;
+    sce::MinibatchSplitsParams sp;
+    sp.sample_count = samples;
+    sp.num_replica = params.num_replicas;
+    sp.num_sc_per_chip = params.sparse_cores_per_replica;
+    sp.table_vocab_size = vocab;
+    sp.max_ids_per_partition = sce::kMaxInt32;
+    sp.max_unique_ids_per_partition = sce::kMaxInt32;
+    sp.max_division_level = 0;
+    sp.table_name = "t";
+    const std::vector<float> gains(n, 1.0f);
+    sce::MinibatchSplits splits;
+    const sce::Status status = sce::GetMinibatchSplits(r.data(), c.data(), gains.data(), n, n, n,
+                                                       sp, &splits);
+    splits_agree = splits_agree && status.ok() && splits.max_ids == with.max_ids &&
+                   splits.max_uniques == with.max_unique_ids;
+  }
+  CHECK(agree);
+  CHECK(splits_agree);
+
+  // Checked rows and attributes; a failed check leaves the route as it was (nothing is routed).
+  params.num_replicas = 2;
+  params.sparse_cores_per_replica = 2;
+  params.rows_per_shard = 3;
+  const IntVec ids = {1, 2, 3};
+  const IntVec decreasing = {0, 3, 2}, out_of_range = {0, 1, 4}, negative = {-1, 0, 0};
+  CHECK_ERROR(sce::ValidateIdSampleRows(params, {2, decreasing.data(), 2}, 3, "table 't'"),
+              "table 't': row_ids has 2 entries but ids has 3");
+  CHECK_ERROR(sce::ValidateIdSampleRows(params, {2, decreasing.data(), 3}, 3, "table 't'"),
+              "row_ids[2] = 2 is smaller than row_ids[1] = 3");
+  CHECK_ERROR(sce::ValidateIdSampleRows(params, {2, out_of_range.data(), 3}, 3, "table 't'"),
+              "row_ids[2] = 4 is not a sample row in [0, 4)");
+  CHECK_ERROR(sce::ValidateIdSampleRows(params, {2, negative.data(), 3}, 3, "table 't'"),
+              "row_ids[0] = -1");
+  CHECK_ERROR(sce::ValidateIdSampleRows(params, {2, nullptr, 3}, 3, "table 't'"),
+              "row_ids missing");
+  CHECK_ERROR(sce::ValidateIdSampleRows(params, {-1, nullptr, 0}, 0, "table 't'"),
+              "rows_per_sparse_core must be in");
+  CHECK_ERROR(sce::ValidateIdSampleRows(params, {int64_t{1} << 30, nullptr, 0}, 0, "table 't'"),
+              "exceeds the limit");
+  CHECK_ERROR(sce::ValidateIdSampleRows(params, {int64_t{1} << 40, nullptr, 0}, 0, "table 't'"),
+              "rows_per_sparse_core must be in");
+  // Without statistics row_ids is not looked at.
+  CHECK_OK(sce::ValidateIdSampleRows(params, {0, decreasing.data(), 1}, 3, "table 't'"));
+  CHECK_OK(sce::ValidateIdSampleRows(params, {0, nullptr, 0}, 3, "table 't'"));
+  // Near the largest accepted rows_per_sparse_core (S * it <= 2^31 - 1), rows on either side of
+  // the SparseCore boundary: 2 ids of one unique id in each of the two partitions of shard 1.
+  params.num_replicas = 1;
+  const int64_t per_sc = (int64_t{1} << 30) - 1;
+  const int32_t last = static_cast<int32_t>(per_sc - 1), first = static_cast<int32_t>(per_sc);
+  const IntVec boundary_rows = {last - 1, last, first, static_cast<int32_t>(2 * per_sc - 1)};
+  const IntVec same_ids = {1, 1, 1, 1};
+  CHECK_OK(sce::ValidateIdSampleRows(params, {per_sc, boundary_rows.data(), 4}, 4, "table 't'"));
+  sce::RouteIds(params, same_ids.data(), 4, {per_sc, boundary_rows.data(), 4}, &with);
+  CHECK_EQ(with.max_ids, 2);
+  CHECK_EQ(with.max_unique_ids, 1);
+}
+
 void TestOwnerCsr() {
   g_test = "owner csr: worked example, padding, checked rows";
   // W = 1, S = 2, R = 10: rows 13 (shard 1), 4 (shard 0), 15 (shard 1); M = 2: entries 0-1 are
@@ -2554,7 +2695,8 @@ int main() {
       TestHugePageAdvice, TestStableSortByKey,
       TestStableSortWords, TestAdjacentMerge,
       TestFeatureMajorActivations, TestLookupOverwritesActivations, TestLookupIsaVersionsAgree, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
-      TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks, TestIdRouting, TestOwnerCsr, TestFeatureRowTables,
+      TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks, TestIdRouting,
+      TestIdRoutingPartitionMaxima, TestOwnerCsr, TestFeatureRowTables,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
