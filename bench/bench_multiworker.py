@@ -116,10 +116,26 @@ def worker(args):
     def step_on_iterator(iterator):
         return strategy.run(replica_step, args=next(iterator))
 
-    dataset = None
-    for batch in batches:
-        one = tf.data.Dataset.from_tensors(batch)
-        dataset = one if dataset is None else dataset.concatenate(one)
+    # One dataset of all the batches (a chain of concatenated one-batch datasets would cost each
+    # next() a walk along the chain): per feature the ids and weights of every step as ragged
+    # [steps, None] values and dense [steps, batch + 1] row splits, made ragged again by a map so
+    # the batch dimension stays static.
+    def columns(key):
+        return tuple((tf.ragged.stack([ids[f].values for ids, _ in batches]),
+                      tf.ragged.stack([w[f].values for _, w in batches]),
+                      tf.stack([ids[f].row_splits for ids, _ in batches]))
+                     for f in sorted(batches[0][0], key=key))
+
+    names = sorted(batches[0][0], key=lambda f: int(f[1:]))
+
+    def as_ragged(*per_feature):
+        ids, weights = {}, {}
+        for f, (values, gains, splits) in zip(names, per_feature):
+            ids[f] = tf.RaggedTensor.from_row_splits(values, splits, validate=False)
+            weights[f] = tf.RaggedTensor.from_row_splits(gains, splits, validate=False)
+        return ids, weights
+
+    dataset = tf.data.Dataset.from_tensor_slices(columns(lambda f: int(f[1:]))).map(as_ragged)
     iterator = iter(dataset)
 
     times, cpu_times = [], []

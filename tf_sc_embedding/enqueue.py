@@ -158,42 +158,22 @@ def stacked_splits(layout, flat_features, flat_weights):
 def preprocess(layout, flat_features, flat_weights, with_splits=True, observe_maxima=None):
     """Per stacked table name, the PreprocessedTable of one replica's batch.
 
-    Without splits (the all-to-all exchange), the stacked table's COO (PreprocessedCoo) instead.
-    Partition statistics (tf_sc_embedding.stats): observe_maxima, if given, is called with
-    {stacked table name: (max ids, max unique ids)} as the minibatch-splits op counts them. With
-    splits the op runs anyway; without, it runs on the stacked COO for the counts alone.
+    Without splits (the all-to-all exchange), the stacked table's COO (PreprocessedCoo) instead;
+    that exchange counts the partition statistics when it routes the ids
+    (exchanges/all_to_all.route), so observe_maxima is only taken with splits: it is called with
+    {stacked table name: (max ids, max unique ids)} as the minibatch-splits op counts them.
     """
-    if with_splits:
-        # One op per stacked table, from the ids to the splits.
-        result, maxima = stacked_splits(layout, flat_features, flat_weights)
-    else:
+    if not with_splits:
+        if observe_maxima is not None:
+            raise ValueError("preprocess: partition statistics come with the splits (with_splits"
+                             "=True) or from the all-to-all exchange's routing")
         coo = stacked_coo(layout, flat_features, flat_weights)
-        result = {name: PreprocessedCoo(*coo[name]) for name in layout.stacked_tables}
-        maxima = coo_partition_maxima(layout, coo) if observe_maxima is not None else {}
+        return {name: PreprocessedCoo(*coo[name]) for name in layout.stacked_tables}
+    # One op per stacked table, from the ids to the splits.
+    result, maxima = stacked_splits(layout, flat_features, flat_weights)
     if observe_maxima is not None:
         observe_maxima(maxima)   # stateful: runs in tf.function without a dependency
     return result
-
-
-def coo_partition_maxima(layout, coo):
-    """Per stacked table name, (max ids, max unique ids) per partition of its stacked COO (rows,
-    cols, gains in SparseCore-major order), counted by the minibatch-splits op without limits and
-    without vocabulary divisions: the maxima are over whole partitions, so they do not depend on
-    the division level, and level 0 keeps the op's id_counts output at S x R x S + 1 entries (the
-    default level 6 multiplies it by 64 and exceeds the op's size limit at large replica counts,
-    which would reject batches the exchange takes)."""
-    S = layout.sparse_cores_per_replica
-    maxima = {}
-    for name, stacked in layout.stacked_tables.items():
-        rows, cols, gains = coo[name]
-        splits = ops.get_minibatch_splits_with_physical_replica(
-            tf.constant([""]), rows, cols, gains, sample_count=stacked.sample_count,
-            num_replica=layout.num_replicas, table_vocab_size=stacked.total_rows,
-            feature_width=stacked.padded_width, num_sc_per_chip=S, table_name=name,
-            mini_batch_splits="", max_ids_per_partition=_INT32_MAX,
-            max_unique_ids_per_partition=_INT32_MAX, max_division_level=0)
-        maxima[name] = (splits.max_ids, splits.max_uniques)
-    return maxima
 
 
 def feature_major_rows(layout, stacked):

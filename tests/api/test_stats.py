@@ -281,16 +281,19 @@ def test_dropped_ids_are_counted_like_the_op_counts_them():
 
 @pytest.mark.parametrize("replicas", [2, 32768])
 def test_all_to_all_statistics_match_the_static_method_at_any_replica_count(replicas):
-    # The all-to-all enqueue counts with one splits op per stacked table at division level 0:
-    # at the default level its id_counts output (S x R x S x 64 entries) would exceed the op's
-    # size limit at 32768 replicas and fail batches the exchange accepts.
+    # The all-to-all exchange counts in its routing op (one pass over the routing's sort), with
+    # no per-(SparseCore, shard) array, so it takes any replica count the layout takes.
     from tf_sc_embedding import enqueue   # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.exchanges import all_to_all   # pylint: disable=import-outside-toplevel
     from tf_sc_embedding.layout import EmbeddingLayout   # pylint: disable=import-outside-toplevel
     ids = batch(seed=40)
     layout = EmbeddingLayout(features_config(), E.SGD(0.1), replicas, 4, {"watched": (B,)})
     observed = {}
-    enqueue.preprocess(layout, [ids["watched"]], [None], with_splits=False,
-                       observe_maxima=observed.update)
+    coo = enqueue.preprocess(layout, [ids["watched"]], [None], with_splits=False)
+    all_to_all.route(layout, coo, observe_maxima=observed.update)
+    with pytest.raises(ValueError, match="partition statistics come with the splits"):
+        enqueue.preprocess(layout, [ids["watched"]], [None], with_splits=False,
+                           observe_maxima=observed.update)
     max_ids, max_unique = sce.TPUEmbeddingV2.compute_sparse_core_stats(
         ids, features_config(), replicas, optimizer=E.SGD(0.1))
     assert {name: (int(a), int(b)) for name, (a, b) in observed.items()} == {

@@ -107,8 +107,8 @@ def reference_maxima(rows, cols, W, S, rows_per_sc):
 
 
 def splits_maxima(rows, cols, W, S, R, rows_per_sc, table_name="t"):
-    """max_ids / max_uniques of the minibatch-splits op, called as enqueue.coo_partition_maxima
-    calls it (no limits, max_division_level 0, the table's W*S*R rows)."""
+    """max_ids / max_uniques of the minibatch-splits op on the stacked COO (no limits,
+    max_division_level 0, the table's W*S*R rows)."""
     gains = np.linspace(0.5, 2.0, len(rows)).astype(np.float32)
     splits = ops.get_minibatch_splits_with_physical_replica(
         tf.constant([""]), rows, cols, gains, sample_count=S * rows_per_sc, num_replica=W,

@@ -3,10 +3,13 @@
 Every replica holds the SparseCore shards [d*S, (d+1)*S) of every stacked table. A step moves
 only ids and rows, never activations of the whole global batch (docs/multi_worker.md#exchange):
 
+preprocessing (enqueue), per stacked table of one replica's batch:
+0. the stacked COO; then its ids deduplicated and grouped by the replica that owns their shard
+   (the owner; ops/id_routing.py), which also counts the partition statistics (stats.py) from
+   the same sort;
 forward, for all stacked tables at once:
-1. each replica deduplicates the ids of its batch per table and groups the unique ids by the
-   replica that owns their shard (the owner; ops/id_routing.py); one all-gather of the counts
-   per (owner, table) gives every replica its receive counts and the agreed chunk sizes;
+1. one all-gather of the counts per (owner, table) gives every replica its receive counts and
+   the agreed chunk sizes;
 2. one all-to-all sends every owner the unique ids it holds (as rows of its own variable);
 3. each owner looks its rows up with the lookup kernel (a CSR whose entries are the received
    ids, so the variable is read in place) and one all-to-all returns the rows;
@@ -33,6 +36,12 @@ from tf_sc_embedding.ops import id_routing, replica_chunks
 from tf_sc_embedding.ops import segment_sum
 from tf_sc_embedding.ops.owner_csr import owner_csr
 
+
+# Per stacked table, one replica's preprocessed batch: the stacked COO's sample rows and gains, and
+# its ids routed to their owners (ops/id_routing.IdRoute: unique rows grouped by owner, unique ids
+# per owner, each id's unique id).
+RoutedIds = collections.namedtuple("RoutedIds", [
+    "row_ids", "gains", "unique_rows", "owner_counts", "unique_positions"])
 
 # Per stacked table, what apply_gradients needs from the forward pass.
 ExchangedTable = collections.namedtuple("ExchangedTable", [
@@ -114,30 +123,48 @@ def _quantized(rows, quantization):
     return tf.math.floor((clipped - low) / quantum + 0.5) * quantum + low
 
 
-def lookup(view, layout, coo_by_table, table_shards):
-    """This replica's activations of every stacked table, and what apply_gradients needs.
+def route(layout, coo_by_table, observe_maxima=None):
+    """Step 0: {stacked name: RoutedIds} of one replica's stacked COO ({name: PreprocessedCoo}).
 
-    coo_by_table: {stacked name: PreprocessedCoo}; table_shards: {stacked name: this replica's
-    parameter variable}. Returns ({stacked name: [B_stk, padded_width]}, preserved).
+    observe_maxima, if given, is called with {stacked name: (max ids, max unique ids)} per
+    partition (stats.py), which the routing op counts from its own sort.
     """
     W = layout.num_replicas
+    S = layout.sparse_cores_per_replica
+    routed, maxima = {}, {}
+    for name, table in layout.stacked_tables.items():
+        coo = coo_by_table[name]
+        ids = id_routing.route_ids_to_owners(
+            coo.col_ids, num_replicas=W, sparse_cores_per_replica=S,
+            rows_per_shard=table.rows_per_shard, row_ids=coo.row_ids,
+            rows_per_sparse_core=table.sample_count // S if observe_maxima is not None else 0,
+            table_name=name)
+        routed[name] = RoutedIds(coo.row_ids, coo.gains, ids.rows, ids.counts, ids.positions)
+        maxima[name] = (ids.max_ids, ids.max_unique_ids)
+    if observe_maxima is not None:
+        observe_maxima(maxima)   # stateful: runs in tf.function without a dependency
+    return routed
+
+
+def lookup(view, layout, routed_by_table, table_shards):
+    """This replica's activations of every stacked table, and what apply_gradients needs.
+
+    routed_by_table: {stacked name: RoutedIds}; table_shards: {stacked name: this replica's
+    parameter variable}. Returns ({stacked name: activations}, preserved); the activations are
+    one matrix per feature where feature_blocks allows it, else one [B_stk, padded_width].
+    """
     S = layout.sparse_cores_per_replica
     stacked = list(layout.stacked_tables.values())
     width_list = [s.padded_width for s in stacked]
     widths = tf.constant(width_list, tf.int32)
+    sources = [routed_by_table[table.name] for table in stacked]
 
-    # 1. unique ids per table, sorted by owner; counts and chunk sizes.
-    sources = []
-    for table in stacked:
-        coo = coo_by_table[table.name]
-        sources.append(dict(coo=coo, route=id_routing.route_ids_to_owners(
-            coo.col_ids, num_replicas=W, sparse_cores_per_replica=S,
-            rows_per_shard=table.rows_per_shard, table_name=table.name)))
-    send_counts = tf.stack([t["route"].counts for t in sources], axis=1)    # [W dest, T]
+    # 1. counts and chunk sizes.
+    send_counts = tf.stack([t.owner_counts for t in sources], axis=1)    # [W dest, T]
     recv_counts, id_chunk, row_chunk = exchange_counts(view, send_counts, widths)
 
     # 2. unique ids to their owners (as rows of the owner's variable).
-    recv_ids = all_to_all_flat(view, pack_by_replica([t["route"].rows for t in sources],
+    recv_ids = all_to_all_flat(view, pack_by_replica([t.unique_rows for t in sources],
                                                      send_counts, id_chunk))
     received = unpack_by_replica(recv_ids, recv_counts, [None] * len(stacked))
 
@@ -157,8 +184,8 @@ def lookup(view, layout, coo_by_table, table_shards):
     # 4. rows -> activations: one matrix per feature where feature_blocks allows it.
     activations, preserved = {}, {}
     for i, table in enumerate(stacked):
-        coo = sources[i]["coo"]
-        unique_positions = sources[i]["route"].positions
+        coo = sources[i]
+        unique_positions = coo.unique_positions
         blocks = feature_blocks(layout, table)
         if blocks is not None:
             activations[table.name] = segment_sum.gathered_segment_sum_to_features(
@@ -264,10 +291,19 @@ def is_exchanged(preserved, layout):
             isinstance(sizes, ExchangeSizes))
 
 
+def preprocess_and_route(exchange, ids_by_path, weights_by_path, observe_maxima=None):
+    """The preprocessing of an exchange that runs `lookup`: the stacked COO, then `route`."""
+    coo = base.Exchange.preprocess(exchange, ids_by_path, weights_by_path)
+    return route(exchange.layout, coo, observe_maxima)
+
+
 class AllToAllExchange(base.Exchange):
     """Sharded tables over several replicas: unique ids to their owners, rows back."""
 
     carries_flags = True
+
+    def preprocess(self, ids_by_path, weights_by_path, observe_maxima=None):
+        return preprocess_and_route(self, ids_by_path, weights_by_path, observe_maxima)
 
     def _lookup_stacked(self, view, preprocessed, parameters):
         return lookup(view, self.layout, preprocessed, parameters)

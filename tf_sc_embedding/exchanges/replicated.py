@@ -72,6 +72,10 @@ def sparse_allreduce(view, layout, rows_and_gradients):
 class ReplicatedExchange(base.Exchange):
     """Tables held whole by every replica (laid out as for one replica)."""
 
+    def preprocess(self, ids_by_path, weights_by_path, observe_maxima=None):
+        # The step observes only the sharded tables' statistics (never given here).
+        return all_to_all.preprocess_and_route(self, ids_by_path, weights_by_path, observe_maxima)
+
     def _lookup_stacked(self, view, preprocessed, parameters):
         del view   # every row is local
         return all_to_all.lookup(collectives.LocalView(), self.layout, preprocessed, parameters)

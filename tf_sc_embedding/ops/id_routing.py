@@ -30,8 +30,8 @@ def route_ids_to_owners(ids, num_replicas, sparse_cores_per_replica, rows_per_sh
     row div rows_per_sparse_core, target shard c mod W*S) pair; `max_ids` is the most ids of one
     partition, counting an id repeated within one sample once, and `max_unique_ids` the most
     distinct ids of one partition. These equal the max_ids / max_uniques the minibatch-splits op
-    gives for the same COO at max_division_level 0 without limits (enqueue.coo_partition_maxima),
-    but come from the sort the routing does anyway, for one extra pass over its result instead of
+    gives for the same COO at max_division_level 0 without limits (the exchange once ran that op
+    for the counts alone), but come from the sort the routing does anyway, for one extra pass over its result instead of
     a second sort and dedup of the COO. Bad row_ids (length, range, order) fail with
     InvalidArgument naming the table. With rows_per_sparse_core = 0 (the default) both are 0 and
     `row_ids` is not read (None passes an empty vector).
