@@ -25,6 +25,22 @@ absl::Status CheckCounts(const Tensor& counts, int64_t num_tables, const std::st
   return absl::OkStatus();
 }
 
+// The counts and chunk inputs of a pack op (input `first` and the next) into chunks, checked.
+absl::Status PackInputs(OpKernelContext* ctx, int first, int64_t num_tables,
+                        const std::string& where, sce::ReplicaChunks* chunks) {
+  const Tensor& counts = ctx->input(first);
+  const Tensor& chunk = ctx->input(first + 1);
+  TF_RETURN_IF_ERROR(CheckCounts(counts, num_tables, where));
+  if (!TensorShapeUtils::IsScalar(chunk.shape())) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": chunk must be a scalar, got ",
+                                                   chunk.shape().DebugString()));
+  }
+  chunks->num_replicas = counts.dim_size(0);
+  chunks->chunk = chunk.scalar<int32_t>()();
+  chunks->counts = counts.flat<int32_t>().data();
+  return absl::OkStatus();
+}
+
 template <typename T>
 class PackReplicaChunksOp : public OpKernel {
  public:
@@ -37,16 +53,8 @@ class PackReplicaChunksOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     OpInputList values;
     OP_REQUIRES_OK(ctx, ctx->input_list("values", &values));
-    const Tensor& counts = ctx->input(values.size());
-    const Tensor& chunk = ctx->input(values.size() + 1);
-    OP_REQUIRES_OK(ctx, CheckCounts(counts, values.size(), where_));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(chunk.shape()),
-                absl::InvalidArgumentError(absl::StrCat(where_, ": chunk must be a scalar, got ",
-                                                        chunk.shape().DebugString())));
     sce::ReplicaChunks chunks;
-    chunks.num_replicas = counts.dim_size(0);
-    chunks.chunk = chunk.scalar<int32_t>()();
-    chunks.counts = counts.flat<int32_t>().data();
+    OP_REQUIRES_OK(ctx, PackInputs(ctx, values.size(), values.size(), where_, &chunks));
     std::vector<const uint32_t*> tables;
     for (int t = 0; t < values.size(); ++t) {
       const Tensor& v = values[t];
@@ -144,16 +152,8 @@ class PackGatheredReplicaChunksOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->input_list("params", &params));
     OP_REQUIRES_OK(ctx, ctx->input_list("indices", &indices));
     const int num_tables = params.size();
-    const Tensor& counts = ctx->input(2 * num_tables);
-    const Tensor& chunk = ctx->input(2 * num_tables + 1);
-    OP_REQUIRES_OK(ctx, CheckCounts(counts, num_tables, where_));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(chunk.shape()),
-                absl::InvalidArgumentError(absl::StrCat(where_, ": chunk must be a scalar, got ",
-                                                        chunk.shape().DebugString())));
     sce::ReplicaChunks chunks;
-    chunks.num_replicas = counts.dim_size(0);
-    chunks.chunk = chunk.scalar<int32_t>()();
-    chunks.counts = counts.flat<int32_t>().data();
+    OP_REQUIRES_OK(ctx, PackInputs(ctx, 2 * num_tables, num_tables, where_, &chunks));
     std::vector<sce::GatheredTable> tables(num_tables);
     for (int t = 0; t < num_tables; ++t) {
       const Tensor& p = params[t];

@@ -10,6 +10,18 @@ using shape_inference::DimensionHandle;
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
+// The positions, gains and segment_ids inputs (`first` to `first + 2`): vectors of one length.
+absl::Status EntryVectors(InferenceContext* c, int64_t first) {
+  ShapeHandle entries;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(first), 1, &entries));
+  for (int64_t i = first + 1; i <= first + 2; ++i) {
+    ShapeHandle other;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &other));
+    TF_RETURN_IF_ERROR(c->Merge(entries, other, &entries));
+  }
+  return absl::OkStatus();
+}
+
 // output[segment_ids[i]] += gains[i] * rows[positions[i]]; output is [num_segments, width of rows]
 // and starts at zero. Its gradient with respect to rows is the same op with positions and
 // segment_ids swapped (registered in tf_sc_embedding/ops/segment_sum.py).
@@ -22,14 +34,9 @@ REGISTER_OP("SceGatheredSegmentSum")
     .Output("output: float")
     .Attr("table_name: string = ''")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle rows, entries, scalar;
+      ShapeHandle rows, scalar;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &rows));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &entries));
-      for (int i = 2; i <= 3; ++i) {
-        ShapeHandle other;
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &other));
-        TF_RETURN_IF_ERROR(c->Merge(entries, other, &entries));
-      }
+      TF_RETURN_IF_ERROR(EntryVectors(c, 1));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 0, &scalar));
       DimensionHandle segments;
       TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(4, &segments));
@@ -55,14 +62,9 @@ REGISTER_OP("SceGatheredSegmentSumToFeatures")
     .Attr("feature_rows_per_sc: list(int)")
     .Attr("table_name: string = ''")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle rows, entries;
+      ShapeHandle rows;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &rows));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &entries));
-      for (int i = 2; i <= 3; ++i) {
-        ShapeHandle other;
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &other));
-        TF_RETURN_IF_ERROR(c->Merge(entries, other, &entries));
-      }
+      TF_RETURN_IF_ERROR(EntryVectors(c, 1));
       int64_t n, cores;
       std::vector<int64_t> rows_per_sc;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
@@ -99,14 +101,9 @@ REGISTER_OP("SceGatheredSegmentSumFromFeatures")
     .SetShapeFn([](InferenceContext* c) {
       int64_t n;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-      ShapeHandle gradient, entries, scalar;
+      ShapeHandle gradient, scalar;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &gradient));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(n), 1, &entries));
-      for (int64_t i = n + 1; i <= n + 2; ++i) {
-        ShapeHandle other;
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &other));
-        TF_RETURN_IF_ERROR(c->Merge(entries, other, &entries));
-      }
+      TF_RETURN_IF_ERROR(EntryVectors(c, n));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(n + 3), 0, &scalar));
       DimensionHandle segments;
       TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(n + 3, &segments));

@@ -10,6 +10,19 @@ using shape_inference::DimensionHandle;
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
+// The buffer of a pack op: [counts rows * chunk], from the counts ([W, T]) and chunk (scalar)
+// inputs at `first` and `first + 1`.
+absl::Status PackedBufferShape(InferenceContext* c, int64_t first) {
+  ShapeHandle counts, scalar;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(first), 2, &counts));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(first + 1), 0, &scalar));
+  DimensionHandle chunk, total;
+  TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(first + 1, &chunk));
+  TF_RETURN_IF_ERROR(c->Multiply(c->Dim(counts, 0), chunk, &total));
+  c->set_output(0, c->Vector(total));
+  return absl::OkStatus();
+}
+
 // buffer[W * chunk]: chunk d holds counts[d, t] entries of values[t] for every t in turn (each
 // values[t] sorted by chunk), then zeros. values[t] is [n_t] (ids) or [n_t, width_t] (rows).
 REGISTER_OP("ScePackReplicaChunks")
@@ -23,14 +36,7 @@ REGISTER_OP("ScePackReplicaChunks")
     .SetShapeFn([](InferenceContext* c) {
       int64_t n;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-      ShapeHandle counts, scalar;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(n), 2, &counts));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(n + 1), 0, &scalar));
-      DimensionHandle chunk, total;
-      TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(n + 1, &chunk));
-      TF_RETURN_IF_ERROR(c->Multiply(c->Dim(counts, 0), chunk, &total));
-      c->set_output(0, c->Vector(total));
-      return absl::OkStatus();
+      return PackedBufferShape(c, n);
     });
 
 // The same buffer with values[t] = params[t][indices[t]] (rows of [rows_t, width_t] matrices),
@@ -47,18 +53,12 @@ REGISTER_OP("ScePackGatheredReplicaChunks")
     .SetShapeFn([](InferenceContext* c) {
       int64_t n;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-      ShapeHandle counts, scalar, shape;
+      ShapeHandle shape;
       for (int64_t t = 0; t < n; ++t) {
         TF_RETURN_IF_ERROR(c->WithRank(c->input(t), 2, &shape));
         TF_RETURN_IF_ERROR(c->WithRank(c->input(n + t), 1, &shape));
       }
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n), 2, &counts));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n + 1), 0, &scalar));
-      DimensionHandle chunk, total;
-      TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(2 * n + 1, &chunk));
-      TF_RETURN_IF_ERROR(c->Multiply(c->Dim(counts, 0), chunk, &total));
-      c->set_output(0, c->Vector(total));
-      return absl::OkStatus();
+      return PackedBufferShape(c, 2 * n);
     });
 
 // The inverse: values[t] gets the counts[d, t] entries of every chunk d, in chunk order, as
