@@ -485,11 +485,11 @@ def run_case(case):
             buffer = np.ones([size if 0 <= size <= 1 << 20 else 0], dtype)
             unpacked = replica_chunks.unpack_replica_chunks(
                 buffer, counts, case["widths"], row_multiples=case["multiples"])
-            # The gathered pack reads rows of params by index; an index one past (or before) the
-            # params must be rejected.
+            # The gathered pack reads rows of params by index; an index one past the params, or
+            # negative, must be rejected.
             params = [np.ones([v.shape[0] + 1, max(v.shape[1], 1)], np.float32) for v in values]
-            indices = [np.full([v.shape[0]], v.shape[0] + 1 + case["index_off_by"] - 1, np.int32)
-                       for v in values]
+            indices = [np.full([v.shape[0]], {0: 0, 1: v.shape[0] + 1, -1: -1}.get(
+                case["index_off_by"], 0), np.int32) for v in values]
             gathered = replica_chunks.pack_gathered_replica_chunks(params, indices, counts, chunk)
             return packed, unpacked, gathered
         if op == "id_routing":

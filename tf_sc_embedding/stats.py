@@ -5,8 +5,8 @@
   (same arguments, same result): for one batch, per stacked table, the maximum over source
   SparseCores and target partitions of the ids and of the unique ids a partition receives.
 * `RunningStats` measures the same on every `enqueue` of a `TPUEmbeddingV2` (from the counts
-  of the minibatch-splits op, which enqueue runs anyway except under the all-to-all exchange,
-  where it runs once per stacked table on the stacked COO for the counts) and keeps the running
+  of the minibatch-splits op, which enqueue runs anyway, or under the all-to-all exchange from
+  the routing op, which counts them from its own sort) and keeps the running
   maxima, exposed as `TPUEmbeddingV2.sparse_core_stats` and
   `suggested_sparse_core_limits()`, and written as TensorBoard scalars when a default
   `tf.summary` writer is active:
@@ -135,8 +135,8 @@ class RunningStats:
 
     def observe_maxima(self, maxima, summarize):
         """Updates the running maxima with one replica's batch, {stacked table: (max ids, max
-        unique ids)} (the max_ids / max_uniques outputs of the minibatch-splits op); returns the
-        op."""
+        unique ids)} (the max_ids / max_uniques outputs of the minibatch-splits op, or the routing
+        op's max_ids / max_unique_ids); returns the op."""
         if _in_dataset_function():
             return None
         return self._record(maxima, summarize)

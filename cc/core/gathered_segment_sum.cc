@@ -143,13 +143,17 @@ Status CheckFeatureBlocks(int64_t sparse_cores, const std::vector<int64_t>& rows
   if (rows_per_sc.empty()) return InvalidArgument(where, ": no features");
   int64_t per_sc = 0;
   for (size_t f = 0; f < rows_per_sc.size(); ++f) {
-    SCE_RETURN_IF_ERROR(CheckInRange(where, "a feature's rows per SparseCore", rows_per_sc[f], 0,
-                                     kMaxInt32));
+    if (rows_per_sc[f] < 0 || rows_per_sc[f] > kMaxInt32) {
+      return InvalidArgument(where, ": feature_rows_per_sc[", f, "] = ", rows_per_sc[f],
+                             " is outside [0, ", kMaxInt32, "]");
+    }
     per_sc += rows_per_sc[f];   // < 2^31 terms of < 2^31: no overflow before the check below
     SCE_RETURN_IF_ERROR(CheckInRange(where, "the rows per SparseCore", per_sc, 0, kMaxInt32));
   }
+  // Within kMaxAllocationElements: the kernels hold one row pointer per stacked row.
   return CheckedSize(where, "the stacked rows (sparse cores * rows per SparseCore)",
-                     {sparse_cores, per_sc}, kMaxInt32, stacked_rows);
+                     {sparse_cores, per_sc}, std::min<int64_t>(kMaxInt32, kMaxAllocationElements),
+                     stacked_rows);
 }
 
 void GatheredSegmentSum(const GatheredSegmentSumArgs& a, float* out,

@@ -61,7 +61,8 @@ void GatheredSegmentSum(const GatheredSegmentSumArgs& args, float* out,
 // (docs/lookup.md#activation-row-order): stacked row s * M + start_f + k (SparseCore s, feature f
 // at offset start_f of the SparseCore's M rows, k < rows_per_sc[f]) is row s * rows_per_sc[f] + k
 // of feature f's [S * rows_per_sc[f], width] matrix. CheckFeatureBlocks validates the sizes
-// (S >= 1, rows >= 0, S * M within int32) and gives S * M.
+// (S >= 1, rows >= 0, S * M within int32 and kMaxAllocationElements: a row table holds one pointer
+// per stacked row) and gives S * M.
 Status CheckFeatureBlocks(int64_t sparse_cores, const std::vector<int64_t>& rows_per_sc,
                           const std::string& where, int64_t* stacked_rows);
 

@@ -37,7 +37,10 @@ Status ValidateReplicaChunks(const ReplicaChunks& c, const std::string& where,
                                   {c.num_replicas, c.chunk}, kMaxAllocationElements, &buffer));
   const int64_t num_tables = static_cast<int64_t>(c.widths.size());
   for (int64_t t = 0; t < num_tables; ++t) {
-    SCE_RETURN_IF_ERROR(CheckInRange(where, "a table's width", c.widths[t], 1, kMaxInt32));
+    if (c.widths[t] < 1 || c.widths[t] > kMaxInt32) {
+      return InvalidArgument(where, ": table ", t, "'s width (elements per entry) is ", c.widths[t],
+                             ", outside [1, ", kMaxInt32, "]");
+    }
   }
   if (num_tables > 0 && c.counts == nullptr) return InvalidArgument(where, ": counts missing");
   rows_per_table->assign(num_tables, 0);
@@ -141,7 +144,10 @@ Status PaddedRows(const ReplicaChunks& c, const std::vector<int64_t>& rows_per_t
                            rows_per_table.size(), " tables");
   }
   for (size_t t = 0; t < multiples.size(); ++t) {
-    SCE_RETURN_IF_ERROR(CheckInRange(where, "a row multiple", multiples[t], 1, kMaxInt32));
+    if (multiples[t] < 1 || multiples[t] > kMaxInt32) {
+      return InvalidArgument(where, ": row_multiples[", t, "] = ", multiples[t],
+                             " is outside [1, ", kMaxInt32, "]");
+    }
     // rows <= kMaxAllocationElements (validated) and multiple < 2^31: no overflow.
     const int64_t rows = (rows_per_table[t] + multiples[t] - 1) / multiples[t] * multiples[t];
     int64_t elements;

@@ -73,6 +73,12 @@ class FeatureSegmentSumBase : public OpKernel {
     where_ = table.empty() ? std::string(op) : absl::StrCat(op, ", table '", table, "'");
     OP_REQUIRES_OK(ctx, ctx->GetAttr("sparse_cores", &sparse_cores_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("feature_rows_per_sc", &rows_per_sc_));
+    int64_t num_features;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &num_features));
+    OP_REQUIRES(ctx, num_features == static_cast<int64_t>(rows_per_sc_.size()),
+                absl::InvalidArgumentError(absl::StrCat(
+                    where_, ": N = ", num_features, " features but feature_rows_per_sc has ",
+                    rows_per_sc_.size(), " entries")));
     OP_REQUIRES_OK(ctx, ToTf(sce::CheckFeatureBlocks(sparse_cores_, rows_per_sc_, where_,
                                                      &stacked_rows_)));
   }
@@ -133,6 +139,7 @@ class GatheredSegmentSumToFeaturesOp : public FeatureSegmentSumBase {
                                            TensorShape({FeatureRows(f), args.width}), &out));
       features.push_back(out->flat<float>().data());
     }
+    if (args.width == 0) return;   // nothing to sum into
     std::vector<float*> table;
     sce::FeatureRowTable(sparse_cores_, rows_per_sc_, features, args.width, &table);
     args.out_table = table.data();
@@ -149,11 +156,7 @@ class GatheredSegmentSumFromFeaturesOp : public FeatureSegmentSumBase {
   void Compute(OpKernelContext* ctx) override {
     OpInputList gradients;
     OP_REQUIRES_OK(ctx, ctx->input_list("gradients", &gradients));
-    const int num_features = gradients.size();
-    OP_REQUIRES(ctx, num_features == static_cast<int>(rows_per_sc_.size()),
-                absl::InvalidArgumentError(absl::StrCat(
-                    where_, ": ", num_features, " gradients for ", rows_per_sc_.size(),
-                    " features")));
+    const int num_features = gradients.size();   // N, checked against the blocks at construction
     int64_t width = -1;
     std::vector<const float*> features;
     for (int f = 0; f < num_features; ++f) {
@@ -173,9 +176,13 @@ class GatheredSegmentSumFromFeaturesOp : public FeatureSegmentSumBase {
                     num_segments.shape().DebugString())));
     sce::GatheredSegmentSumArgs args;
     OP_REQUIRES_OK(ctx, EntryArgs(ctx, num_features, &args));
+    // One pointer per stacked row, only for rows with columns: the gradients, shape-checked
+    // above, hold at least as many floats as the table has pointers.
     std::vector<const float*> table;
-    sce::FeatureRowTable(sparse_cores_, rows_per_sc_, features, width, &table);
-    args.row_table = table.data();
+    if (width > 0) {
+      sce::FeatureRowTable(sparse_cores_, rows_per_sc_, features, width, &table);
+      args.row_table = table.data();
+    }
     args.num_rows = stacked_rows_;
     args.width = width;
     args.num_segments = num_segments.scalar<int32_t>()();

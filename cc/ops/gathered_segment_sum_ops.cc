@@ -1,5 +1,8 @@
 // Registration of the weighted gather + segment sum of the all-to-all exchange
 // (docs/multi_worker.md#exchange; the algorithm is cc/core/gathered_segment_sum.h).
+#include <string>
+#include <vector>
+
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
@@ -67,19 +70,21 @@ REGISTER_OP("SceGatheredSegmentSumToFeatures")
       TF_RETURN_IF_ERROR(EntryVectors(c, 1));
       int64_t n, cores;
       std::vector<int64_t> rows_per_sc;
+      std::string table;
+      TF_RETURN_IF_ERROR(c->GetAttr("table_name", &table));
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
       TF_RETURN_IF_ERROR(c->GetAttr("sparse_cores", &cores));
       TF_RETURN_IF_ERROR(c->GetAttr("feature_rows_per_sc", &rows_per_sc));
       if (static_cast<int64_t>(rows_per_sc.size()) != n) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "SceGatheredSegmentSumToFeatures: feature_rows_per_sc has ", rows_per_sc.size(),
-            " entries, N is ", n));
+            "SceGatheredSegmentSumToFeatures, table '", table, "': feature_rows_per_sc has ",
+            rows_per_sc.size(), " entries, N is ", n));
       }
       for (int64_t f = 0; f < n; ++f) {
         if (rows_per_sc[f] < 0 || rows_per_sc[f] > (int64_t{1} << 31) / cores) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "SceGatheredSegmentSumToFeatures: feature_rows_per_sc[", f, "] = ",
-              rows_per_sc[f], " is out of range"));
+              "SceGatheredSegmentSumToFeatures, table '", table, "': feature_rows_per_sc[", f,
+              "] = ", rows_per_sc[f], " is out of range"));
         }
         c->set_output(f, c->Matrix(cores * rows_per_sc[f], c->Dim(rows, 1)));
       }

@@ -2405,7 +2405,7 @@ void TestFeatureRowTables() {
   CHECK_EQ(f1, (FloatVec{6, 9, 15, 18}));
   CHECK_ERROR(sce::CheckFeatureBlocks(0, {1}, "t", &stacked), "sparse_cores");
   CHECK_ERROR(sce::CheckFeatureBlocks(2, {}, "t", &stacked), "no features");
-  CHECK_ERROR(sce::CheckFeatureBlocks(2, {-1}, "t", &stacked), "rows per SparseCore");
+  CHECK_ERROR(sce::CheckFeatureBlocks(2, {-1}, "t", &stacked), "feature_rows_per_sc[0] = -1");
   CHECK_ERROR(sce::CheckFeatureBlocks(4, {int64_t{1} << 30}, "t", &stacked), "stacked rows");
 }
 

@@ -100,8 +100,8 @@ def test_running_maxima_single_replica_and_summaries(tmp_path):
 
 @pytest.mark.parametrize("exchange", ["all_to_all", "all_gather"])
 def test_running_maxima_two_replicas_match_static_method(exchange):
-    # all-gather: the counts of the splits op the exchange runs; all-to-all: of one splits op
-    # per stacked table on the stacked COO. The static method counts with the statistics op.
+    # all-gather: the counts of the splits op the exchange runs; all-to-all: those of the routing
+    # op (SceRouteIdsToOwners). The static method counts with the statistics op.
     require_replicas(2)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():   # statistics cover the sharded tables (small ones are replicated)

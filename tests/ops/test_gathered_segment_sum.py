@@ -225,10 +225,35 @@ def test_per_feature_forms_reject_bad_input_naming_the_table():
         gathered_segment_sum_from_features([np.zeros((2, 3), np.float32),
                                             np.zeros((3, 3), np.float32)], [0], one, [0], 1, 2,
                                            [1, 2], table_name="video")
-    with pytest.raises(tf.errors.InvalidArgumentError, match="2 gradients for 3 features"):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="N = 2 features but feature_rows_per_sc has 3 entries"):
         gathered_segment_sum_from_features([np.zeros((2, 3), np.float32)] * 2, [0], one, [0], 1,
                                            2, [1, 1, 1])
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"positions\[0\] = 4"):
         gathered_segment_sum_from_features([np.zeros((2, 3), np.float32),
                                             np.zeros((2, 3), np.float32)], [4], one, [0], 1, 2,
                                            [1, 1])
+
+
+def test_per_feature_forms_check_the_feature_count_and_take_rows_without_columns():
+    one = np.ones(1, np.float32)
+    # The raw op with N not matching feature_rows_per_sc (eager: no shape function runs).
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"table 'video'.*N = 1 features"):
+        library.sce_gathered_segment_sum_to_features(
+            rows=np.zeros((2, 3), np.float32), positions=[0], gains=one, segment_ids=[0], N=1,
+            sparse_cores=2, feature_rows_per_sc=[1, 1], table_name="video")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"N = 3 features"):
+        library.sce_gathered_segment_sum_from_features(
+            gradients=[np.zeros((2, 3), np.float32)] * 3, positions=[0], gains=one,
+            segment_ids=[0], num_segments=1, sparse_cores=2, feature_rows_per_sc=[1])
+    # Width 0: empty rows, nothing read, no row table (whatever the number of stacked rows).
+    parts = gathered_segment_sum_to_features(np.zeros((1, 0), np.float32), [0], one, [5], 4,
+                                             [1, 2])
+    assert [tuple(p.shape) for p in parts] == [(4, 0), (8, 0)]
+    back = gathered_segment_sum_from_features([np.zeros((4, 0), np.float32),
+                                               np.zeros((8, 0), np.float32)], [5], one, [0], 1,
+                                              4, [1, 2])
+    assert tuple(back.shape) == (1, 0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="stacked rows"):
+        gathered_segment_sum_to_features(np.zeros((1, 0), np.float32), [0], one, [0], 4,
+                                         [2**30])

@@ -179,5 +179,5 @@ def test_unpack_pads_each_table_to_its_row_multiple():
     np.testing.assert_array_equal(second.numpy(), values[1])
     with pytest.raises(tf.errors.InvalidArgumentError, match="row_multiples has 1 entries"):
         unpack_replica_chunks(buffer, counts, [2, 3], row_multiples=[4])
-    with pytest.raises(tf.errors.InvalidArgumentError, match="row multiple"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"row_multiples\[0\] = 0"):
         unpack_replica_chunks(buffer, counts, [2, 3], row_multiples=[0, 1])

@@ -11,15 +11,16 @@ forward, for all stacked tables at once:
 1. one all-gather of the counts per (owner, table) gives every replica its receive counts and
    the agreed chunk sizes;
 2. one all-to-all sends every owner the unique ids it holds (as rows of its own variable);
-3. each owner looks its rows up with the lookup kernel (a CSR whose entries are the received
-   ids, so the variable is read in place) and one all-to-all returns the rows;
+3. each owner packs the rows asked for straight from its variables (ScePackGatheredReplicaChunks;
+   if any table has quantization, every table's rows are gathered and quantized first) and one
+   all-to-all returns them;
 4. each replica combines the rows into its activations (gains, combiners) with one weighted
    gather + segment sum per table (ops/segment_sum.py).
 backward:
 5. each replica reduces its activation gradients to one gradient row per unique id, one
    all-to-all sends them to the owners (with every replica's non-finite gradient marks, one
    extra chunk entry), and each owner applies the fused optimizer kernel once per touched row,
-   summing the contributions of all replicas first (the same CSR as in 3).
+   summing the contributions of all replicas first (a CSR of the received rows, SceOwnerCsr).
 
 Bytes sent per replica per step are (unique ids x 4) + (unique ids x width x 4) x 2, plus the
 W x T counts it all-gathers to W - 1 replicas and the marks (one float per feature per peer):
@@ -78,7 +79,8 @@ def feature_blocks(layout, stacked):
     """Each feature's rows per SparseCore when stacked table `stacked`'s activations and their
     gradients can be one matrix per feature, written and read in place by the segment sums
     (ops/segment_sum.py; no split of the activations, no concatenation of the gradients), else
-    None (the table has padding columns: the activations are one matrix, sliced per feature)."""
+    None (one feature, features that do not tile every SparseCore's rows, or padding columns:
+    the activations are then one matrix, sliced per feature; enqueue.feature_major_rows)."""
     return enqueue_lib.feature_major_rows(layout, stacked)
 
 

@@ -25,14 +25,17 @@ def gathered_segment_sum(rows, positions, gains, segment_ids, num_segments, tabl
         num_segments=tf.cast(num_segments, tf.int32), table_name=table_name, name=name)
 
 
+def _attr(op, name):
+    value = op.get_attr(name)
+    return value.decode() if isinstance(value, bytes) else value
+
+
 @tf.RegisterGradient("SceGatheredSegmentSum")
 def _gathered_segment_sum_grad(op, grad):
     """d rows: the transpose, i.e. the same op with positions and segment ids swapped;
     d gains[i]: <rows[positions[i]], grad[segment_ids[i]]>."""
     rows, positions, gains, segment_ids, _ = op.inputs
-    table_name = op.get_attr("table_name")
-    if isinstance(table_name, bytes):
-        table_name = table_name.decode()
+    table_name = _attr(op, "table_name")
     d_rows = gathered_segment_sum(grad, segment_ids, gains, positions, tf.shape(rows)[0],
                                   table_name=table_name)
     d_gains = tf.reduce_sum(tf.gather(rows, positions) * tf.gather(grad, segment_ids), axis=1)
@@ -65,11 +68,6 @@ def gathered_segment_sum_from_features(gradients, positions, gains, segment_ids,
         gradients=list(gradients), positions=positions, gains=gains, segment_ids=segment_ids,
         num_segments=tf.cast(num_segments, tf.int32), sparse_cores=sparse_cores,
         feature_rows_per_sc=list(feature_rows_per_sc), table_name=table_name, name=name)
-
-
-def _attr(op, name):
-    value = op.get_attr(name)
-    return value.decode() if isinstance(value, bytes) else value
 
 
 @tf.RegisterGradient("SceGatheredSegmentSumToFeatures")
