@@ -1,6 +1,7 @@
 #include "cc/core/id_routing.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "cc/core/checked_math.h"
@@ -137,25 +138,47 @@ void RouteIds(const IdRoutingParams& p, const int32_t* ids, int64_t n,
   route->max_unique_ids = 0;
   if (n == 0) return;
   // (key << 32 | entry) words; key = owner * S * R + row = shard * R + c div N < W * S * R
-  // <= 2^31 - 1.
-  std::vector<uint64_t> words(2 * n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t shard = ids[i] % N;
-    const int64_t key = (shard / S) * rows_per_owner + (shard % S) * R + ids[i] / N;
-    words[i] = (static_cast<uint64_t>(key) << 32) | static_cast<uint64_t>(i);
+  // <= 2^31 - 1. N is a power of two for every sharded layout (docs/layout.md): then the shard
+  // and the row inside it are a mask and a shift, not two divisions per id. The buffer is not
+  // zero-filled: every word the sort reads is written here or by the sort.
+  std::unique_ptr<uint64_t[]> words(new uint64_t[2 * n]);
+  if ((N & (N - 1)) == 0) {
+    int log2_n = 0;
+    while ((int64_t{1} << log2_n) < N) ++log2_n;
+    const uint32_t mask = static_cast<uint32_t>(N - 1);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t c = static_cast<uint32_t>(ids[i]);   // validated: 0 <= ids[i] < 2^31
+      const uint64_t key = static_cast<uint64_t>(c & mask) * static_cast<uint64_t>(R) +
+                           (c >> log2_n);
+      words[i] = (key << 32) | static_cast<uint64_t>(i);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t key = (ids[i] % N) * R + ids[i] / N;
+      words[i] = (static_cast<uint64_t>(key) << 32) | static_cast<uint64_t>(i);
+    }
   }
   int bits = 0;
   while (bits < 31 && (int64_t{1} << bits) < N * R) ++bits;
-  const uint64_t* sorted = StableSortWords(words.data(), words.data() + n, n, 32, bits);
+  const uint64_t* sorted = StableSortWords(words.get(), words.get() + n, n, 32, bits);
   uint64_t previous = ~uint64_t{0};
   int32_t unique = -1;
+  // Keys ascend, so the owner only moves forward: its range [begin, end) replaces a division
+  // and a remainder per unique id.
+  int64_t owner = 0;
+  uint64_t owner_begin = 0, owner_end = static_cast<uint64_t>(rows_per_owner);
   for (int64_t j = 0; j < n; ++j) {
     const uint64_t key = sorted[j] >> 32;
     if (key != previous) {
       previous = key;
       ++unique;
-      route->rows.push_back(static_cast<int32_t>(key % rows_per_owner));
-      ++route->counts[key / rows_per_owner];
+      while (key >= owner_end) {
+        ++owner;
+        owner_begin = owner_end;
+        owner_end += static_cast<uint64_t>(rows_per_owner);
+      }
+      route->rows.push_back(static_cast<int32_t>(key - owner_begin));
+      ++route->counts[owner];
     }
     route->positions[static_cast<uint32_t>(sorted[j])] = unique;
   }
