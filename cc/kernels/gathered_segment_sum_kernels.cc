@@ -11,51 +11,74 @@ namespace tensorflow {
 namespace sce_kernels {
 namespace {
 
+// "<op>" or "<op>, table '<table_name>'": the prefix of every message of one kernel.
+std::string Where(OpKernelConstruction* ctx, const char* op) {
+  std::string table;
+  const absl::Status status = ctx->GetAttr("table_name", &table);
+  if (!status.ok()) ctx->CtxFailure(__FILE__, __LINE__, status);
+  return table.empty() ? std::string(op) : absl::StrCat(op, ", table '", table, "'");
+}
+
+// positions, gains and segment ids (inputs first..first+2) into args: vectors of one length.
+absl::Status EntryArgs(OpKernelContext* ctx, int first, const std::string& where,
+                       sce::GatheredSegmentSumArgs* args) {
+  const Tensor& positions = ctx->input(first);
+  const Tensor& gains = ctx->input(first + 1);
+  const Tensor& segments = ctx->input(first + 2);
+  const int64_t n = positions.NumElements();
+  if (positions.dims() != 1 || gains.dims() != 1 || segments.dims() != 1 ||
+      gains.NumElements() != n || segments.NumElements() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": positions, gains and segment_ids must be vectors of one length, got ",
+        positions.shape().DebugString(), ", ", gains.shape().DebugString(), " and ",
+        segments.shape().DebugString()));
+  }
+  args->positions = positions.flat<int32_t>().data();
+  args->gains = gains.flat<float>().data();
+  args->segments = segments.flat<int32_t>().data();
+  args->num_entries = n;
+  return absl::OkStatus();
+}
+
+// The scalar num_segments input into args.
+absl::Status NumSegments(const Tensor& num_segments, const std::string& where,
+                         sce::GatheredSegmentSumArgs* args) {
+  if (!TensorShapeUtils::IsScalar(num_segments.shape())) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": num_segments must be a scalar, got ",
+                                                   num_segments.shape().DebugString()));
+  }
+  args->num_segments = num_segments.scalar<int32_t>()();
+  return absl::OkStatus();
+}
+
+// Checks every size and index, then allocates output 0 [num_segments, width] and sums into it.
+void SumIntoNewOutput(OpKernelContext* ctx, const std::string& where,
+                      const sce::GatheredSegmentSumArgs& args) {
+  OP_REQUIRES_OK(ctx, ToTf(sce::ValidateGatheredSegmentSum(args, where)));
+  Tensor* out = nullptr;
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({args.num_segments, args.width}),
+                                           &out));
+  sce::GatheredSegmentSum(args, out->flat<float>().data(), ThreadPoolFor(ctx),
+                          IntraOpThreads(ctx));
+}
+
 class GatheredSegmentSumOp : public OpKernel {
  public:
-  explicit GatheredSegmentSumOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::string table;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table));
-    where_ = table.empty() ? std::string("SceGatheredSegmentSum")
-                           : "SceGatheredSegmentSum, table '" + table + "'";
-  }
+  explicit GatheredSegmentSumOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), where_(Where(ctx, "SceGatheredSegmentSum")) {}
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& rows = ctx->input(0);
-    const Tensor& positions = ctx->input(1);
-    const Tensor& gains = ctx->input(2);
-    const Tensor& segments = ctx->input(3);
-    const Tensor& num_segments = ctx->input(4);
     OP_REQUIRES(ctx, rows.dims() == 2,
                 absl::InvalidArgumentError(absl::StrCat(where_, ": rows must be rank 2, got ",
                                                         rows.shape().DebugString())));
-    const int64_t n = positions.NumElements();
-    OP_REQUIRES(ctx, positions.dims() == 1 && gains.dims() == 1 && segments.dims() == 1 &&
-                         gains.NumElements() == n && segments.NumElements() == n,
-                absl::InvalidArgumentError(absl::StrCat(
-                    where_, ": positions, gains and segment_ids must be vectors of one length, "
-                    "got ", positions.shape().DebugString(), ", ", gains.shape().DebugString(),
-                    " and ", segments.shape().DebugString())));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(num_segments.shape()),
-                absl::InvalidArgumentError(absl::StrCat(
-                    where_, ": num_segments must be a scalar, got ",
-                    num_segments.shape().DebugString())));
     sce::GatheredSegmentSumArgs args;
+    OP_REQUIRES_OK(ctx, EntryArgs(ctx, 1, where_, &args));
+    OP_REQUIRES_OK(ctx, NumSegments(ctx->input(4), where_, &args));
     args.rows = rows.flat<float>().data();
     args.num_rows = rows.dim_size(0);
     args.width = rows.dim_size(1);
-    args.positions = positions.flat<int32_t>().data();
-    args.gains = gains.flat<float>().data();
-    args.segments = segments.flat<int32_t>().data();
-    args.num_entries = n;
-    args.num_segments = num_segments.scalar<int32_t>()();
-    // Every size and index is checked before the output is allocated.
-    OP_REQUIRES_OK(ctx, ToTf(sce::ValidateGatheredSegmentSum(args, where_)));
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({args.num_segments, args.width}),
-                                             &out));
-    sce::GatheredSegmentSum(args, out->flat<float>().data(), ThreadPoolFor(ctx),
-                            IntraOpThreads(ctx));
+    SumIntoNewOutput(ctx, where_, args);
   }
 
  private:
@@ -64,13 +87,11 @@ class GatheredSegmentSumOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("SceGatheredSegmentSum").Device(DEVICE_CPU), GatheredSegmentSumOp);
 
-// Shared by the per-feature forms: the table name, the feature blocks and the entry vectors.
+// Shared by the per-feature forms: the table name and the feature blocks.
 class FeatureSegmentSumBase : public OpKernel {
  public:
-  FeatureSegmentSumBase(OpKernelConstruction* ctx, const char* op) : OpKernel(ctx) {
-    std::string table;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table));
-    where_ = table.empty() ? std::string(op) : absl::StrCat(op, ", table '", table, "'");
+  FeatureSegmentSumBase(OpKernelConstruction* ctx, const char* op)
+      : OpKernel(ctx), where_(Where(ctx, op)) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("sparse_cores", &sparse_cores_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("feature_rows_per_sc", &rows_per_sc_));
     int64_t num_features;
@@ -84,26 +105,6 @@ class FeatureSegmentSumBase : public OpKernel {
   }
 
  protected:
-  // positions, gains and segment ids (inputs first..first+2) into args.
-  absl::Status EntryArgs(OpKernelContext* ctx, int first, sce::GatheredSegmentSumArgs* args) {
-    const Tensor& positions = ctx->input(first);
-    const Tensor& gains = ctx->input(first + 1);
-    const Tensor& segments = ctx->input(first + 2);
-    const int64_t n = positions.NumElements();
-    if (positions.dims() != 1 || gains.dims() != 1 || segments.dims() != 1 ||
-        gains.NumElements() != n || segments.NumElements() != n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where_, ": positions, gains and segment_ids must be vectors of one length, got ",
-          positions.shape().DebugString(), ", ", gains.shape().DebugString(), " and ",
-          segments.shape().DebugString()));
-    }
-    args->positions = positions.flat<int32_t>().data();
-    args->gains = gains.flat<float>().data();
-    args->segments = segments.flat<int32_t>().data();
-    args->num_entries = n;
-    return absl::OkStatus();
-  }
-
   int64_t FeatureRows(size_t f) const { return sparse_cores_ * rows_per_sc_[f]; }
 
   std::string where_;
@@ -124,7 +125,7 @@ class GatheredSegmentSumToFeaturesOp : public FeatureSegmentSumBase {
                 absl::InvalidArgumentError(absl::StrCat(where_, ": rows must be rank 2, got ",
                                                         rows.shape().DebugString())));
     sce::GatheredSegmentSumArgs args;
-    OP_REQUIRES_OK(ctx, EntryArgs(ctx, 1, &args));
+    OP_REQUIRES_OK(ctx, EntryArgs(ctx, 1, where_, &args));
     args.rows = rows.flat<float>().data();
     args.num_rows = rows.dim_size(0);
     args.width = rows.dim_size(1);
@@ -169,13 +170,9 @@ class GatheredSegmentSumFromFeaturesOp : public FeatureSegmentSumBase {
                       g.shape().DebugString())));
       features.push_back(g.flat<float>().data());
     }
-    const Tensor& num_segments = ctx->input(num_features + 3);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(num_segments.shape()),
-                absl::InvalidArgumentError(absl::StrCat(
-                    where_, ": num_segments must be a scalar, got ",
-                    num_segments.shape().DebugString())));
     sce::GatheredSegmentSumArgs args;
-    OP_REQUIRES_OK(ctx, EntryArgs(ctx, num_features, &args));
+    OP_REQUIRES_OK(ctx, NumSegments(ctx->input(num_features + 3), where_, &args));
+    OP_REQUIRES_OK(ctx, EntryArgs(ctx, num_features, where_, &args));
     // One pointer per stacked row, only for rows with columns: the gradients, shape-checked
     // above, hold at least as many floats as the table has pointers.
     std::vector<const float*> table;
@@ -185,13 +182,7 @@ class GatheredSegmentSumFromFeaturesOp : public FeatureSegmentSumBase {
     }
     args.num_rows = stacked_rows_;
     args.width = width;
-    args.num_segments = num_segments.scalar<int32_t>()();
-    OP_REQUIRES_OK(ctx, ToTf(sce::ValidateGatheredSegmentSum(args, where_)));
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({args.num_segments, args.width}),
-                                             &out));
-    sce::GatheredSegmentSum(args, out->flat<float>().data(), ThreadPoolFor(ctx),
-                            IntraOpThreads(ctx));
+    SumIntoNewOutput(ctx, where_, args);
   }
 };
 
