@@ -114,9 +114,7 @@ class TPUEmbeddingV2(tf.Module):
                     self._group, self._options, self._sparse_core_config, self._pipelining)
                 # Tracked as attributes so that tf.Module finds the table variables.
                 self._variables = storage.stacked_variables()
-                stash = self._step.stash
-                return storage, self.apply_pending_gradients, (stash.discard if stash
-                                                               else lambda: None)
+                return storage, self.apply_pending_gradients, self._step.discard_kept
 
             self._tables.build(create_storage)
 
@@ -257,27 +255,73 @@ class TPUEmbeddingV2(tf.Module):
                 zip(local_features, local_weights, self._group.local_devices))])
 
     def _enqueue_one(self, features, weights, device, summarize=None):
-        flat = feature_shapes.flatten_like(self._feature_config, features, "features")
+        flat, flat_weights = self._flatten_batch(features, weights, "features")
+        return self._require_built_from(flat).enqueue(flat, flat_weights, device, summarize)
+
+    def _flatten_batch(self, features, weights, what):
+        """(flat ids, flat weights or Nones) of a batch, checked against the feature config."""
+        flat = feature_shapes.flatten_like(self._feature_config, features, what)
         flat_weights = ([None] * len(flat) if weights is None else
-                        feature_shapes.flatten_like(self._feature_config, weights, "weights",
+                        feature_shapes.flatten_like(self._feature_config, weights,
+                                                    what.replace("features", "weights"),
                                                     allow_none=True))
+        return flat, flat_weights
+
+    def _require_built_from(self, flat):
+        """The step, building the tables first from the shapes of a batch (flat ids)."""
         if not self.built:
             self.build(output_shapes=tf.nest.pack_sequence_as(
                 self._feature_config, [feature_shapes.sample_shape(p, f)
                                        for p, f in zip(self._flat_paths, flat)]))
-        return self._step.enqueue(flat, flat_weights, device, summarize)
+        return self._step
 
     def dequeue(self, preprocessed):
         """Looks up this replica's activations; returns (activations, preserved)."""
         flat, preserved = self._require_built("dequeue").dequeue(preprocessed)
         return tf.nest.pack_sequence_as(self._feature_config, flat), preserved
 
-    def embedding_lookup(self, features, weights=None):
-        """enqueue + dequeue: returns (activations, preserved)."""
-        return self.dequeue(self.enqueue(features, weights))
+    def embedding_lookup(self, features, weights=None, next_features=None, next_weights=None):
+        """enqueue + dequeue: returns (activations, preserved).
 
-    def __call__(self, features, weights=None):
-        return self.embedding_lookup(features, weights)
+        next_features (and next_weights), with pipeline_execution_with_tensor_core=True, in a
+        replica's step: the batch of the next step. Its lookup runs during this step, beside the
+        dense model, and the next step's lookup (whose features must be this batch) returns it
+        (docs/pipelining.md#prefetching-the-next-lookup); this step's own lookup must have been
+        prefetched (by the previous step, or by `prefetch`). The numbers are those of
+        pipelining without it.
+        """
+        if next_features is None:
+            if next_weights is not None:
+                raise ValueError("next_weights given without next_features")
+            return self.dequeue(self.enqueue(features, weights))
+        if not self._pipelining:
+            raise ValueError("next_features (prefetching the next lookup) needs "
+                             "pipeline_execution_with_tensor_core=True")
+        if _has_distributed_values(features, weights, next_features, next_weights):
+            raise ValueError("with next_features, call the embedding inside strategy.run with "
+                             "each replica's own tensors")
+        current = self._flatten_batch(features, weights, "features")
+        upcoming = self._flatten_batch(next_features, next_weights, "next_features")
+        step = self._require_built_from(current[0])
+        flat, preserved = step.lookup_prefetching(lambda: step.enqueue(*upcoming), current,
+                                                  upcoming)
+        return tf.nest.pack_sequence_as(self._feature_config, flat), preserved
+
+    def prefetch(self, features, weights=None):
+        """With pipeline_execution_with_tensor_core=True, inside a replica's step: looks a batch
+        up now and keeps it for the next `embedding_lookup(features, next_features=...)`, whose
+        features must be this batch (docs/pipelining.md#prefetching-the-next-lookup). Call it
+        before the first step that passes next_features, and after a restore."""
+        if not self._pipelining:
+            raise ValueError("prefetch needs pipeline_execution_with_tensor_core=True")
+        if _has_distributed_values(features, weights):
+            raise ValueError("call prefetch inside strategy.run with each replica's own tensors")
+        batch = self._flatten_batch(features, weights, "features")
+        step = self._require_built_from(batch[0])
+        return step.prefetch(step.enqueue(*batch), batch)
+
+    def __call__(self, features, weights=None, next_features=None, next_weights=None):
+        return self.embedding_lookup(features, weights, next_features, next_weights)
 
     def apply_gradients(self, gradients, preserved_outputs):
         """Fused optimizer update from the gradients of the activations (None means zeros).

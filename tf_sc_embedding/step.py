@@ -14,6 +14,7 @@ from tf_sc_embedding import collectives
 from tf_sc_embedding import fused_update
 from tf_sc_embedding import online_limits as online_limits_lib
 from tf_sc_embedding import pipelining
+from tf_sc_embedding import prefetch as prefetch_lib
 from tf_sc_embedding import stats as stats_lib
 from tf_sc_embedding.ops import gradient_check
 
@@ -35,10 +36,11 @@ class EmbeddingStep:
             if options.adapt_sparse_core_limits:
                 self.online_limits = online_limits_lib.OnlineLimits(self.stats,
                                                                     sparse_core_config)
-        self.stash = None
+        self.stash = self.prefetched = None
         if pipelined:
             self.stash = pipelining.UpdateStash(
                 self._update_targets(group.local_replica_ids[0]), group)
+            self.prefetched = prefetch_lib.PrefetchStash(group)
 
     # ----------------------------------------------------------------------------- enqueue
     def enqueue(self, flat_ids, flat_weights, device=None, summarize=None):
@@ -64,9 +66,13 @@ class EmbeddingStep:
         return lambda maxima: self.stats.observe_maxima(maxima, summarize)
 
     # ----------------------------------------------------------------------------- dequeue
-    def dequeue(self, preprocessed):
-        """(flat activations in feature order, preserved) of this replica's batch."""
+    def dequeue(self, preprocessed, forget_prefetched=True):
+        """(flat activations in feature order, preserved) of this replica's batch.
+
+        A lookup that does not use a prefetched one makes it stale: it is forgotten."""
         view = collectives.ReplicaView(self._group)
+        if forget_prefetched and self.prefetched is not None:
+            self.prefetched.forget(view.replica_id)
         variables = self.storage.stacked_variables()
         by_path, preserved = {}, []
         for exchange in self.exchanges:
@@ -76,6 +82,43 @@ class EmbeddingStep:
         if self.online_limits is not None:
             self.online_limits.update(view)
         return [by_path[p] for p in self._paths], tuple(preserved)
+
+    def prefetch(self, preprocessed, batch):
+        """Looks up one replica's batch now (from the tables as they are) and keeps the result
+        for the next prefetching lookup (prefetch.py). batch: (flat ids, flat weights)."""
+        replica = collectives.ReplicaView(self._group).replica_id
+        lookup = self.dequeue(preprocessed, forget_prefetched=False)
+        return self.prefetched.keep(replica, lookup, prefetch_lib.batch_fingerprint(*batch))
+
+    def lookup_prefetching(self, enqueue_next, current, upcoming):
+        """(flat activations, preserved) of this step's batch, prefetched by the previous step
+        (or `prefetch`); then the next batch's lookup, kept for the next step.
+
+        enqueue_next: a callable that preprocesses the next batch; current / upcoming: (flat ids,
+        flat weights) of this step's and the next step's batch. The kept update of the previous
+        step (pipelining) is applied between the two: the next lookup reads the tables it leaves.
+        """
+        replica = collectives.ReplicaView(self._group).replica_id
+        flat, preserved = self.prefetched.read(replica, prefetch_lib.batch_fingerprint(*current))
+        with tf.control_dependencies([t for t in tf.nest.flatten((flat, preserved))
+                                      if t is not None]):
+            # Only once the prefetch passed its checks; apply_gradients then finds nothing kept.
+            applied = self._apply_kept(replica)
+        next_preprocessed = enqueue_next()   # may overlap the update
+        with tf.control_dependencies([applied]):
+            upcoming_lookup = self.dequeue(next_preprocessed, forget_prefetched=False)
+            self.prefetched.keep(replica, upcoming_lookup,
+                                 prefetch_lib.batch_fingerprint(*upcoming))
+        return list(flat), preserved
+
+    def _apply_kept(self, replica_id):
+        """Runs a replica's kept update (pipelining) now, counting skipped rows."""
+        skipped = self.stash.apply_pending(replica_id, self._update_targets(replica_id),
+                                           self._non_finite)
+        if self._non_finite == "skip":
+            counter = self._group.counter(replica_id, collectives.SKIPPED_GRADIENT_ROWS)
+            skipped = counter.assign_add(skipped)
+        return skipped
 
     def check_preserved(self, preserved):
         """preserved_outputs must be what dequeue returned (checked before any collective)."""
@@ -188,10 +231,11 @@ class EmbeddingStep:
         results = []
         for replica_id, device in replica_ids_and_devices:
             with tf.device(device):
-                skipped = self.stash.apply_pending(replica_id, self._update_targets(replica_id),
-                                                   self._non_finite)
-                if self._non_finite == "skip":
-                    counter = self._group.counter(replica_id, collectives.SKIPPED_GRADIENT_ROWS)
-                    skipped = counter.assign_add(skipped)
-                results.append(skipped)
+                results.append(self._apply_kept(replica_id))
         return results
+
+    def discard_kept(self):
+        """Forgets the kept update and prefetched lookups (a restore replaced the tables)."""
+        if self.stash is not None:
+            self.stash.discard()
+            self.prefetched.discard()

@@ -1,0 +1,205 @@
+"""Prefetching the next batch's lookup (docs/pipelining.md#prefetching-the-next-lookup): a pipelined
+step given `next_features` gives the numbers of pipelining without it, bit for bit, and both match
+the numpy reference of one-step-stale training; a step given another batch than the one prefetched
+for it, or with nothing prefetched (never, or forgotten by a plain lookup or a restore), fails
+without writing anything."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.api.parity_helpers import (Trainer, assert_close, make_optimizer, num_replicas,
+                                      random_steps)
+from tests.api.test_pipelining import DelayedReference
+
+STEPS = 4
+
+
+class PrefetchingTrainer(Trainer):
+    """A pipelined Trainer whose step also takes the next step's batch."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, pipeline_execution_with_tensor_core=True, **kwargs)
+        self.prefetch_fn = tf.function(self._prefetching_step)
+        self.fill_fn = tf.function(self._fill)
+
+    def _replica_prefetching_step(self, features, weights, targets, next_features, next_weights):
+        activations, preserved = self.embedding(features, weights, next_features=next_features,
+                                                next_weights=next_weights)
+        flat = dict(zip(self.keys, tf.nest.flatten(activations)))
+        # The same loss and gradients as Trainer's step.
+        from tests.api.parity_helpers import loss_of  # pylint: disable=import-outside-toplevel
+        with tf.GradientTape() as tape:
+            tape.watch(flat)
+            loss = loss_of(flat, targets)
+        gradients = tape.gradient(loss, flat)
+        self.embedding.apply_gradients(self._structured(gradients), preserved)
+        return flat
+
+    def _prefetching_step(self, *inputs):
+        if self.replicas == "none":
+            return self._replica_prefetching_step(*inputs)
+        return self.strategy.run(self._replica_prefetching_step, args=inputs)
+
+    def _fill(self, features, weights):
+        if self.replicas == "none":
+            return self.embedding.prefetch(features, weights)
+        return self.strategy.run(self.embedding.prefetch, args=(features, weights))
+
+    def prefetch(self, feats):
+        """Looks up feats now and keeps it for the next prefetching step."""
+        features, weights, _ = self._inputs(feats, targets_like(feats))
+        self.fill_fn(features, weights)
+
+    def _inputs(self, feats, targets):
+        per_replica = [self.replica_inputs(feats, targets, r) for r in range(self.n)]
+        if self.replicas == "none":
+            return list(per_replica[0])
+        inputs = [self.distributed([x[i] for x in per_replica]) for i in range(3)]
+        if per_replica[0][1] is None:
+            inputs[1] = None
+        return inputs
+
+    def prefetching_step(self, feats, targets, next_feats):
+        """One step on feats that prefetches next_feats' lookup; {key: global activations}."""
+        features, weights, targets = self._inputs(feats, targets)
+        next_features, next_weights, _ = self._inputs(next_feats, targets_like(next_feats))
+        return self.global_values(self.prefetch_fn(features, weights, targets, next_features,
+                                                   next_weights))
+
+
+def targets_like(feats):
+    """Placeholder targets for a batch that is only prefetched (its targets are not used)."""
+    return {k: np.zeros((len(f.ids), 1), np.float32) for k, f in feats.items()}
+
+
+def _run(trainer, steps, prefetch):
+    """Activations of every step; with prefetch, every step but the last prefetches the next."""
+    results = []
+    if prefetch:
+        trainer.prefetch(steps[0][0])
+    for n, (feats, targets) in enumerate(steps):
+        if prefetch and n + 1 < len(steps):
+            results.append(trainer.prefetching_step(feats, targets, steps[n + 1][0]))
+        else:
+            results.append(trainer.step(feats, targets))
+    return results
+
+
+@pytest.mark.parametrize("replicas,exchange,optimizer_name,replicated", [
+    ("none", "auto", "adagrad", ()),
+    (2, "all_to_all", "adagrad", ()),
+    (2, "all_gather", "adam", ()),
+    (2, "all_to_all", "adagrad_momentum", ("small",)),
+    (4, "all_to_all", "ftrl", ("wide",)),
+])
+def test_prefetching_gives_the_numbers_of_pipelining_bit_for_bit(replicas, exchange,
+                                                                 optimizer_name, replicated):
+    optimizer = make_optimizer(optimizer_name)
+    steps = random_steps(5, "sum", "ragged", True, num_replicas(replicas), steps=STEPS)
+    kwargs = dict(exchange=exchange, replicated=replicated)
+    prefetching = PrefetchingTrainer(replicas, optimizer, "sum", "ragged", **kwargs)
+    pipelined = Trainer(replicas, optimizer, "sum", "ragged",
+                        pipeline_execution_with_tensor_core=True, **kwargs)
+    reference = DelayedReference(optimizer)
+    got = _run(prefetching, steps, prefetch=True)
+    want = _run(pipelined, steps, prefetch=False)
+    for n, (feats, targets) in enumerate(steps):
+        expected = reference.step(feats, targets)
+        for k in expected:
+            np.testing.assert_array_equal(got[n][k], want[n][k], err_msg=f"step {n}: '{k}'")
+            assert_close(got[n][k], expected[k], f"step {n}: activations of '{k}'")
+    reference.flush()
+    reference.check_tables(prefetching, "after the last step")
+    for name, table in pipelined.logical_tables().items():
+        np.testing.assert_array_equal(prefetching.logical_tables()[name], table, err_msg=name)
+
+
+def test_a_step_given_another_batch_than_the_prefetched_one_fails_and_writes_nothing():
+    optimizer = make_optimizer("adagrad")
+    trainer = PrefetchingTrainer("none", optimizer, "sum", "ragged")
+    reference = DelayedReference(optimizer)
+    steps = random_steps(6, "sum", "ragged", True, 1, steps=4)
+    reference.step(*steps[0])
+    trainer.prefetch(steps[0][0])
+    trainer.prefetching_step(*steps[0], steps[1][0])          # prefetches batch 1
+    # Reading the tables applies the kept update of step 0; batch 1's lookup was prefetched
+    # before it, so it still misses that update, as the reference's does.
+    tables = {k: v.copy() for k, v in trainer.logical_tables().items()}
+    with pytest.raises(tf.errors.InvalidArgumentError, match="next_features"):
+        trainer.prefetching_step(*steps[2], steps[3][0])      # batch 2 is not batch 1
+    for name, table in trainer.logical_tables().items():
+        np.testing.assert_array_equal(table, tables[name], err_msg=name)
+    # The prefetch is still there for the right batch, and training goes on correctly.
+    expected = reference.step(*steps[1])
+    acts = trainer.prefetching_step(*steps[1], steps[2][0])
+    for k in expected:
+        assert_close(acts[k], expected[k], f"after the failed step: activations of '{k}'")
+
+
+def _step_without_prefetch_fails(trainer, feats, targets, next_feats):
+    tables = {k: v.copy() for k, v in trainer.logical_tables().items()}
+    with pytest.raises(tf.errors.InvalidArgumentError, match="no prefetched lookup"):
+        trainer.prefetching_step(feats, targets, next_feats)
+    for name, table in trainer.logical_tables().items():
+        np.testing.assert_array_equal(table, tables[name], err_msg=name)
+
+
+def test_a_plain_lookup_forgets_the_prefetch():
+    optimizer = make_optimizer("sgd")
+    trainer = PrefetchingTrainer("none", optimizer, "sum", "ragged")
+    reference = DelayedReference(optimizer)
+    steps = random_steps(7, "sum", "ragged", True, 1, steps=4)
+    trainer.prefetch(steps[0][0])
+    for n, ((feats, targets), next_feats) in enumerate(
+            [(steps[0], steps[1][0]), (steps[1], None)]):
+        expected = reference.step(feats, targets)
+        acts = (trainer.step(feats, targets) if next_feats is None
+                else trainer.prefetching_step(feats, targets, next_feats))
+        for k in expected:
+            assert_close(acts[k], expected[k], f"step {n}: activations of '{k}'")
+    # Step 1 looked batch 1 up without the prefetch of step 0, which is now forgotten (it was
+    # read before step 0's update), even for the very batch it holds.
+    reference.flush()          # (reading the tables applies the kept update)
+    _step_without_prefetch_fails(trainer, *steps[1], steps[2][0])
+    trainer.prefetch(steps[2][0])
+    for n in (2, 3):
+        expected = reference.step(*steps[n])
+        acts = (trainer.prefetching_step(*steps[n], steps[3][0]) if n == 2
+                else trainer.step(*steps[n]))
+        for k in expected:
+            assert_close(acts[k], expected[k], f"step {n}: activations of '{k}'")
+
+
+def test_a_restore_forgets_the_prefetch(tmp_path):
+    optimizer = make_optimizer("sgd")
+    trainer = PrefetchingTrainer("none", optimizer, "sum", "ragged")
+    steps = random_steps(8, "sum", "ragged", True, 1, steps=3)
+    checkpoint = tf.train.Checkpoint(embedding=trainer.embedding)
+    path = checkpoint.save(str(tmp_path / "ckpt"))
+    reference = DelayedReference(optimizer)                 # the initial tables, as saved
+    trainer.prefetch(steps[0][0])
+    trainer.prefetching_step(*steps[0], steps[1][0])
+    trainer.prefetching_step(*steps[1], steps[2][0])        # prefetches batch 2
+    checkpoint.restore(path)
+    _step_without_prefetch_fails(trainer, *steps[2], steps[0][0])
+    trainer.prefetch(steps[2][0])
+    expected = reference.step(*steps[2])
+    acts = trainer.prefetching_step(*steps[2], steps[0][0])
+    for k in expected:
+        assert_close(acts[k], expected[k], f"after the restore: activations of '{k}'")
+
+
+def test_next_features_need_pipelining_and_matching_structures():
+    optimizer = make_optimizer("sgd")
+    trainer = Trainer("none", optimizer, "sum", "ragged")
+    steps = random_steps(9, "sum", "ragged", True, 1, steps=1)
+    features, weights, _ = trainer.replica_inputs(*steps[0], 0)
+    with pytest.raises(ValueError, match="pipeline_execution_with_tensor_core"):
+        trainer.embedding(features, weights, next_features=features)
+    with pytest.raises(ValueError, match="next_weights given without next_features"):
+        trainer.embedding(features, weights, next_weights=weights)
+    with pytest.raises(ValueError, match="prefetch needs pipeline_execution_with_tensor_core"):
+        trainer.embedding.prefetch(features, weights)
+    pipelined = PrefetchingTrainer("none", optimizer, "sum", "ragged")
+    with pytest.raises(ValueError, match="next_features must have the same structure"):
+        pipelined.embedding(features, weights, next_features={"a1": features["a1"]})

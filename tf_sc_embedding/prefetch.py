@@ -1,0 +1,128 @@
+"""Prefetching the next batch's lookup: with pipelining, step N exchanges the ids and rows of batch
+N+1 while its own dense forward and backward run (docs/pipelining.md#prefetching-the-next-lookup).
+
+A pipelined step that is given the next batch (`TPUEmbeddingV2.embedding_lookup(features,
+next_features=...)`) returns batch N's activations from what step N-1 prefetched, then, once the
+kept update of step N-1 has been applied, runs batch N+1's whole lookup (routing, the collectives,
+the rows and the combiners) and keeps its result here for step N+1. Nothing of that depends on
+batch N's gradients, so TensorFlow runs it beside the dense model, and the collectives' waiting
+overlaps useful work. The tables read by the prefetch hold the updates of steps 0..N-1, exactly
+what step N+1's lookup would read under pipelining, so the numbers are those of the pipelined
+step without prefetching, bit for bit.
+
+`PrefetchStash` holds, per local replica, one prefetched lookup: its activations and preserved
+outputs as flat tensors (in variables whose shape may change), a fingerprint of the batch they
+belong to, and a pending flag. A prefetch is used by the next lookup only, and only if that
+lookup's batch has the same fingerprint; any other lookup forgets it.
+"""
+import threading
+
+import tensorflow as tf
+
+from tf_sc_embedding import private_tf
+
+
+def batch_fingerprint(flat_ids, flat_weights):
+    """An int64 scalar that identifies one replica's batch: a 64-bit fingerprint of every
+    feature's ids, row partition and weights (tf.fingerprint, FarmHash), so that a step given
+    another batch than the one prefetched for it fails instead of training on the wrong rows."""
+    parts = []
+    for ids, weights in zip(flat_ids, flat_weights):
+        for value in (ids, weights):
+            if value is None:
+                continue
+            if isinstance(value, tf.RaggedTensor):
+                pieces = [value.flat_values] + list(value.nested_row_splits)
+            elif isinstance(value, tf.SparseTensor):
+                pieces = [value.values, value.indices, value.dense_shape]
+            else:
+                pieces = [tf.convert_to_tensor(value)]
+            parts.extend(tf.fingerprint(tf.reshape(piece, [1, -1])) for piece in pieces)
+    combined = tf.fingerprint(tf.concat(parts, axis=1))
+    return tf.reshape(tf.bitcast(combined, tf.int64), [])
+
+
+class PrefetchStash:
+    """Per local replica: one prefetched lookup (its flat tensors), its batch fingerprint and a
+    pending flag. The flag and fingerprint exist from build(); the variables of the tensors are
+    created when the first prefetch is traced (their number, dtypes and nesting are those of the
+    lookup's outputs, which depend on the exchanges), so a step that reads a prefetch must be
+    traced after one (`TPUEmbeddingV2.prefetch` before the first step)."""
+
+    def __init__(self, group):
+        self._devices = dict(zip(group.local_replica_ids, group.local_devices))
+        self._pending, self._fingerprints, self._values = {}, {}, {}
+        self._structure = None    # (nested lookup outputs with None leaves, static shapes)
+        self._lock = threading.Lock()
+        with tf.init_scope():
+            for replica_id, device in self._devices.items():
+                with tf.device(device):
+                    self._pending[replica_id] = private_tf.plain_variable(
+                        tf.constant(False), f"prefetched_lookup_pending_replica_{replica_id}")
+                    self._fingerprints[replica_id] = private_tf.plain_variable(
+                        tf.constant(0, tf.int64),
+                        f"prefetched_lookup_fingerprint_replica_{replica_id}")
+
+    def _variables(self, replica_id):
+        """The variables of a replica's kept tensors (created on first use, in init_scope)."""
+        with self._lock:
+            existing = self._values.get(replica_id)
+            if existing is None:
+                _, shapes = self._structure
+                with tf.init_scope(), tf.device(self._devices[replica_id]):
+                    existing = [private_tf.shapeless_variable(
+                        tf.zeros([0], dtype), f"prefetched_lookup_{i}_replica_{replica_id}")
+                        for i, (dtype, _) in enumerate(shapes)]
+                self._values[replica_id] = existing
+            return existing
+
+    def keep(self, replica_id, lookup, fingerprint):
+        """Keeps a lookup's outputs (a nest of tensors and None) for the next step; returns the
+        op that marks them pending."""
+        flat = tf.nest.flatten(lookup)
+        tensors = [t for t in flat if t is not None]
+        shapes = [(t.dtype, t.shape) for t in tensors]
+        with self._lock:
+            if self._structure is None:
+                self._structure = (tf.nest.map_structure(lambda t: t is not None, lookup),
+                                   shapes)
+            elif [d for d, _ in self._structure[1]] != [d for d, _ in shapes]:
+                raise RuntimeError("the prefetched lookup changed its outputs between traces")
+        writes = [v.assign(t) for v, t in zip(self._variables(replica_id), tensors)]
+        writes.append(self._fingerprints[replica_id].assign(fingerprint))
+        with tf.control_dependencies(writes):
+            return self._pending[replica_id].assign(True)
+
+    def read(self, replica_id, fingerprint):
+        """The kept lookup outputs, after checking that there is one and that `fingerprint` is its
+        batch's: fails with InvalidArgument otherwise, before anything reads them."""
+        if self._structure is None:
+            raise RuntimeError("a step that uses next_features reads the lookup the previous "
+                               "step prefetched: call prefetch(first batch) (inside "
+                               "strategy.run) before the first such step")
+        present, shapes = self._structure
+        pending = tf.debugging.Assert(
+            self._pending[replica_id].read_value(),
+            ["TPUEmbeddingV2: no prefetched lookup for this step: call prefetch(features) "
+             "before the first step that passes next_features (and again after a restore or a "
+             "lookup without next_features)"])
+        with tf.control_dependencies([pending]):
+            check = tf.debugging.assert_equal(
+                self._fingerprints[replica_id].read_value(), fingerprint,
+                message="TPUEmbeddingV2: the features of this step are not the batch prefetched "
+                        "for it (every step's features must be the previous step's "
+                        "next_features, or the batch given to prefetch)")
+        with tf.control_dependencies([check]):
+            values = iter([tf.ensure_shape(v.read_value(), shape)
+                           for v, (_, shape) in zip(self._variables(replica_id), shapes)])
+        return tf.nest.map_structure(lambda kept: next(values) if kept else None, present)
+
+    def forget(self, replica_id):
+        """Drops a replica's prefetched lookup (a lookup that does not use it came first)."""
+        return self._pending[replica_id].assign(False)
+
+    def discard(self):
+        """Drops every prefetched lookup (after a restore: they were read from the old tables)."""
+        with tf.init_scope():
+            for pending in self._pending.values():
+                pending.assign(False)
