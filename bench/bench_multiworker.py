@@ -12,8 +12,15 @@ and latency of more processes, not network time. The CPU time of a step (all thr
 process, the median over steps, averaged over workers) is the steadier measure of the work a
 worker does on a shared host.
 
+With --dense, every step also trains a small dense model on the activations (an MLP
+832-64-32-1 with a logistic loss, its gradients all-reduced over the replicas as a
+MultiWorkerMirroredStrategy user does), and --modes compares, in the same run, sequential steps
+(off), pipeline_execution_with_tensor_core=True (pipelined: the fused update runs during the next
+step) and pipelining with the next batch's lookup prefetched beside the dense step (prefetch:
+embedding(features, next_features=...), docs/pipelining.md#prefetching-the-next-lookup).
+
 Usage: python bench/bench_multiworker.py [--workers 1,2,4] [--batch 1024] [--steps 10]
-       [--feed arguments|iterator] [--pin] [--profile]
+       [--feed arguments|iterator] [--pin] [--profile] [--dense] [--modes off,pipelined,prefetch]
 """
 import argparse
 import json
@@ -61,10 +68,55 @@ def parse_args():
                              "(TensorFlow's argument handling costs ~2-3 ms per call); iterator: "
                              "it takes them with next() from a tf.data iterator inside (the "
                              "README's recommendation)")
+    parser.add_argument("--dense", action="store_true",
+                        help="train a small dense model (MLP 832-64-32-1) on the activations")
+    parser.add_argument("--modes", default="off",
+                        help="comma-separated: off (sequential), pipelined "
+                             "(pipeline_execution_with_tensor_core=True), prefetch (pipelined, "
+                             "and the next batch's lookup runs beside the dense step)")
+    parser.add_argument("--mode", default="off", choices=MODES)
     return parser.parse_args()
 
 
+MODES = ("off", "pipelined", "prefetch")
+
+
 # ------------------------------------------------------------------------------------ worker
+class DenseModel:
+    """A small dense model on the concatenated activations, trained by plain SGD with its
+    gradients averaged over the replicas by the strategy's all-reduce (what a data-parallel
+    MultiWorkerMirroredStrategy step does). Every worker holds its own copy, created outside the
+    strategy's scope from the same seed and updated with the same averaged gradients."""
+
+    def __init__(self, width, seed, hidden=(64, 32), learning_rate=0.05):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        sizes = (width,) + tuple(hidden) + (1,)
+        init = tf.initializers.GlorotUniform(seed=seed)
+        self.weights = [tf.Variable(init([a, b]), name=f"w{i}")
+                        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))]
+        self.biases = [tf.Variable(tf.zeros([b]), name=f"b{i}") for i, b in enumerate(sizes[1:])]
+        self.learning_rate = learning_rate
+
+    def train(self, activations, label):
+        """(loss, gradients of the activations) of one replica's batch; updates the model."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        variables = self.weights + self.biases
+        with tf.GradientTape() as tape:
+            tape.watch(activations)
+            x = tf.concat(activations, axis=1)
+            for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+                x = tf.matmul(x, w) + b
+                if i + 1 < len(self.weights):
+                    x = tf.nn.relu(x)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(label, x))
+        gradients = tape.gradient(loss, list(activations) + variables)
+        context = tf.distribute.get_replica_context()
+        summed = context.all_reduce(tf.distribute.ReduceOp.MEAN, gradients[len(activations):])
+        for v, g in zip(variables, summed):
+            v.assign_sub(self.learning_rate * g)
+        return loss, gradients[:len(activations)]
+
+
 def worker(args):
     if args.pin:   # before TensorFlow sizes its thread pools from the affinity
         os.sched_setaffinity(0, {args.index % os.cpu_count()})
@@ -91,63 +143,92 @@ def worker(args):
                  if args.exchange == "all_to_all_replicated" else {})
     with strategy.scope():
         embedding = sce.TPUEmbeddingV2(features, E.Adagrad(learning_rate=0.05),
-                                       exchange=exchange, **threshold)
+                                       exchange=exchange,
+                                       pipeline_execution_with_tensor_core=args.mode != "off",
+                                       **threshold)
+    dense = DenseModel(len(features) * args.dim, seed=7) if args.dense else None
     replicated = sum(p == "replicated" for p in embedding.placement_plan.values())
     embedding.build(per_replica_batch_size=args.batch)
 
     total = args.warmup + args.steps
     batches = []
-    for step in range(total):
+    for step in range(total + 1):   # one more: the last step's next batch
         b = workload.batch(args.batch, step * workers + args.index)
         ids, weights = ragged_features(b)
         batches.append((ids, weights))
+    names = sorted(batches[0][0], key=lambda f: int(f[1:]))
+    # Labels of the dense model: a fixed function of the ids, so there is something to learn.
+    labels = [tf.cast(ids["f0"].row_lengths() % 2, tf.float32)[:, None] for ids, _ in batches]
 
-    def replica_step(ids, weights):
-        activations, preserved = embedding(ids, weights)
-        embedding.apply_gradients(tf.nest.map_structure(lambda a: 0.01 * a, activations),
-                                  preserved)
-        return tf.add_n([tf.reduce_sum(a) for a in activations.values()])
+    def replica_step(ids, weights, label, next_ids=None, next_weights=None):
+        if args.mode == "prefetch":
+            activations, preserved = embedding(ids, weights, next_features=next_ids,
+                                               next_weights=next_weights)
+        else:
+            activations, preserved = embedding(ids, weights)
+        flat = [activations[f] for f in names]
+        if dense is None:
+            gradients = [0.01 * a for a in flat]
+            loss = tf.add_n([tf.reduce_sum(a) for a in flat])
+        else:
+            loss, gradients = dense.train(flat, label)
+        embedding.apply_gradients(dict(zip(names, gradients)), preserved)
+        return loss
 
     @tf.function
-    def step_on_arguments(ids, weights):
-        return strategy.run(replica_step, args=(ids, weights))
+    def step_on_arguments(*inputs):
+        return strategy.run(replica_step, args=inputs)
 
     @tf.function
     def step_on_iterator(iterator):
-        return strategy.run(replica_step, args=next(iterator))
+        element = next(iterator)
+        inputs = element[0] + element[1] if args.mode == "prefetch" else element
+        return strategy.run(replica_step, args=inputs)
+
+    @tf.function
+    def prefetch_first(ids, weights):
+        return strategy.run(embedding.prefetch, args=(ids, weights))
 
     # One dataset of all the batches (a chain of concatenated one-batch datasets would cost each
     # next() a walk along the chain): per feature the ids and weights of every step as ragged
     # [steps, None] values and dense [steps, batch + 1] row splits, made ragged again by a map so
-    # the batch dimension stays static.
-    def columns(key):
-        return tuple((tf.ragged.stack([ids[f].values for ids, _ in batches]),
-                      tf.ragged.stack([w[f].values for _, w in batches]),
-                      tf.stack([ids[f].row_splits for ids, _ in batches]))
-                     for f in sorted(batches[0][0], key=key))
+    # the batch dimension stays static. With prefetch, element k also holds batch k + 1.
+    def columns(steps):
+        return tuple((tf.ragged.stack([batches[k][0][f].values for k in steps]),
+                      tf.ragged.stack([batches[k][1][f].values for k in steps]),
+                      tf.stack([batches[k][0][f].row_splits for k in steps]))
+                     for f in names), tf.stack([labels[k] for k in steps])
 
-    names = sorted(batches[0][0], key=lambda f: int(f[1:]))
-
-    def as_ragged(*per_feature):
+    def as_ragged(per_feature, label):
         ids, weights = {}, {}
         for f, (values, gains, splits) in zip(names, per_feature):
             ids[f] = tf.RaggedTensor.from_row_splits(values, splits, validate=False)
             weights[f] = tf.RaggedTensor.from_row_splits(gains, splits, validate=False)
-        return ids, weights
+        return ids, weights, label
 
-    dataset = tf.data.Dataset.from_tensor_slices(columns(lambda f: int(f[1:]))).map(as_ragged)
+    def one_batch_per_step(steps):
+        return tf.data.Dataset.from_tensor_slices(columns(steps)).map(as_ragged)
+
+    dataset = one_batch_per_step(range(total))
+    if args.mode == "prefetch":
+        upcoming = one_batch_per_step(range(1, total + 1)).map(lambda i, w, _: (i, w))
+        dataset = tf.data.Dataset.zip(dataset, upcoming)   # (batch k, batch k + 1)
+        prefetch_first(*batches[0])
     iterator = iter(dataset)
 
     times, cpu_times = [], []
     trace_dir = os.path.join(args.out, "trace") if args.profile and args.index == 0 else None
-    for step, (ids, weights) in enumerate(batches):
+    for step in range(total):
+        ids, weights = batches[step]
+        inputs = (ids, weights, labels[step]) + (batches[step + 1] if args.mode == "prefetch"
+                                                 else ())
         if step == args.warmup:
             embedding.replica_group.reset_bytes_sent()
             if trace_dir:
                 tf.profiler.experimental.start(trace_dir)
         start, cpu_start = time.perf_counter(), time.process_time()
         result = (step_on_iterator(iterator) if args.feed == "iterator" else
-                  step_on_arguments(ids, weights))
+                  step_on_arguments(*inputs))
         np.asarray(strategy.experimental_local_results(result)[0])
         if step >= args.warmup:
             times.append((time.perf_counter() - start) * 1e3)
@@ -159,7 +240,7 @@ def worker(args):
         phases = phase_breakdown(trace_dir, args.steps, statistics.median(cpu_times))
     sent = sum(embedding.collective_bytes_sent().values())
     ids_per_step = statistics.mean(
-        sum(int(x.values.shape[0]) for x in ids.values()) for ids, _ in batches)
+        sum(int(x.values.shape[0]) for x in ids.values()) for ids, _ in batches[:total])
     with open(os.path.join(args.out, f"worker_{args.index}.json"), "w") as f:
         json.dump({"bytes_per_step": sent / args.steps, "step_ms": statistics.median(times),
                    "cpu_ms": statistics.median(cpu_times),
@@ -169,13 +250,14 @@ def worker(args):
 
 
 # ------------------------------------------------------------------------------------ driver
-def run_cluster(args, workers, exchange, directory):
+def run_cluster(args, workers, exchange, directory, mode="off"):
     ports = ",".join(str(p) for p in free_loopback_ports(workers))
     common = [sys.executable, os.path.abspath(__file__), "--role", "worker", "--ports", ports,
               "--exchange", exchange, "--out", directory, "--batch", str(args.batch),
               "--dim", str(args.dim), "--vocab-cap", str(args.vocab_cap),
               "--steps", str(args.steps), "--warmup", str(args.warmup), "--feed", args.feed]
-    common += ["--pin"] * args.pin + ["--profile"] * args.profile
+    common += ["--pin"] * args.pin + ["--profile"] * args.profile + ["--dense"] * args.dense
+    common += ["--mode", mode]
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")
     env.pop("TF_CONFIG", None)
     logs = [open(os.path.join(directory, f"log_{i}.txt"), "w") for i in range(workers)]
@@ -222,21 +304,37 @@ def main():
         return worker(args)
     counts = [int(w) for w in args.workers.split(",")]
     exchanges = args.exchanges.split(",")
+    modes = args.modes.split(",")
+    for mode in modes:
+        if mode not in MODES:
+            raise SystemExit(f"--modes: unknown mode {mode!r} (one of {MODES})")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for workers in counts:
             for exchange in exchanges:
                 if workers == 1 and exchange != exchanges[0]:
                     continue   # one replica: no exchange at all
-                directory = os.path.join(tmp, f"{exchange}_{workers}")
-                os.makedirs(directory)
-                results[(exchange, workers)] = run_cluster(args, workers, exchange, directory)
-                r = results[(exchange, workers)]
-                print(f"{workers} worker(s), {exchange}: {r['bytes_per_step'] / 1e6:.2f} MB sent "
-                      f"per worker per step, step {r['step_ms']:.1f} ms, CPU {r['cpu_ms']:.1f} ms "
-                      "per worker per step", flush=True)
-                for phase, ms in r["phases"] or ():
-                    print(f"    worker 0, CPU ms per step: {ms:6.1f}  {phase}", flush=True)
+                for mode in modes:
+                    directory = os.path.join(tmp, f"{exchange}_{workers}_{mode}")
+                    os.makedirs(directory)
+                    r = run_cluster(args, workers, exchange, directory, mode)
+                    results[(exchange, workers, mode)] = r
+                    label = exchange if len(modes) == 1 and not args.dense else (
+                        f"{exchange} ({'pipelining ' + mode if mode != 'off' else 'sequential'}"
+                        f"{', dense MLP' if args.dense else ''})")
+                    print(f"{workers} worker(s), {label}: {r['bytes_per_step'] / 1e6:.2f} MB "
+                          f"sent per worker per step, step {r['step_ms']:.1f} ms, CPU "
+                          f"{r['cpu_ms']:.1f} ms per worker per step", flush=True)
+                    for phase, ms in r["phases"] or ():
+                        print(f"    worker 0, CPU ms per step: {ms:6.1f}  {phase}", flush=True)
+    if len(modes) > 1:
+        for (exchange, workers, mode), r in sorted(results.items()):
+            base = results.get((exchange, workers, modes[0]))
+            if mode != modes[0] and base:
+                print(f"{workers} worker(s), {exchange}: step time {mode} / {modes[0]}: "
+                      f"{r['step_ms']:.1f} / {base['step_ms']:.1f} ms = "
+                      f"{r['step_ms'] / base['step_ms']:.2f}x")
+    results = {(e, w): r for (e, w, m), r in results.items() if m == modes[0]}
     print(f"\n### Multi-worker exchange (per-worker batch {args.batch}, dim {args.dim}, "
           f"vocabularies capped at {args.vocab_cap:,}, ~{results[(exchanges[0], counts[0])]['ids_per_step']:,.0f} ids per worker per step)\n")
     print("| workers | exchange | replicated tables | MB sent per worker per step | "

@@ -159,7 +159,8 @@ class EmbeddingStep:
             # The previous step's update, after this step's lookup (program order on the table
             # variables) and independent of this step's gradients: it overlaps the dense work.
             # This step's checks wait for it, so a failing step never cancels it half-way.
-            skipped.append(self.stash.apply_pending(view.replica_id, targets, mode))
+            with tf.control_dependencies(before):   # once the lookup has read the tables
+                skipped.append(self.stash.apply_pending(view.replica_id, targets, mode))
             before.append(skipped[-1])
         with tf.control_dependencies(before):
             inputs = self._update_inputs(view, preserved, stacked, flat_gradients, mode)

@@ -41,6 +41,9 @@ def parse():
                    help="adapt_sparse_core_limits=True, with C++ warnings shown (the raises)")
     p.add_argument("--pipelining", action="store_true",
                    help="pipeline_execution_with_tensor_core=True")
+    p.add_argument("--prefetch", action="store_true",
+                   help="with --pipelining: every step also looks up the next step's batch "
+                        "(next_features), the first one prefetched before the loop")
     return p.parse_args()
 
 
@@ -113,7 +116,11 @@ def main():
     def train_step(step):
         def replica_step():
             replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-            activations, preserved = embedding(batch(step, replica))
+            if args.prefetch:
+                activations, preserved = embedding(batch(step, replica),
+                                                   next_features=batch(step + 1, replica))
+            else:
+                activations, preserved = embedding(batch(step, replica))
             gradients = tf.nest.map_structure(
                 lambda a: 0.5 * a + 0.25 * tf.cast(replica + 1, tf.float32), activations)
             poisoned = tf.logical_and(tf.equal(step, args.nan_step),
@@ -123,6 +130,13 @@ def main():
             return tf.add_n([tf.reduce_sum(a) for a in activations.values()])
         return strategy.run(replica_step)
 
+    @tf.function
+    def prefetch_first(step):
+        return strategy.run(lambda: embedding.prefetch(batch(
+            step, tf.distribute.get_replica_context().replica_id_in_sync_group)))
+
+    if args.prefetch:
+        prefetch_first(tf.constant(args.first_step))
     errors = []
     for step in range(args.first_step, args.first_step + args.steps):
         if step == args.skip_step:

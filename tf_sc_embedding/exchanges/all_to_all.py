@@ -181,6 +181,11 @@ def lookup(view, layout, routed_by_table, table_shards):
                                   for i, (v, table) in enumerate(zip(variables, stacked))],
                                  recv_counts, row_chunk)
     recv_rows = all_to_all_flat(view, packed)
+    # The owner-side rows the update writes come out only once the tables' values were packed:
+    # an update that runs while the values read above are still alive (a pipelined update runs
+    # once it has this step's preserved outputs) would copy whole tables to write a few rows.
+    with tf.control_dependencies([packed]):
+        received = [tf.identity(rows) for rows in received]
     rows_in_send_order = unpack_by_replica(recv_rows, send_counts, width_list)
 
     # 4. rows -> activations: one matrix per feature where feature_blocks allows it.
