@@ -203,3 +203,22 @@ def test_next_features_need_pipelining_and_matching_structures():
     pipelined = PrefetchingTrainer("none", optimizer, "sum", "ragged")
     with pytest.raises(ValueError, match="next_features must have the same structure"):
         pipelined.embedding(features, weights, next_features={"a1": features["a1"]})
+
+
+def test_the_batch_fingerprint_tells_batches_apart():
+    from tf_sc_embedding.prefetch import batch_fingerprint  # pylint: disable=import-outside-toplevel
+
+    def fingerprint(ids, weights=None, dense=(7, 8)):
+        ragged = tf.ragged.constant(ids, tf.int64)
+        gains = None if weights is None else tf.ragged.constant(weights, tf.float32)
+        sparse = tf.sparse.from_dense(tf.constant([[1, 0], [0, 2]], tf.int64))
+        strings = tf.constant(["x", "y"])
+        return int(batch_fingerprint([ragged, tf.constant(dense, tf.int32), sparse, strings],
+                                     [gains, None, None, None]))
+
+    base = fingerprint([[1, 2], [3]], [[1.0, 2.0], [3.0]])
+    assert base == fingerprint([[1, 2], [3]], [[1.0, 2.0], [3.0]])
+    assert base != fingerprint([[1], [2, 3]], [[1.0], [2.0, 3.0]])   # same ids, other samples
+    assert base != fingerprint([[1, 2], [4]], [[1.0, 2.0], [3.0]])   # one id
+    assert base != fingerprint([[1, 2], [3]], [[1.0, 2.0], [3.5]])   # one weight
+    assert base != fingerprint([[1, 2], [3]], [[1.0, 2.0], [3.0]], dense=(7, 9))
