@@ -27,10 +27,10 @@ def batch_fingerprint(flat_ids, flat_weights):
     FarmHash) of every feature's ids, row partition and weights, so that a step given another
     batch than the one prefetched for it fails instead of training on the wrong rows.
 
-    Numbers are hashed as one int64 buffer (weights by their bits): one fingerprint op per batch
-    rather than one per tensor, whose fixed cost would dominate (26 features: ~2 ms a step).
+    One fingerprint per tensor, read in place: casting and concatenating the tensors into one
+    buffer first costs more than the ops it saves (BENCHMARKS.md#pipelining-over-two-workers).
     """
-    numbers, strings = [], []
+    parts = []
     for ids, weights in zip(flat_ids, flat_weights):
         for value in (ids, weights):
             if value is None:
@@ -41,17 +41,8 @@ def batch_fingerprint(flat_ids, flat_weights):
                 pieces = [value.values, value.indices, value.dense_shape]
             else:
                 pieces = [tf.convert_to_tensor(value)]
-            for piece in pieces:
-                piece = tf.reshape(piece, [-1])
-                if piece.dtype == tf.string:
-                    strings.append(tf.fingerprint(piece[None]))
-                    continue
-                if piece.dtype.is_floating:
-                    piece = tf.bitcast(tf.cast(piece, tf.float32), tf.int32)
-                # The length too, so that moving an id from one tensor to the next changes it.
-                numbers.extend([tf.cast(piece, tf.int64), tf.size(piece, out_type=tf.int64)[None]])
-    parts = strings + ([tf.fingerprint(tf.concat(numbers, 0)[None])] if numbers else [])
-    combined = tf.fingerprint(tf.concat(parts, axis=1)) if len(parts) > 1 else parts[0]
+            parts.extend(tf.fingerprint(tf.reshape(piece, [1, -1])) for piece in pieces)
+    combined = tf.fingerprint(tf.concat(parts, axis=1))
     return tf.reshape(tf.bitcast(combined, tf.int64), [])
 
 
