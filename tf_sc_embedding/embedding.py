@@ -294,14 +294,20 @@ class TPUEmbeddingV2(tf.Module):
             if next_weights is not None:
                 raise ValueError("next_weights given without next_features")
             return self.dequeue(self.enqueue(features, weights))
-        if not self._pipelining:
-            raise ValueError("next_features (prefetching the next lookup) needs "
-                             "pipeline_execution_with_tensor_core=True")
-        if _has_distributed_values(features, weights, next_features, next_weights):
-            raise ValueError("with next_features, call the embedding inside strategy.run with "
-                             "each replica's own tensors")
+        self._check_prefetching("next_features", features, weights, next_features, next_weights)
         current = self._flatten_batch(features, weights, "features")
         upcoming = self._flatten_batch(next_features, next_weights, "next_features")
+        for path, ids, next_ids in zip(self._flat_paths, current[0], upcoming[0]):
+            # The next step reads this lookup for its own batch: same kind, shape and dtype.
+            same = (type(ids) is type(next_ids) and  # pylint: disable=unidiomatic-typecheck
+                    tf.as_dtype(ids.dtype) == tf.as_dtype(next_ids.dtype) and
+                    feature_shapes.sample_dims(ids) == feature_shapes.sample_dims(next_ids))
+            if not same:
+                raise ValueError(
+                    f"feature '{path}': next_features must be a batch like features (same kind, "
+                    f"per-replica shape and dtype); got {type(ids).__name__} {ids.dtype} "
+                    f"{tuple(ids.shape)} and {type(next_ids).__name__} {next_ids.dtype} "
+                    f"{tuple(next_ids.shape)}")
         step = self._require_built_from(current[0])
         flat, preserved = step.lookup_prefetching(lambda: step.enqueue(*upcoming), current,
                                                   upcoming)
@@ -312,13 +318,18 @@ class TPUEmbeddingV2(tf.Module):
         up now and keeps it for the next `embedding_lookup(features, next_features=...)`, whose
         features must be this batch (docs/pipelining.md#prefetching-the-next-lookup). Call it
         before the first step that passes next_features, and after a restore."""
-        if not self._pipelining:
-            raise ValueError("prefetch needs pipeline_execution_with_tensor_core=True")
-        if _has_distributed_values(features, weights):
-            raise ValueError("call prefetch inside strategy.run with each replica's own tensors")
+        self._check_prefetching("prefetch", features, weights)
         batch = self._flatten_batch(features, weights, "features")
         step = self._require_built_from(batch[0])
         return step.prefetch(step.enqueue(*batch), batch)
+
+    def _check_prefetching(self, what, *structures):
+        if not self._pipelining:
+            raise ValueError(f"{what} (prefetching a lookup) needs "
+                             "pipeline_execution_with_tensor_core=True")
+        if _has_distributed_values(*structures):
+            raise ValueError(f"{what}: call the embedding inside strategy.run with each "
+                             "replica's own tensors")
 
     def __call__(self, features, weights=None, next_features=None, next_weights=None):
         return self.embedding_lookup(features, weights, next_features, next_weights)

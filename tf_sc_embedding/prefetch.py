@@ -81,20 +81,30 @@ class PrefetchStash:
             return existing
 
     def keep(self, replica_id, lookup, fingerprint):
-        """Keeps a lookup's outputs (a nest of tensors and None) for the next step; returns the
-        op that marks them pending."""
-        flat = tf.nest.flatten(lookup)
-        tensors = [t for t in flat if t is not None]
-        shapes = [(t.dtype, t.shape) for t in tensors]
+        """Keeps a lookup's outputs ((flat activations, preserved): a nest of tensors and None)
+        for the next step; returns the op that marks them pending.
+
+        The flag is cleared before any write and set after the last, so a step stopped half-way
+        leaves no prefetch rather than a mixed one. Static shapes are kept for the activations
+        only (fixed by the layout); the preserved tensors' sizes change with every batch.
+        """
+        activations, preserved = lookup
+        tensors = [t for t in tf.nest.flatten(lookup) if t is not None]
+        shapes = ([(t.dtype, t.shape) for t in activations] +
+                  [(t.dtype, tf.TensorShape([None] * t.shape.rank))
+                   for t in tf.nest.flatten(preserved) if t is not None])
+        present = tf.nest.map_structure(lambda t: t is not None, lookup)
         with self._lock:
             if self._structure is None:
-                self._structure = (tf.nest.map_structure(lambda t: t is not None, lookup),
-                                   shapes)
-            elif [d for d, _ in self._structure[1]] != [d for d, _ in shapes]:
+                self._structure = (present, shapes)
+            elif (self._structure[0] != present or
+                  [d for d, _ in self._structure[1]] != [d for d, _ in shapes]):
                 raise RuntimeError("the prefetched lookup changed its outputs between traces")
-        writes = [v.assign(t) for v, t in zip(self._variables(replica_id), tensors)]
-        writes.append(self._fingerprints[replica_id].assign(fingerprint))
+        with tf.control_dependencies([self.forget(replica_id)]):
+            writes = [v.assign(t) for v, t in zip(self._variables(replica_id), tensors)]
         with tf.control_dependencies(writes):
+            written = self._fingerprints[replica_id].assign(fingerprint)
+        with tf.control_dependencies([written]):
             return self._pending[replica_id].assign(True)
 
     def read(self, replica_id, fingerprint):

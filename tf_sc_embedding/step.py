@@ -85,7 +85,8 @@ class EmbeddingStep:
 
     def prefetch(self, preprocessed, batch):
         """Looks up one replica's batch now (from the tables as they are) and keeps the result
-        for the next prefetching lookup (prefetch.py). batch: (flat ids, flat weights)."""
+        for the next prefetching lookup (prefetch.py); returns the op that marks it kept.
+        batch: (flat ids, flat weights)."""
         replica = collectives.ReplicaView(self._group).replica_id
         lookup = self.dequeue(preprocessed, forget_prefetched=False)
         return self.prefetched.keep(replica, lookup, prefetch_lib.batch_fingerprint(*batch))
@@ -97,18 +98,22 @@ class EmbeddingStep:
         enqueue_next: a callable that preprocesses the next batch; current / upcoming: (flat ids,
         flat weights) of this step's and the next step's batch. The kept update of the previous
         step (pipelining) is applied between the two: the next lookup reads the tables it leaves.
+        Nothing else runs before this step's batch passed its checks (prefetch.py). The
+        preserved outputs returned come out once the next lookup is kept, so a step that fails
+        its gradient checks in apply_gradients still leaves the next batch prefetched.
         """
         replica = collectives.ReplicaView(self._group).replica_id
         flat, preserved = self.prefetched.read(replica, prefetch_lib.batch_fingerprint(*current))
-        with tf.control_dependencies([t for t in tf.nest.flatten((flat, preserved))
-                                      if t is not None]):
-            # Only once the prefetch passed its checks; apply_gradients then finds nothing kept.
+        checked = [t for t in tf.nest.flatten((flat, preserved)) if t is not None]
+        with tf.control_dependencies(checked):
+            # Apply_gradients then finds nothing kept.
             applied = self._apply_kept(replica)
-        next_preprocessed = enqueue_next()   # may overlap the update
+            next_preprocessed = enqueue_next()   # may overlap the update
         with tf.control_dependencies([applied]):
-            upcoming_lookup = self.dequeue(next_preprocessed, forget_prefetched=False)
-            self.prefetched.keep(replica, upcoming_lookup,
-                                 prefetch_lib.batch_fingerprint(*upcoming))
+            kept = self.prefetch(next_preprocessed, upcoming)
+        with tf.control_dependencies([kept]):
+            preserved = tf.nest.map_structure(
+                lambda t: None if t is None else tf.identity(t), preserved)
         return list(flat), preserved
 
     def _apply_kept(self, replica_id):

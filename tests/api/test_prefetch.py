@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.api.parity_helpers import (Trainer, assert_close, make_optimizer, num_replicas,
-                                      random_steps)
+from tests.api.parity_helpers import (Trainer, assert_close, loss_of, make_optimizer,
+                                      num_replicas, random_steps)
 from tests.api.test_pipelining import DelayedReference
 
 STEPS = 4
@@ -26,9 +26,7 @@ class PrefetchingTrainer(Trainer):
         activations, preserved = self.embedding(features, weights, next_features=next_features,
                                                 next_weights=next_weights)
         flat = dict(zip(self.keys, tf.nest.flatten(activations)))
-        # The same loss and gradients as Trainer's step.
-        from tests.api.parity_helpers import loss_of  # pylint: disable=import-outside-toplevel
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape:   # the loss and gradients of Trainer's step
             tape.watch(flat)
             loss = loss_of(flat, targets)
         gradients = tape.gradient(loss, flat)
@@ -65,6 +63,19 @@ class PrefetchingTrainer(Trainer):
         next_features, next_weights, _ = self._inputs(next_feats, targets_like(next_feats))
         return self.global_values(self.prefetch_fn(features, weights, targets, next_features,
                                                    next_weights))
+
+
+def raw_state(trainer):
+    """Every local shard of every table and slot, read without applying a kept update (reading
+    the logical tables would apply it)."""
+    return {f"{name}/{kind}/{i}": shard.numpy().copy()
+            for name, kinds in trainer.embedding.variables.items()
+            for kind, table in kinds.items() for i, shard in enumerate(table.shards)}
+
+
+def assert_unchanged(trainer, before, where):
+    for key, value in raw_state(trainer).items():
+        np.testing.assert_array_equal(value, before[key], err_msg=f"{where}: {key}")
 
 
 def targets_like(feats):
@@ -121,27 +132,52 @@ def test_a_step_given_another_batch_than_the_prefetched_one_fails_and_writes_not
     steps = random_steps(6, "sum", "ragged", True, 1, steps=4)
     reference.step(*steps[0])
     trainer.prefetch(steps[0][0])
-    trainer.prefetching_step(*steps[0], steps[1][0])          # prefetches batch 1
-    # Reading the tables applies the kept update of step 0; batch 1's lookup was prefetched
-    # before it, so it still misses that update, as the reference's does.
-    tables = {k: v.copy() for k, v in trainer.logical_tables().items()}
-    with pytest.raises(tf.errors.InvalidArgumentError, match="next_features"):
-        trainer.prefetching_step(*steps[2], steps[3][0])      # batch 2 is not batch 1
-    for name, table in trainer.logical_tables().items():
-        np.testing.assert_array_equal(table, tables[name], err_msg=name)
+    trainer.prefetching_step(*steps[0], steps[1][0])   # prefetches batch 1, keeps update 0
+    before = raw_state(trainer)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not the batch prefetched"):
+        trainer.prefetching_step(*steps[2], steps[3][0])   # batch 2 is not batch 1
+    assert_unchanged(trainer, before, "after the failed step")   # update 0 still kept
     # The prefetch is still there for the right batch, and training goes on correctly.
-    expected = reference.step(*steps[1])
-    acts = trainer.prefetching_step(*steps[1], steps[2][0])
-    for k in expected:
-        assert_close(acts[k], expected[k], f"after the failed step: activations of '{k}'")
+    for n in (1, 2):
+        expected = reference.step(*steps[n])
+        acts = trainer.prefetching_step(*steps[n], steps[n + 1][0])
+        for k in expected:
+            assert_close(acts[k], expected[k], f"step {n}: activations of '{k}'")
+    reference.flush()
+    reference.check_tables(trainer, "end")
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_non_finite_step_drops_its_update_and_keeps_the_next_prefetch(replicas):
+    """A step whose gradient has a NaN fails (as without prefetching) after its prefetch of the
+    next batch was kept: the next step goes on without calling prefetch again."""
+    optimizer = make_optimizer("sgd")
+    trainer = PrefetchingTrainer(replicas, optimizer, "sum", "ragged")
+    reference = DelayedReference(optimizer)
+    steps = random_steps(10, "sum", "ragged", True, replicas, steps=4)
+    trainer.prefetch(steps[0][0])
+    for n, (feats, targets) in enumerate(steps[:3]):
+        fails = n == 1
+        if fails:
+            targets = {k: v.copy() for k, v in targets.items()}
+            targets["c"][targets["c"].shape[0] - 1, 0] = np.nan   # the last replica's sample
+        expected = reference.step(feats, targets, fails=fails)
+        if fails:
+            with pytest.raises(tf.errors.InvalidArgumentError, match="feature 'c'"):
+                trainer.prefetching_step(feats, targets, steps[n + 1][0])
+            continue
+        acts = trainer.prefetching_step(feats, targets, steps[n + 1][0])
+        for k in expected:
+            assert_close(acts[k], expected[k], f"step {n}: activations of '{k}'")
+    reference.flush()
+    reference.check_tables(trainer, "end")
 
 
 def _step_without_prefetch_fails(trainer, feats, targets, next_feats):
-    tables = {k: v.copy() for k, v in trainer.logical_tables().items()}
+    before = raw_state(trainer)
     with pytest.raises(tf.errors.InvalidArgumentError, match="no prefetched lookup"):
         trainer.prefetching_step(feats, targets, next_feats)
-    for name, table in trainer.logical_tables().items():
-        np.testing.assert_array_equal(table, tables[name], err_msg=name)
+    assert_unchanged(trainer, before, "after a step without a prefetch")
 
 
 def test_a_plain_lookup_forgets_the_prefetch():
@@ -159,7 +195,6 @@ def test_a_plain_lookup_forgets_the_prefetch():
             assert_close(acts[k], expected[k], f"step {n}: activations of '{k}'")
     # Step 1 looked batch 1 up without the prefetch of step 0, which is now forgotten (it was
     # read before step 0's update), even for the very batch it holds.
-    reference.flush()          # (reading the tables applies the kept update)
     _step_without_prefetch_fails(trainer, *steps[1], steps[2][0])
     trainer.prefetch(steps[2][0])
     for n in (2, 3):
@@ -168,6 +203,8 @@ def test_a_plain_lookup_forgets_the_prefetch():
                 else trainer.step(*steps[n]))
         for k in expected:
             assert_close(acts[k], expected[k], f"step {n}: activations of '{k}'")
+    reference.flush()
+    reference.check_tables(trainer, "end")
 
 
 def test_a_restore_forgets_the_prefetch(tmp_path):
@@ -198,11 +235,15 @@ def test_next_features_need_pipelining_and_matching_structures():
         trainer.embedding(features, weights, next_features=features)
     with pytest.raises(ValueError, match="next_weights given without next_features"):
         trainer.embedding(features, weights, next_weights=weights)
-    with pytest.raises(ValueError, match="prefetch needs pipeline_execution_with_tensor_core"):
+    with pytest.raises(ValueError, match="prefetch .* needs pipeline_execution_with_tensor_core"):
         trainer.embedding.prefetch(features, weights)
     pipelined = PrefetchingTrainer("none", optimizer, "sum", "ragged")
     with pytest.raises(ValueError, match="next_features must have the same structure"):
         pipelined.embedding(features, weights, next_features={"a1": features["a1"]})
+    for change in (lambda t: t[:3], lambda t: tf.cast(t, tf.int32)):   # batch size, dtype
+        unlike = dict(features, b=change(features["b"]))
+        with pytest.raises(ValueError, match="feature 'b': next_features must be a batch like"):
+            pipelined.embedding(features, weights, next_features=unlike)
 
 
 def test_the_batch_fingerprint_tells_batches_apart():
