@@ -263,3 +263,19 @@ def test_the_batch_fingerprint_tells_batches_apart():
     assert base != fingerprint([[1, 2], [4]], [[1.0, 2.0], [3.0]])   # one id
     assert base != fingerprint([[1, 2], [3]], [[1.0, 2.0], [3.5]])   # one weight
     assert base != fingerprint([[1, 2], [3]], [[1.0, 2.0], [3.0]], dense=(7, 9))
+
+
+def test_an_eager_prefetch_starts_a_traced_loop():
+    """prefetch() called eagerly records no batch-dependent sizes: the traced steps that follow
+    (whose batches have other numbers of ids) read it and go on."""
+    optimizer = make_optimizer("adagrad")
+    trainer = PrefetchingTrainer("none", optimizer, "sum", "ragged")
+    reference = DelayedReference(optimizer)
+    steps = random_steps(11, "sum", "ragged", True, 1, steps=4)
+    features, weights, _ = trainer._inputs(steps[0][0], targets_like(steps[0][0]))
+    trainer.embedding.prefetch(features, weights)
+    for n in range(3):
+        expected = reference.step(*steps[n])
+        acts = trainer.prefetching_step(*steps[n], steps[n + 1][0])
+        for k in expected:
+            assert_close(acts[k], expected[k], f"step {n}: activations of '{k}'")
