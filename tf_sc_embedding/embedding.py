@@ -298,16 +298,8 @@ class TPUEmbeddingV2(tf.Module):
         current = self._flatten_batch(features, weights, "features")
         upcoming = self._flatten_batch(next_features, next_weights, "next_features")
         for path, ids, next_ids in zip(self._flat_paths, current[0], upcoming[0]):
-            # The next step reads this lookup for its own batch: same kind, shape and dtype.
-            same = (type(ids) is type(next_ids) and  # pylint: disable=unidiomatic-typecheck
-                    tf.as_dtype(ids.dtype) == tf.as_dtype(next_ids.dtype) and
-                    feature_shapes.sample_dims(ids) == feature_shapes.sample_dims(next_ids))
-            if not same:
-                raise ValueError(
-                    f"feature '{path}': next_features must be a batch like features (same kind, "
-                    f"per-replica shape and dtype); got {type(ids).__name__} {ids.dtype} "
-                    f"{tuple(ids.shape)} and {type(next_ids).__name__} {next_ids.dtype} "
-                    f"{tuple(next_ids.shape)}")
+            # The next step reads this lookup for its own batch.
+            feature_shapes.check_same_kind(path, ids, next_ids, "next_features")
         step = self._require_built_from(current[0])
         flat, preserved = step.lookup_prefetching(lambda: step.enqueue(*upcoming), current,
                                                   upcoming)

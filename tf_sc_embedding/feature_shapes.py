@@ -76,3 +76,16 @@ def flatten_like(structure, value, what, allow_none=False):
     if not allow_none and any(x is None for x in flat):
         raise ValueError(f"{what} contains None")
     return flat
+
+
+def check_same_kind(path, ids, other, what):
+    """Raises ValueError naming the feature unless `other` is a batch like `ids`: the same kind
+    (dense, ragged or sparse), per-replica sample dimensions and dtype."""
+    same = (type(ids) is type(other) and  # pylint: disable=unidiomatic-typecheck
+            tf.as_dtype(ids.dtype) == tf.as_dtype(other.dtype) and
+            sample_dims(ids) == sample_dims(other))
+    if not same:
+        raise ValueError(
+            f"feature '{path}': {what} must be a batch like features (same kind, per-replica "
+            f"shape and dtype); got {type(ids).__name__} {ids.dtype} {tuple(ids.shape)} and "
+            f"{type(other).__name__} {other.dtype} {tuple(other.shape)}")

@@ -5,8 +5,8 @@ A pipelined step that is given the next batch (`TPUEmbeddingV2.embedding_lookup(
 next_features=...)`) returns batch N's activations from what step N-1 prefetched, then, once the
 kept update of step N-1 has been applied, runs batch N+1's whole lookup (routing, the collectives,
 the rows and the combiners) and keeps its result here for step N+1. Nothing of that depends on
-batch N's gradients, so TensorFlow runs it beside the dense model, and the collectives' waiting
-overlaps useful work. The tables read by the prefetch hold the updates of steps 0..N-1, exactly
+batch N's gradients, so TensorFlow may run it beside the dense model (which pays where the
+collectives' transport has cores of its own; BENCHMARKS.md#pipelining-over-two-workers). The tables read by the prefetch hold the updates of steps 0..N-1, exactly
 what step N+1's lookup would read under pipelining, so the numbers are those of the pipelined
 step without prefetching, bit for bit.
 

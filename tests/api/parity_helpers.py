@@ -178,6 +178,11 @@ def random_steps(seed, combiner, kind, weighted, replicas, steps=STEPS, features
 # The library under test
 # --------------------------------------------------------------------------------------------
 
+def placeholder_targets(feats):
+    """Targets for a batch that is only looked up, not trained on (their values are not used)."""
+    return {k: np.zeros((len(f.ids), 1), np.float32) for k, f in feats.items()}
+
+
 def table_configs(combiner, optimizer=None, seed=0, optimizers=None):
     """{name: TableConfig}; `optimizers` overrides the per-table optimizer by table name."""
     return {t.name: E.TableConfig(vocabulary_size=t.vocab, dim=t.dim,
@@ -232,8 +237,10 @@ class Trainer:
     def _structured(self, by_key):
         return tf.nest.map_structure(lambda k: by_key[k], self.template)
 
-    def _replica_step(self, features, weights, targets):
-        activations, preserved = self.embedding.embedding_lookup(features, weights)
+    def _replica_step(self, features, weights, targets, next_features=None, next_weights=None):
+        # next_features: the next step's batch, prefetched (docs/pipelining.md); None: no prefetch.
+        activations, preserved = self.embedding.embedding_lookup(features, weights,
+                                                                 next_features, next_weights)
         flat = dict(zip(self.keys, tf.nest.flatten(activations)))
         with tf.GradientTape() as tape:
             tape.watch(flat)
@@ -243,10 +250,10 @@ class Trainer:
         self.embedding.apply_gradients(self._structured(gradients), preserved)
         return flat
 
-    def _step(self, features, weights, targets):
+    def _step(self, *inputs):
         if self.replicas == "none":
-            return self._replica_step(features, weights, targets)
-        return self.strategy.run(self._replica_step, args=(features, weights, targets))
+            return self._replica_step(*inputs)
+        return self.strategy.run(self._replica_step, args=inputs)
 
     def replica_inputs(self, feats, targets, r):
         """(features, weights or None, {key: targets}) of replica r's slice of the batch."""
@@ -271,14 +278,23 @@ class Trainer:
                                    self.strategy.experimental_local_results(v)])
                 for k, v in per_replica.items()}
 
-    def step(self, feats, targets):
-        """Runs one step on the global batch; returns {key: global activations (numpy)}."""
+    def inputs(self, feats, targets):
+        """[features, weights or None, targets] of the global batch as the step function takes
+        them (per-replica values with several replicas)."""
         if self.replicas == "none":
-            return self.global_values(self.step_fn(*self.replica_inputs(feats, targets, 0)))
+            return list(self.replica_inputs(feats, targets, 0))
         per_replica = [self.replica_inputs(feats, targets, r) for r in range(self.n)]
         inputs = [self.distributed([x[i] for x in per_replica]) for i in range(3)]
         if per_replica[0][1] is None:
             inputs[1] = None
+        return inputs
+
+    def step(self, feats, targets, next_feats=None):
+        """Runs one step on the global batch (prefetching next_feats' lookup if given); returns
+        {key: global activations (numpy)}."""
+        inputs = self.inputs(feats, targets)
+        if next_feats is not None:
+            inputs += self.inputs(next_feats, placeholder_targets(next_feats))[:2]
         return self.global_values(self.step_fn(*inputs))
 
     def logical_tables(self):

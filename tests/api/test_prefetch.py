@@ -7,36 +7,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.api.parity_helpers import (Trainer, assert_close, loss_of, make_optimizer,
-                                      num_replicas, random_steps)
+from tests.api.parity_helpers import (Trainer, assert_close, make_optimizer, num_replicas,
+                                      placeholder_targets, random_steps)
 from tests.api.test_pipelining import DelayedReference
 
 STEPS = 4
 
 
 class PrefetchingTrainer(Trainer):
-    """A pipelined Trainer whose step also takes the next step's batch."""
+    """A pipelined Trainer whose steps may also take the next step's batch."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, pipeline_execution_with_tensor_core=True, **kwargs)
-        self.prefetch_fn = tf.function(self._prefetching_step)
         self.fill_fn = tf.function(self._fill)
-
-    def _replica_prefetching_step(self, features, weights, targets, next_features, next_weights):
-        activations, preserved = self.embedding(features, weights, next_features=next_features,
-                                                next_weights=next_weights)
-        flat = dict(zip(self.keys, tf.nest.flatten(activations)))
-        with tf.GradientTape() as tape:   # the loss and gradients of Trainer's step
-            tape.watch(flat)
-            loss = loss_of(flat, targets)
-        gradients = tape.gradient(loss, flat)
-        self.embedding.apply_gradients(self._structured(gradients), preserved)
-        return flat
-
-    def _prefetching_step(self, *inputs):
-        if self.replicas == "none":
-            return self._replica_prefetching_step(*inputs)
-        return self.strategy.run(self._replica_prefetching_step, args=inputs)
 
     def _fill(self, features, weights):
         if self.replicas == "none":
@@ -45,24 +28,11 @@ class PrefetchingTrainer(Trainer):
 
     def prefetch(self, feats):
         """Looks up feats now and keeps it for the next prefetching step."""
-        features, weights, _ = self._inputs(feats, targets_like(feats))
-        self.fill_fn(features, weights)
-
-    def _inputs(self, feats, targets):
-        per_replica = [self.replica_inputs(feats, targets, r) for r in range(self.n)]
-        if self.replicas == "none":
-            return list(per_replica[0])
-        inputs = [self.distributed([x[i] for x in per_replica]) for i in range(3)]
-        if per_replica[0][1] is None:
-            inputs[1] = None
-        return inputs
+        self.fill_fn(*self.inputs(feats, placeholder_targets(feats))[:2])
 
     def prefetching_step(self, feats, targets, next_feats):
         """One step on feats that prefetches next_feats' lookup; {key: global activations}."""
-        features, weights, targets = self._inputs(feats, targets)
-        next_features, next_weights, _ = self._inputs(next_feats, targets_like(next_feats))
-        return self.global_values(self.prefetch_fn(features, weights, targets, next_features,
-                                                   next_weights))
+        return self.step(feats, targets, next_feats)
 
 
 def raw_state(trainer):
@@ -76,11 +46,6 @@ def raw_state(trainer):
 def assert_unchanged(trainer, before, where):
     for key, value in raw_state(trainer).items():
         np.testing.assert_array_equal(value, before[key], err_msg=f"{where}: {key}")
-
-
-def targets_like(feats):
-    """Placeholder targets for a batch that is only prefetched (its targets are not used)."""
-    return {k: np.zeros((len(f.ids), 1), np.float32) for k, f in feats.items()}
 
 
 def _run(trainer, steps, prefetch):
@@ -272,7 +237,7 @@ def test_an_eager_prefetch_starts_a_traced_loop():
     trainer = PrefetchingTrainer("none", optimizer, "sum", "ragged")
     reference = DelayedReference(optimizer)
     steps = random_steps(11, "sum", "ragged", True, 1, steps=4)
-    features, weights, _ = trainer._inputs(steps[0][0], targets_like(steps[0][0]))
+    features, weights, _ = trainer.inputs(steps[0][0], placeholder_targets(steps[0][0]))
     trainer.embedding.prefetch(features, weights)
     for n in range(3):
         expected = reference.step(*steps[n])

@@ -9,7 +9,10 @@ in the subclasses:
 
 * `preprocess`: host preprocessing of one replica's features (with or without minibatch splits);
 * `lookup`: ids to their rows and rows to the activations of every feature, plus the state the
-  update needs (`preserved`), which `is_preserved` recognizes;
+  update needs (`preserved`), which `is_preserved` recognizes. A pipelined update runs once it
+  has the preserved outputs (step.py), so every tensor of `preserved` must come out only after
+  the lookup is done reading the tables: a table value still alive when the update writes makes
+  the update copy the whole table (all_to_all.py ties its owner rows to the packing for this);
 * `stack_gradients`, `update_targets`, `update_inputs`: the backward pass, ending with one fused
   optimizer update per stacked table on the replica's own variables (fused_update.py).
 """
