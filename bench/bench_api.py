@@ -14,6 +14,7 @@ Phases, each in its own `tf.function`:
   embedding_lookup        enqueue + dequeue
   step, fused Adagrad     enqueue + lookup + a dense logistic loss + `apply_gradients`
   step, fused SGD         the same with an SGD-trained embedding
+  step, row-wise Adagrad  the same with `tf_sc_embedding.RowWiseAdagrad` (one accumulator per row)
   TF step                 `tf.nn.embedding_lookup_sparse` per table + the same loss +
                           `tf.compat.v1.train.AdagradOptimizer` (sparse apply)
 Every round calls every function once in turn (shared load hits all alike). Reported: the median
@@ -225,6 +226,9 @@ def compare_at_cap(cap, args):
     functions["step, fused SGD"] = our_functions(
         vocab, args.dim, args.batch, args.combiner, E.SGD(learning_rate=LEARNING_RATE), pool,
         phases=False)["step"]
+    functions["step, fused row-wise Adagrad"] = our_functions(
+        vocab, args.dim, args.batch, args.combiner, sce.RowWiseAdagrad(learning_rate=LEARNING_RATE),
+        pool, phases=False)["step"]
     functions["TF step (embedding_lookup_sparse + tf.compat.v1 Adagrad)"] = tensorflow_step(
         vocab, args.dim, args.combiner, pool)
     medians = interleaved(functions, args.rounds)
@@ -242,6 +246,9 @@ def compare_at_cap(cap, args):
         ours, theirs = result["step, fused Adagrad"], result[theirs_name]
         print(f"\nTF step / our Adagrad step, {label}: {theirs[0] / ours[0]:.2f}x (wall), "
               f"{theirs[1] / ours[1]:.2f}x (CPU)")
+        row_wise = result["step, fused row-wise Adagrad"]
+        print(f"row-wise / element-wise Adagrad step, {label}: {row_wise[0] / ours[0]:.2f}x "
+              f"(wall), {row_wise[1] / ours[1]:.2f}x (CPU)")
 
 
 def scaling(args):

@@ -113,7 +113,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const sce_testing::RandomCsr csr(seed, G, S, M, R, samples, sorted, max_entries);
   SCE_FUZZ_CHECK(sce::ValidateCsrView(csr.view).ok());
   const bool flag = in.ConsumeBool();
-  switch (in.ConsumeIntegralInRange<int>(0, 4)) {
+  switch (in.ConsumeIntegralInRange<int>(0, 5)) {
     case 0: {
       const float none[1] = {0.0f};
       CheckAgainstReference<sce::SgdOptimizer>(in, csr, dim, none, seed);
@@ -132,6 +132,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 3: {
       const float hypers[4] = {flag ? 1.0f : 0.0f, 0.9f, 0.999f, 1e-3f};
       CheckAgainstReference<sce::AdamOptimizer>(in, csr, dim, hypers, seed);
+      break;
+    }
+    case 4: {
+      // The embedding is all columns, or (flag) only the first half (the rest is padding).
+      const float hypers[2] = {1e-8f, static_cast<float>(flag ? (dim + 1) / 2 : dim)};
+      if (dim > 0) CheckAgainstReference<sce::RowWiseAdagradOptimizer>(in, csr, dim, hypers, seed);
       break;
     }
     default: {

@@ -2,8 +2,10 @@
 from tf_sc_embedding import layout, ops
 from tf_sc_embedding.embedding import TPUEmbeddingV2
 from tf_sc_embedding.options import EmbeddingOptions
+from tf_sc_embedding.row_wise_adagrad import RowWiseAdagrad
 
-__all__ = ["EmbeddingLayer", "EmbeddingOptions", "TPUEmbeddingV2", "layout", "ops"]
+__all__ = ["EmbeddingLayer", "EmbeddingOptions", "RowWiseAdagrad", "TPUEmbeddingV2", "layout",
+           "ops"]
 __version__ = "0.1.0"
 
 

@@ -122,6 +122,7 @@ class LogicalTable:
         self.table_name = table_name
         self.kinds = embedding.tables.kinds(table_name)
         self.logical_shape = embedding.tables.shape(table_name)
+        self.shapes = {kind: embedding.tables.shape(table_name, kind) for kind in self.kinds}
         self.nodes = {kind: KindNode(self, kind) for kind in self.kinds}
 
     @property
@@ -247,8 +248,8 @@ def _save_fn(trackables, file_prefix):
         if not _is_embedding(embedding):
             continue
         for table in embedding.checkpoint_nodes().values():
-            height, width = table.logical_shape
             for kind, produce in _saved_items(table):
+                height, width = table.shapes[kind]
                 items.append((value_key(object_name, table.table_name, kind), 4 * height * width,
                               produce, (height, width)))
     # Group small tables into one SaveV2 call while a group stays within the largest single item,

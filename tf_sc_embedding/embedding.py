@@ -62,7 +62,7 @@ class TPUEmbeddingV2(tf.Module):
         # Fail fast on bad configs (optimizers, combiners, names) before any input is seen.
         config_plan = self._make_plan({p: (self._options.sparse_cores_per_replica,)
                                        for p in self._flat_paths})
-        self._tables = LogicalTables({t.name: (t.config, t.optimizer.slot_names)
+        self._tables = LogicalTables({t.name: (t.config, t.optimizer)
                                       for s in config_plan.stacked_tables.values()
                                       for t in s.tables})
         # Checkpoint nodes, one per user table, named by table (checkpointing.py); they exist

@@ -198,7 +198,7 @@ class EmbeddingLayout:
             if table.combiner not in ("sum", "mean", "sqrtn"):
                 raise ValueError(f"{where}: combiner must be 'sum', 'mean' or 'sqrtn', got "
                                  f"'{table.combiner}'")
-            bound[name] = fused_optimizer(table_optimizer, where)
+            bound[name] = fused_optimizer(table_optimizer, where, table.dim)
             key = (bound[name].stacking_key(), repr(table.quantization_config))
             group = groups.setdefault(key, f"group_{len(groups):04d}")
             stacker.add_table(name, table.vocabulary_size, table.dim, group,

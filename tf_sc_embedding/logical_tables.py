@@ -43,9 +43,11 @@ class LogicalTables:
     """Every user table of one embedding, by name, as logical values (see the module docstring)."""
 
     def __init__(self, tables):
-        """tables: {table name: (TableConfig, slot names)}."""
+        """tables: {table name: (TableConfig, its optimizers.FusedOptimizer)}."""
         self._configs = {name: config for name, (config, _) in tables.items()}
-        self._kinds = {name: (PARAMETERS,) + tuple(slots) for name, (_, slots) in tables.items()}
+        self._optimizers = {name: optimizer for name, (_, optimizer) in tables.items()}
+        self._kinds = {name: (PARAMETERS,) + tuple(optimizer.slot_names)
+                       for name, (_, optimizer) in tables.items()}
         self._pending = PendingRestore()
         self._lock = threading.Lock()
         self._storage = None
@@ -59,10 +61,17 @@ class LogicalTables:
     def config(self, name):
         return self._configs[self._known(name)]
 
-    def shape(self, name):
-        """(vocabulary_size, dim) of a table."""
+    def shape(self, name, kind=PARAMETERS):
+        """(vocabulary_size, dim) of a table's parameters; a slot's is (vocabulary_size, dim), or
+        (vocabulary_size, 1) for a row-wise slot (FusedOptimizer.slot_width)."""
         config = self.config(name)
-        return (int(config.vocabulary_size), int(config.dim))
+        dim = int(config.dim)
+        if kind != PARAMETERS:
+            if kind not in self.kinds(name):
+                raise KeyError(f"table '{name}' has no slot '{kind}'; its optimizer's slots are "
+                               f"{list(self.kinds(name)[1:])}")
+            dim = self._optimizers[name].slot_width(kind, dim)
+        return (int(config.vocabulary_size), dim)
 
     def kinds(self, name):
         """("parameters", <slot names>...) of a table."""
@@ -148,7 +157,8 @@ def check_restorable(tables, available, source, complete=False, location=""):
     tables the source holds. A table the source does not name is not restored, unless the source
     claims to be `complete` (a Keras weights file holds the whole layer). A restored table needs
     its parameters, and every slot of its optimizer unless allow_optimizer_change() is active
-    (then a missing slot keeps its initial value); every shape must be the TableConfig's.
+    (then a missing slot keeps its initial value); every shape must be `tables.shape`'s (the
+    TableConfig's, [vocabulary_size, 1] for a row-wise slot).
     source names the source in errors ("the checkpoint"); location is appended (its path).
     """
     allow_missing = getattr(_options, "allow_missing_slots", False)
@@ -157,7 +167,6 @@ def check_restorable(tables, available, source, complete=False, location=""):
         raise ValueError(f"{source}{location} has no table {missing[0]!r} (missing: "
                          f"{missing}). Nothing was restored")
     for name, kinds in available.items():
-        expected = tables.shape(name)
         if PARAMETERS not in kinds:
             raise ValueError(f"table '{name}': {source}{location} has optimizer slots but no "
                              "parameters. "
@@ -174,8 +183,12 @@ def check_restorable(tables, available, source, complete=False, location=""):
                 logging.warning("%s%s has no slot '%s' for table '%s': the slot keeps its "
                                 "initial value", source, location, kind, name)
                 continue
+            expected = tables.shape(name, kind)
             if tuple(kinds[kind]) != expected:
+                what = ("[vocabulary_size, dim]" if expected[1] == tables.shape(name)[1] else
+                        "[vocabulary_size, 1]: the optimizer's slot is row-wise")
                 raise ValueError(
                     f"table '{name}': {source}'s {kind} has shape {list(kinds[kind])}, the "
-                    f"TableConfig {list(expected)} ([vocabulary_size, dim]){location}; a table "
-                    "with a different vocabulary or dimension cannot be restored")
+                    f"TableConfig {list(expected)} ({what}){location}; a table "
+                    "with a different vocabulary or dimension, or a slot of another optimizer, "
+                    "cannot be restored. Nothing was restored")

@@ -1,10 +1,11 @@
 """Binds TensorFlow's embedding optimizer configs to the fused optimizers of the op library.
 
-The math, slot order and hyperparameter names of each optimizer are defined once, in C++
-(cc/core/optimizers.h, described by `ops.OPTIMIZERS`). TensorFlow's config classes
-(`tf.tpu.experimental.embedding.SGD`, `Adagrad`, `AdagradMomentum`, `Adam`, `FTRL`) already define
-the slot initial values (`_slot_initializers()`) and user-facing hyperparameters; this module only
-maps one onto the other and rejects settings the fused kernels cannot honour.
+The math, slot order, slot shapes and hyperparameter names of each optimizer are defined once, in
+C++ (cc/core/optimizers.h, described by `ops.OPTIMIZERS`). TensorFlow's config classes
+(`tf.tpu.experimental.embedding.SGD`, `Adagrad`, `AdagradMomentum`, `Adam`, `FTRL`) and this
+library's `RowWiseAdagrad` (row_wise_adagrad.py, which TensorFlow lacks) define the slot initial
+values (`_slot_initializers()`) and user-facing hyperparameters; this module only maps one onto
+the other and rejects settings the fused kernels cannot honour.
 
 Slots are matched by NAME: each binding says which of TensorFlow's slot names
 (`config._slot_names()`) feeds which slot input of the fused op. The table is checked against
@@ -22,6 +23,7 @@ from absl import logging
 
 from tf_sc_embedding.ops import OPTIMIZERS
 from tf_sc_embedding.ops.fused_update import fused_update_function
+from tf_sc_embedding.row_wise_adagrad import RowWiseAdagrad
 
 _embedding = tf.tpu.experimental.embedding
 
@@ -30,13 +32,23 @@ _embedding = tf.tpu.experimental.embedding
 class _Binding:
     definition: str                                   # key into ops.OPTIMIZERS
     slots: Dict[str, str]                             # TF slot name -> slot input of the op
-    hyperparameters: Callable[[object], Dict[str, object]]
+    # (config, embedding dim) -> the op's hyperparameter attributes
+    hyperparameters: Callable[[object, int], Dict[str, object]]
     validate: Callable[[object], None] = lambda optimizer: None
 
 
 def _positive(name, value, what):
     if not value > 0:
         raise ValueError(f"{what}: {name} must be > 0, got {value}")
+
+
+def _validate_row_wise_adagrad(o):
+    if not callable(o.learning_rate):
+        _positive("learning_rate", o.learning_rate, "RowWiseAdagrad")
+    _positive("epsilon", o.epsilon, "RowWiseAdagrad")
+    if not o.initial_accumulator_value >= 0:
+        raise ValueError("RowWiseAdagrad: initial_accumulator_value must be >= 0, got "
+                         f"{o.initial_accumulator_value}")
 
 
 def _validate_adam(o):
@@ -49,24 +61,29 @@ def _validate_adam(o):
 
 
 _BINDINGS = {
-    _embedding.SGD: _Binding("sgd", {}, lambda o: {}),
+    _embedding.SGD: _Binding("sgd", {}, lambda o, dim: {}),
     _embedding.Adagrad: _Binding(
-        "adagrad", {"accumulators": "accumulator"}, lambda o: {},
+        "adagrad", {"accumulators": "accumulator"}, lambda o, dim: {},
         lambda o: _positive("initial_accumulator_value", o.initial_accumulator_value, "Adagrad")),
+    # The mean of the squared gradient runs over the table's dim columns, not its padded width.
+    RowWiseAdagrad: _Binding(
+        "row_wise_adagrad", {"accumulators": "accumulator"},
+        lambda o, dim: dict(epsilon=float(o.epsilon), embedding_dim=int(dim)),
+        _validate_row_wise_adagrad),
     _embedding.AdagradMomentum: _Binding(
         "adagrad_momentum", {"accumulators": "accumulator", "momenta": "momenta"},
-        lambda o: dict(use_nesterov=bool(o.use_nesterov), exponent=float(o.exponent),
+        lambda o, dim: dict(use_nesterov=bool(o.use_nesterov), exponent=float(o.exponent),
                        beta1=float(o.momentum), beta2=float(o.beta2), epsilon=float(o.epsilon)),
         lambda o: (_positive("epsilon", o.epsilon, "AdagradMomentum"),
                    _positive("exponent", o.exponent, "AdagradMomentum"))),
     _embedding.Adam: _Binding(
         "adam", {"momenta": "momenta", "velocities": "velocity"},
-        lambda o: dict(use_sum_inside_sqrt=bool(o.sum_inside_sqrt), beta1=float(o.beta_1),
+        lambda o, dim: dict(use_sum_inside_sqrt=bool(o.sum_inside_sqrt), beta1=float(o.beta_1),
                        beta2=float(o.beta_2), epsilon=float(o.epsilon)),
         _validate_adam),
     _embedding.FTRL: _Binding(
         "ftrl", {"accumulators": "accumulator", "linears": "linear"},
-        lambda o: dict(multiply_linear_by_learning_rate=bool(o.multiply_linear_by_learning_rate),
+        lambda o, dim: dict(multiply_linear_by_learning_rate=bool(o.multiply_linear_by_learning_rate),
                        beta=float(o.beta), learning_rate_power=float(o.learning_rate_power),
                        l1_regularization_strength=float(o.l1_regularization_strength),
                        l2_regularization_strength=float(o.l2_regularization_strength)),
@@ -123,6 +140,12 @@ class FusedOptimizer:
     clip_weight_min: float
     clip_weight_max: float
 
+    def slot_width(self, slot_name, width):
+        """Columns of slot `slot_name` (TensorFlow's name) for a table `width` columns wide:
+        `width`, or 1 for a row-wise slot (the rule is the op library's)."""
+        slot_input = self.slot_inputs[self.slot_names.index(slot_name)]
+        return OPTIMIZERS[self.definition_name].slot_width(slot_input, width)
+
     def learning_rate(self):
         """The learning rate as a float32 tensor (callables are re-evaluated every step)."""
         lr = self.config.learning_rate
@@ -145,13 +168,15 @@ class FusedOptimizer:
                       for i in self.slot_initializers))
 
 
-def fused_optimizer(config, where):
-    """Validates a TensorFlow optimizer config and binds it to a fused optimizer."""
+def fused_optimizer(config, where, dim):
+    """Validates an optimizer config for a table of `dim` columns and binds it to a fused
+    optimizer. Errors start with `where` (the table)."""
     binding = _BINDINGS.get(type(config))
     if binding is None:
-        supported = ", ".join(SUPPORTED_CONFIGS)
+        supported = ", ".join(n for n in SUPPORTED_CONFIGS if n != RowWiseAdagrad.__name__)
         raise ValueError(f"{where}: unsupported optimizer {type(config).__name__}; "
-                         f"use one of tf.tpu.experimental.embedding.{{{supported}}}")
+                         f"use one of tf.tpu.experimental.embedding.{{{supported}}} or "
+                         "tf_sc_embedding.RowWiseAdagrad")
     if getattr(config, "weight_decay_factor", None) is not None:
         raise NotImplementedError(f"{where}: weight_decay_factor is not supported by the fused "
                                   "SparseCore optimizers (TensorFlow rejects it as well)")
@@ -159,7 +184,10 @@ def fused_optimizer(config, where):
             getattr(config, "clip_gradient_max", None) is not None:
         raise NotImplementedError(f"{where}: clipvalue (gradient clipping) is not supported by "
                                   "the fused SparseCore optimizers")
-    binding.validate(config)
+    try:
+        binding.validate(config)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
     # TensorFlow's own slot definitions, matched to the op's slot inputs by name.
     tf_slot_names = list(config._slot_names())  # pylint: disable=protected-access
     problem = _slot_mismatch(binding, tf_slot_names)
@@ -173,4 +201,4 @@ def fused_optimizer(config, where):
     clip_max = math.inf if config.clip_weight_max is None else float(config.clip_weight_max)
     return FusedOptimizer(config, binding.definition, slot_names,
                           tuple(initializer_of[n] for n in slot_names), slot_inputs,
-                          binding.hyperparameters(config), clip_min, clip_max)
+                          binding.hyperparameters(config, dim), clip_min, clip_max)

@@ -3,7 +3,9 @@
 Layout recap (docs/layout.md#mod-sharding): a stacked table is split into N = replicas x S
 SparseCore shards of R rows each; replica d holds shards [d*S, (d+1)*S) as one [S*R, width]
 variable per stacked table and per optimizer slot. Logical row r of a member table lives in shard
-(r + rotation) mod N at row row_offset + r // N of that shard.
+(r + rotation) mod N at row row_offset + r // N of that shard. A slot has the table's rows; its
+width is the table's, or 1 for a row-wise slot (`FusedOptimizer.slot_width`), so every logical
+view below has the kind's own width (`logical_width`).
 
 `TableStorage` creates the variables of the replicas that run in *this process only* (under
 MultiWorkerMirroredStrategy every worker holds 1/workers of every table and slot), and offers the
@@ -277,6 +279,18 @@ class TableStorage:
     def table_names(self):
         return tuple(self._placements)
 
+    def logical_width(self, table_name, kind):
+        """Columns of a table's logical parameters (its dim) or of one of its slots."""
+        placement = self.placement(table_name)
+        width = placement.layout.width
+        return width if kind == PARAMETERS else placement.optimizer.slot_width(kind, width)
+
+    @staticmethod
+    def stored_width(stacked, kind):
+        """Columns of a stacked table's variable of `kind` (the padded width, or 1 row-wise)."""
+        width = stacked.padded_width
+        return width if kind == PARAMETERS else stacked.optimizer.slot_width(kind, width)
+
     def stacked_variables(self):
         """Stacked table name -> {"parameters": ShardedTable, <slot>: ShardedTable}."""
         return self._tables
@@ -303,7 +317,7 @@ class TableStorage:
 
     def _create_one(self, stacked, kind, from_checkpoint):
         shard_rows = self.sparse_cores * stacked.rows_per_shard
-        shards = {r: zeros_variable((shard_rows, stacked.padded_width),
+        shards = {r: zeros_variable((shard_rows, self.stored_width(stacked, kind)),
                                     f"{stacked.name}/{kind}/replica_{r}", self.group.device_of(r))
                   for r in self.group.local_replica_ids}
         sharded = ShardedTable(f"{stacked.name}/{kind}", shards)
@@ -315,14 +329,14 @@ class TableStorage:
             if reader is not None:
                 if kind != PARAMETERS:
                     self._fill_slot_padding(views, table.name, slot_initializers[kind])
-                self._place_chunks(views, table.name, reader)
+                self._place_chunks(views, table.name, kind, reader)
                 continue
             layout = table.layout
             if kind == PARAMETERS:
                 shape = [layout.height, layout.width]
                 read = _initial_rows(table.config.initializer, shape, f"table '{table.name}'")
             else:   # slots are initialized over the whole padded region, like on SparseCore
-                shape = [layout.padded_height, layout.padded_width]
+                shape = [layout.padded_height, self.stored_width(stacked, kind)]
                 read = _initial_rows(slot_initializers[kind], shape,
                                     f"slot '{kind}' of '{table.name}'")
             for first, stop in logical_chunks(shape[0]):
@@ -344,10 +358,11 @@ class TableStorage:
 
     # -- logical -> storage
     def _place(self, views, table_name, first_row, values, height_limit=None, width=None):
-        """Writes logical rows [first_row, first_row + len(values)) into the local views."""
+        """Writes logical rows [first_row, first_row + len(values)) into the local views (their
+        first `width` columns: by default, all the values' columns)."""
         blocks = self._blocks[table_name]
         n = blocks.n
-        width = blocks.layout.width if width is None else width
+        width = values.shape[1] if width is None else width
         height = blocks.layout.height if height_limit is None else height_limit
         stop = min(first_row + len(values), height)
         for k, replica, start, _ in blocks.blocks:
@@ -360,10 +375,11 @@ class TableStorage:
                 views[holder][start + j0:start + j0 + count, :width] = \
                     values[r0 - first_row:stop - first_row:n]
 
-    def _place_chunks(self, views, table_name, reader):
+    def _place_chunks(self, views, table_name, kind, reader):
+        width = self.logical_width(table_name, kind)
         for first, stop in logical_chunks(self.placement(table_name).layout.height):
             chunk = reader(first, stop)
-            self._place(views, table_name, first, chunk)
+            self._place(views, table_name, first, chunk, width=width)
             del chunk
 
     def write_logical_rows(self, table_name, kind, first_row, values):
@@ -375,12 +391,13 @@ class TableStorage:
         """
         placement = self.placement(table_name)
         sharded = self._tables[placement.layout.stacked_table_name][kind]
+        width = self.logical_width(table_name, kind)
         try:
             views = dict(zip(sorted(sharded.shards_by_replica), _writable_views(sharded.shards)))
         except _CopyOnRead:
-            self._write_with_ops(sharded, table_name, first_row, np.asarray(values))
+            self._write_with_ops(sharded, table_name, first_row, np.asarray(values), width)
             return
-        self._place(views, table_name, first_row, np.asarray(values))
+        self._place(views, table_name, first_row, np.asarray(values), width=width)
         del views
 
     def write_logical(self, table_name, kind, reader_or_value):
@@ -393,9 +410,9 @@ class TableStorage:
         else:
             self.write_logical_rows(table_name, kind, 0, reader_or_value)
 
-    def _write_with_ops(self, sharded, table_name, first_row, values):
+    def _write_with_ops(self, sharded, table_name, first_row, values, width):
         blocks = self._blocks[table_name]
-        n, width = blocks.n, blocks.layout.width
+        n = blocks.n
         stop = min(first_row + len(values), blocks.layout.height)
         for k, replica, start, _ in blocks.blocks:
             r0 = first_row + (k - first_row) % n
@@ -420,7 +437,8 @@ class TableStorage:
         return np.concatenate(parts) if parts else np.zeros((0, width), np.float32)
 
     def read_logical(self, table_name, kind):
-        """The complete logical [vocabulary_size, dim] table (64-byte aligned numpy array).
+        """The complete logical [vocabulary_size, width] table or slot (64-byte aligned numpy
+        array; width: `logical_width`).
 
         In one process, assembled from zero-copy views of the shards (no memory beyond the
         result). With several worker processes, a collective: every worker must call it.
@@ -429,17 +447,18 @@ class TableStorage:
         sharded = self._tables[placement.layout.stacked_table_name][kind]
         blocks = self._blocks[table_name]
         layout = blocks.layout
-        out = aligned_empty((layout.padded_height, layout.width))
-        blocked = out.reshape(blocks.rows_per_residue, blocks.n, layout.width)
+        width = self.logical_width(table_name, kind)
+        out = aligned_empty((layout.padded_height, width))
+        blocked = out.reshape(blocks.rows_per_residue, blocks.n, width)
         if not self.group.is_multi_worker or self.is_replicated(table_name):
             views = {r: private_tf.numpy_view(v.read_value())
                      for r, v in sharded.shards_by_replica.items()}
             for k, replica, start, count in blocks.blocks:
                 holder = self._holders(table_name, replica)[0]
-                blocked[:count, k, :] = views[holder][start:start + count, :layout.width]
+                blocked[:count, k, :] = views[holder][start:start + count, :width]
             del views
             return out[:layout.height]
-        gathered = self._gather_across_workers(sharded, table_name, layout.width)
+        gathered = self._gather_across_workers(sharded, table_name, width)
         per_replica = self.sparse_cores * blocks.rows_per_residue
         for replica in range(self.num_replicas):
             mine = blocks.of_replica(replica)
@@ -475,8 +494,8 @@ class TableStorage:
         blocks = self._blocks[table_name]
         layout = blocks.layout
         rows = blocks.rows_per_residue
-        pieces = [sharded.shard(self._holders(table_name, replica)[0])[start:start + rows,
-                                                                       :layout.width]
+        width = self.logical_width(table_name, kind)
+        pieces = [sharded.shard(self._holders(table_name, replica)[0])[start:start + rows, :width]
                   for _, replica, start, _ in blocks.blocks]
         return tf.reshape(tf.stack(pieces, axis=1),
-                          [layout.padded_height, layout.width])[:layout.height]
+                          [layout.padded_height, width])[:layout.height]

@@ -121,13 +121,25 @@ constexpr size_t kRowPrefetchDistance = 24;
 constexpr int64_t kSumPrefetchContributions = 32;
 constexpr int64_t kApplyPrefetchRows = 16;
 
-// Prefetches table row `offset / dim` and the same row of every slot.
+// Row `row` of slot k of a table of width `dim` (SlotRowWidth: dim floats, or one for a row-wise
+// slot).
+template <typename Optimizer>
+__attribute__((always_inline)) inline float* SlotRow(
+    const std::array<float*, Optimizer::kSlots.size()>& slots, size_t k, int64_t row,
+    int64_t dim) {
+  return slots[k] + row * SlotRowWidth(Optimizer::kSlotShapes[k], dim);
+}
+
+// Prefetches table row `row` (of width `dim`) and the same row of every slot.
 template <typename Optimizer>
 __attribute__((always_inline)) inline void PrefetchTableRow(
-    float* table, const std::array<float*, Optimizer::kSlots.size()>& slots, int64_t offset,
-    int64_t row_bytes) {
-  PrefetchRow(table + offset, row_bytes);
-  for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) PrefetchRow(slots[k] + offset, row_bytes);
+    float* table, const std::array<float*, Optimizer::kSlots.size()>& slots, int64_t row,
+    int64_t dim) {
+  PrefetchRow(table + row * dim, dim * static_cast<int64_t>(sizeof(float)));
+  for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) {
+    PrefetchRow(SlotRow<Optimizer>(slots, k, row, dim),
+                SlotRowWidth(Optimizer::kSlotShapes[k], dim) * static_cast<int64_t>(sizeof(float)));
+  }
 }
 
 // A row's gradient sum while its contributions are added. With the width fixed at compile time
@@ -206,9 +218,10 @@ __attribute__((always_inline)) inline int64_t FinishRow(
     const std::array<float*, Optimizer::kSlots.size()>& slots) {
   if (kSkipNonFinite && skip) return 1;
   float* slot_rows[Optimizer::kSlots.size() + 1];
-  const int64_t offset = row * dim;
-  for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) slot_rows[k] = slots[k] + offset;
-  Optimizer::Apply(hypers, learning_rate, sum, table + offset, slot_rows, dim, clip);
+  for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) {
+    slot_rows[k] = SlotRow<Optimizer>(slots, k, row, dim);
+  }
+  Optimizer::Apply(hypers, learning_rate, sum, table + row * dim, slot_rows, dim, clip);
   return 0;
 }
 
@@ -358,15 +371,14 @@ __attribute__((always_inline)) inline int64_t ApplyRowSums(
     const RowSumBlock& block, int64_t rows, int64_t shard_row, int64_t dim, float learning_rate,
     const float* hypers, const Clip& clip, float* table,
     const std::array<float*, Optimizer::kSlots.size()>& slots) {
-  const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(float));
   for (int64_t r = 0; r < std::min(rows, kApplyPrefetchRows); ++r) {
-    PrefetchTableRow<Optimizer>(table, slots, (shard_row + block.tokens[r]) * dim, row_bytes);
+    PrefetchTableRow<Optimizer>(table, slots, shard_row + block.tokens[r], dim);
   }
   int64_t skipped = 0;
   for (int64_t r = 0; r < rows; ++r) {
     if (r + kApplyPrefetchRows < rows) {
-      PrefetchTableRow<Optimizer>(
-          table, slots, (shard_row + block.tokens[r + kApplyPrefetchRows]) * dim, row_bytes);
+      PrefetchTableRow<Optimizer>(table, slots, shard_row + block.tokens[r + kApplyPrefetchRows],
+                                  dim);
     }
     skipped += FinishRow<Optimizer, kSkipNonFinite>(
         shard_row + block.tokens[r], block.sums + r * dim, kSkipNonFinite && block.skipped[r],
@@ -442,8 +454,8 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions
       }
       if (i + kRowPrefetchDistance < n &&
           entries[i + kRowPrefetchDistance].token != entries[i + kRowPrefetchDistance - 1].token) {
-        PrefetchTableRow<Optimizer>(
-            table, slots, (shard_row + entries[i + kRowPrefetchDistance].token) * dim, row_bytes);
+        PrefetchTableRow<Optimizer>(table, slots,
+                                    shard_row + entries[i + kRowPrefetchDistance].token, dim);
       }
       AddContribution<kSkipNonFinite>(ContributionGradient(addressing, samples_per_sc, entries[i]),
                                       dim, entries[i].activation, entries[i].gain,
@@ -526,8 +538,8 @@ SCE_DEFINE_UPDATE_SHARDS(UpdateShardsBaseline, )
 #undef SCE_DEFINE_UPDATE_SHARDS
 
 // `view` must have passed ValidateCsrView; `grads` gives every activation row's gradient (dim
-// floats; see activation_rows.h); `table` and every `slots[i]` are [view.table_rows, dim] and are
-// updated in place.
+// floats; see activation_rows.h); `table` is [view.table_rows, dim] and every `slots[i]`
+// [view.table_rows, SlotRowWidth(kSlotShapes[i], dim)]; they are updated in place.
 //
 // With `bad_activation_rows` null (every gradient and gain is finite: the normal case) this is the
 // plain fused update. Otherwise a table row that any contribution with a flagged activation row or

@@ -12,12 +12,25 @@
 
 namespace sce {
 
-enum class HyperType { kFloat, kBool };
+// kFloat and kBool are attributes of those types. kRowWidth is an int attribute: how many leading
+// columns of a table row hold the embedding (the rest is layout padding, whose gradient is 0).
+// Row-wise optimizers average over it; the kernel checks 1 <= value <= the table's width.
+enum class HyperType { kFloat, kBool, kRowWidth };
 
 struct HyperSpec {
   const char* name;
   HyperType type;
 };
+
+// A slot holds either one float per table element (kElementWise: the table's shape) or one float
+// per table row (kRowWise: [rows, 1]). This is the one rule for a slot's width; the kernels, the
+// op registrations, the Python slot variables and checkpoints all derive it from kSlotShapes.
+enum class SlotShape { kElementWise, kRowWise };
+
+// The floats one row of a slot holds, for a table of width `dim`.
+constexpr int64_t SlotRowWidth(SlotShape shape, int64_t dim) {
+  return shape == SlotShape::kRowWise ? 1 : dim;
+}
 
 // Applies `clip` to the new table value only (never to slots), as TensorFlow does.
 struct Clip {
@@ -30,6 +43,7 @@ struct SgdOptimizer {
   static constexpr const char* kName = "sgd";
   static constexpr const char* kOpName = "Sgd";
   static constexpr std::array<const char*, 0> kSlots = {};
+  static constexpr std::array<SlotShape, 0> kSlotShapes = {};
   static constexpr std::array<HyperSpec, 0> kHypers = {};
   static void Apply(const float* /*h*/, float lr, const float* g, float* w, float** /*slots*/,
                     int64_t dim, const Clip& clip) {
@@ -41,6 +55,7 @@ struct AdagradOptimizer {
   static constexpr const char* kName = "adagrad";
   static constexpr const char* kOpName = "Adagrad";
   static constexpr std::array<const char*, 1> kSlots = {"accumulator"};
+  static constexpr std::array<SlotShape, 1> kSlotShapes = {SlotShape::kElementWise};
   static constexpr std::array<HyperSpec, 0> kHypers = {};
   static void Apply(const float* /*h*/, float lr, const float* g, float* w, float** slots,
                     int64_t dim, const Clip& clip) {
@@ -52,10 +67,37 @@ struct AdagradOptimizer {
   }
 };
 
+// FBGEMM's exact row-wise Adagrad (its EXACT_ROWWISE_ADAGRAD without weight decay): one
+// accumulator per row, grown by the mean of the squared summed gradient over the row's `dim`
+// embedding columns; every column then moves by the same multiplier,
+//   acc += sum_d(g[d]^2) / dim;   w[d] -= (lr / (sqrt(acc) + epsilon)) * g[d].
+// The sum runs in column order (fixed, so results do not depend on the instruction set).
+struct RowWiseAdagradOptimizer {
+  static constexpr const char* kName = "row_wise_adagrad";
+  static constexpr const char* kOpName = "RowWiseAdagrad";
+  static constexpr std::array<const char*, 1> kSlots = {"accumulator"};
+  static constexpr std::array<SlotShape, 1> kSlotShapes = {SlotShape::kRowWise};
+  static constexpr std::array<HyperSpec, 2> kHypers = {{{"epsilon", HyperType::kFloat},
+                                                        {"embedding_dim", HyperType::kRowWidth}}};
+  static void Apply(const float* h, float lr, const float* g, float* w, float** slots,
+                    int64_t dim, const Clip& clip) {
+    const float epsilon = h[0];
+    const int64_t embedding_dim = static_cast<int64_t>(h[1]);
+    float sum_of_squares = 0.0f;
+    for (int64_t j = 0; j < embedding_dim; ++j) sum_of_squares += g[j] * g[j];
+    float* a = slots[0];
+    a[0] = a[0] + sum_of_squares / static_cast<float>(embedding_dim);
+    const float multiplier = lr / (std::sqrt(a[0]) + epsilon);
+    for (int64_t j = 0; j < dim; ++j) w[j] = clip(w[j] - multiplier * g[j]);
+  }
+};
+
 struct AdagradMomentumOptimizer {
   static constexpr const char* kName = "adagrad_momentum";
   static constexpr const char* kOpName = "AdagradMomentum";
   static constexpr std::array<const char*, 2> kSlots = {"accumulator", "momenta"};
+  static constexpr std::array<SlotShape, 2> kSlotShapes = {SlotShape::kElementWise,
+                                                          SlotShape::kElementWise};
   static constexpr std::array<HyperSpec, 5> kHypers = {{{"use_nesterov", HyperType::kBool},
                                                         {"exponent", HyperType::kFloat},
                                                         {"beta1", HyperType::kFloat},
@@ -81,6 +123,8 @@ struct AdamOptimizer {
   static constexpr const char* kName = "adam";
   static constexpr const char* kOpName = "Adam";
   static constexpr std::array<const char*, 2> kSlots = {"momenta", "velocity"};
+  static constexpr std::array<SlotShape, 2> kSlotShapes = {SlotShape::kElementWise,
+                                                          SlotShape::kElementWise};
   static constexpr std::array<HyperSpec, 4> kHypers = {{{"use_sum_inside_sqrt", HyperType::kBool},
                                                         {"beta1", HyperType::kFloat},
                                                         {"beta2", HyperType::kFloat},
@@ -105,6 +149,8 @@ struct FtrlOptimizer {
   static constexpr const char* kName = "ftrl";
   static constexpr const char* kOpName = "Ftrl";
   static constexpr std::array<const char*, 2> kSlots = {"accumulator", "linear"};
+  static constexpr std::array<SlotShape, 2> kSlotShapes = {SlotShape::kElementWise,
+                                                          SlotShape::kElementWise};
   static constexpr std::array<HyperSpec, 5> kHypers = {
       {{"multiply_linear_by_learning_rate", HyperType::kBool},
        {"beta", HyperType::kFloat},
@@ -145,6 +191,7 @@ template <typename Fn>
 void ForEachOptimizer(Fn&& fn) {
   fn.template operator()<SgdOptimizer>();
   fn.template operator()<AdagradOptimizer>();
+  fn.template operator()<RowWiseAdagradOptimizer>();
   fn.template operator()<AdagradMomentumOptimizer>();
   fn.template operator()<AdamOptimizer>();
   fn.template operator()<FtrlOptimizer>();

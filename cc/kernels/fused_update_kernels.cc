@@ -53,6 +53,16 @@ class FusedUpdateOp : public OpKernel {
         bool value;
         OP_REQUIRES_OK(ctx, ctx->GetAttr(spec.name, &value));
         hypers_[i] = value ? 1.0f : 0.0f;
+      } else if (spec.type == sce::HyperType::kRowWidth) {
+        int64_t value;
+        OP_REQUIRES_OK(ctx, ctx->GetAttr(spec.name, &value));
+        // Checked against the table's width in Compute; exact as a float up to 2^24.
+        OP_REQUIRES(ctx, value >= 1 && value <= (int64_t{1} << 24),
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "table '", attrs_.table_name, "': ", spec.name, " must be in [1, 2^24], got ",
+                        value)));
+        row_width_ = value;
+        hypers_[i] = static_cast<float>(value);
       } else {
         OP_REQUIRES_OK(ctx, ctx->GetAttr(spec.name, &hypers_[i]));
       }
@@ -82,12 +92,20 @@ class FusedUpdateOp : public OpKernel {
                     "table '", attrs_.table_name, "': embedding_table must be a float32 matrix, got ",
                     table.shape().DebugString())));
     for (size_t i = 0; i < kNumSlots; ++i) {
-      OP_REQUIRES(ctx, inputs[i + 1]->shape() == table.shape(),
+      const bool row_wise = Optimizer::kSlotShapes[i] == sce::SlotShape::kRowWise;
+      const TensorShape expected =
+          row_wise ? TensorShape({table.dim_size(0), 1}) : table.shape();
+      OP_REQUIRES(ctx, inputs[i + 1]->shape() == expected,
                   absl::InvalidArgumentError(absl::StrCat(
                       "table '", attrs_.table_name, "': slot '", Optimizer::kSlots[i],
-                      "' has shape ", inputs[i + 1]->shape().DebugString(),
-                      " but the table has shape ", table.shape().DebugString())));
+                      "' has shape ", inputs[i + 1]->shape().DebugString(), " but the table has shape ",
+                      table.shape().DebugString(), row_wise ? ", so this row-wise slot must be " : "",
+                      row_wise ? expected.DebugString() : "")));
     }
+    OP_REQUIRES(ctx, row_width_ <= table.dim_size(1),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "table '", attrs_.table_name, "': embedding_dim ", row_width_,
+                    " exceeds the table's width ", table.dim_size(1))));
     // Every gradient tensor is a matrix of the table's width; their rows add up to the activation
     // rows the CSR refers to (checked against the CSR below).
     std::vector<int64_t> part_rows(num_gradients_);
@@ -207,6 +225,7 @@ class FusedUpdateOp : public OpKernel {
   int learning_rate_input_ = 0, table_input_ = 0, minibatches_input_ = 0;
   sce::NonFiniteGradients non_finite_ = sce::NonFiniteGradients::kError;
   sce::Clip clip_;
+  int64_t row_width_ = 0;  // a kRowWidth hyperparameter's value (0: the optimizer has none)
   std::array<float, Optimizer::kHypers.size() + 1> hypers_{};
 };
 

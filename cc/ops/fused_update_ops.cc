@@ -31,7 +31,9 @@ void AddCommon(register_op::OpDefBuilderWrapper& op, bool resource) {
   for (const char* slot : Optimizer::kSlots) op.Input(std::string(slot) + ": " + table_type);
   op.Input("num_minibatches_per_physical_sparse_core: int32");
   for (const sce::HyperSpec& h : Optimizer::kHypers) {
-    op.Attr(std::string(h.name) + (h.type == sce::HyperType::kBool ? ": bool" : ": float"));
+    op.Attr(std::string(h.name) + (h.type == sce::HyperType::kBool       ? ": bool"
+                                   : h.type == sce::HyperType::kRowWidth ? ": int >= 1"
+                                                                         : ": float"));
   }
   op.Attr("table_name: string")
       .Attr("clip_weight_min: float = -inf")

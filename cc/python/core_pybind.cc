@@ -27,9 +27,16 @@ struct DescribeOptimizers {
     py::list slots;
     for (const char* slot : Optimizer::kSlots) slots.append(slot);
     d["slots"] = slots;
+    py::list row_wise;
+    for (sce::SlotShape shape : Optimizer::kSlotShapes) {
+      row_wise.append(shape == sce::SlotShape::kRowWise);
+    }
+    d["row_wise_slots"] = row_wise;
     py::list hypers;
     for (const sce::HyperSpec& h : Optimizer::kHypers) {
-      hypers.append(py::make_tuple(h.name, h.type == sce::HyperType::kBool ? "bool" : "float"));
+      hypers.append(py::make_tuple(h.name, h.type == sce::HyperType::kBool       ? "bool"
+                                           : h.type == sce::HyperType::kRowWidth ? "row_width"
+                                                                                 : "float"));
     }
     d["hyperparameters"] = hypers;
     out->append(d);

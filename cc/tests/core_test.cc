@@ -1509,6 +1509,11 @@ void TestFusedUpdateIsaVersionsAgree() {
       CheckIsaVersionsAgree<sce::SgdOptimizer>(none, dim, seed);
       CheckIsaVersionsAgree<sce::AdagradOptimizer>(none, dim, seed);
       CheckIsaVersionsAgree<sce::AdamOptimizer>(adam, dim, seed);
+      // Row-wise Adagrad averages over the embedding's columns: all of them, or fewer (padding).
+      const float row_wise[2] = {1e-8f, static_cast<float>(dim)};
+      CheckIsaVersionsAgree<sce::RowWiseAdagradOptimizer>(row_wise, dim, seed);
+      const float row_wise_padded[2] = {1e-8f, static_cast<float>((dim + 1) / 2)};
+      CheckIsaVersionsAgree<sce::RowWiseAdagradOptimizer>(row_wise_padded, dim, seed);
     }
   }
 }
@@ -1624,10 +1629,55 @@ void TestFusedUpdateMatchesStableSortReference() {
           CHECK(FusedUpdateMatchesReference<sce::AdagradOptimizer>(csr, none, dim, seed,
                                                                    bad_rows));
           CHECK(FusedUpdateMatchesReference<sce::AdamOptimizer>(csr, adam, dim, seed, bad_rows));
+          const float row_wise[2] = {1e-8f, static_cast<float>(dim)};
+          CHECK(FusedUpdateMatchesReference<sce::RowWiseAdagradOptimizer>(csr, row_wise, dim,
+                                                                          seed, bad_rows));
         }
       }
     }
   }
+}
+
+void TestRowWiseAdagradFormula() {
+  g_test = "row-wise Adagrad: one accumulator per row grows by the mean squared gradient over "
+           "the embedding columns, and every column moves by lr / (sqrt(acc) + epsilon)";
+  // One shard, one row of width 4 whose embedding is the first 3 columns (the 4th is padding);
+  // two samples reference it with gains 1 and 2.
+  const int64_t dim = 4;
+  std::vector<int32_t> row_pointers = {8}, samples = {0, 1}, tokens = {0, 0};
+  std::vector<float> gains = {1.0f, 2.0f};
+  for (int i = 0; i < 6; ++i) {
+    samples.push_back(sce::kPad);
+    tokens.push_back(sce::kPad);
+    gains.push_back(static_cast<float>(sce::kPad));
+  }
+  for (int i = 0; i < 7; ++i) row_pointers.push_back(8);
+  sce::CsrView view;
+  sce_testing::BindCsrBuffers(row_pointers, samples, tokens, gains, &view);
+  view.num_minibatches = 1;
+  view.num_sc_per_device = 1;
+  view.num_source_replicas = 1;
+  view.input_size = 2;
+  view.table_rows = 2;
+  view.table_name = "t";
+  CHECK_OK(sce::ValidateCsrView(view));
+  const std::vector<float> grads = {0.5f, -1.0f, 2.0f, 0.0f, 0.25f, 0.5f, -1.0f, 0.0f};
+  std::vector<float> table = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f};
+  std::vector<float> accumulator = {0.1f, 0.1f};
+  const float hypers[2] = {1e-3f, 3.0f};
+  const float lr = 0.5f;
+  std::array<float*, 1> slots = {accumulator.data()};
+  sce::FusedUpdate<sce::RowWiseAdagradOptimizer>(
+      view, sce::GradientRows::InCsrOrder(view, grads.data(), dim), dim, lr, hypers, sce::Clip(),
+      table.data(), slots, sce::RunSerially);
+  // Summed gradient: g = 1 * grads[0] + 2 * grads[1] = {1, 0, 0, 0}; mean over 3 columns: 1/3.
+  const double acc = 0.1 + (1.0 * 1.0) / 3.0;
+  const double multiplier = 0.5 / (std::sqrt(acc) + 1e-3);
+  CHECK(std::fabs(accumulator[0] - acc) < 1e-6);
+  CHECK(accumulator[1] == 0.1f);  // untouched row
+  CHECK(std::fabs(table[0] - (1.0 - multiplier)) < 1e-6);
+  CHECK(table[1] == 2.0f && table[2] == 3.0f && table[3] == 4.0f);
+  for (int i = 4; i < 8; ++i) CHECK(table[i] == static_cast<float>(i + 1));
 }
 
 void TestHugePageAdvice() {
@@ -2691,7 +2741,7 @@ int main() {
       TestCheckedMath, TestCsrViewBounds, TestCsrViewIds, TestNonFiniteGradients, TestPreprocessingBounds,
       TestRequireFiniteFeatureGradients, TestRaisePartitionLimits,
       TestShardContributionsAreMergedStably, TestFusedUpdateIsaVersionsAgree,
-      TestFusedUpdateMatchesStableSortReference, TestFusedUpdateRowSumBlocks,
+      TestFusedUpdateMatchesStableSortReference, TestRowWiseAdagradFormula, TestFusedUpdateRowSumBlocks,
       TestHugePageAdvice, TestStableSortByKey,
       TestStableSortWords, TestAdjacentMerge,
       TestFeatureMajorActivations, TestLookupOverwritesActivations, TestLookupIsaVersionsAgree, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,

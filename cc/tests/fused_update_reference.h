@@ -106,9 +106,11 @@ struct TableAndSlots {
   std::vector<float> table;
   std::vector<std::vector<float>> slots;
   std::array<float*, Optimizer::kSlots.size()> slot_pointers;
-  TableAndSlots(int64_t rows, int64_t dim)
-      : table(rows * dim), slots(Optimizer::kSlots.size(), std::vector<float>(rows * dim, 0.1f)) {
+  TableAndSlots(int64_t rows, int64_t dim) : table(rows * dim) {
     for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.11f * i);
+    for (size_t k = 0; k < slot_pointers.size(); ++k) {
+      slots.emplace_back(rows * sce::SlotRowWidth(Optimizer::kSlotShapes[k], dim), 0.1f);
+    }
     for (size_t k = 0; k < slot_pointers.size(); ++k) slot_pointers[k] = slots[k].data();
   }
   TableAndSlots(const TableAndSlots&) = delete;
@@ -163,11 +165,13 @@ int64_t ReferenceFusedUpdate(const sce::CsrView& view, const float* grads, int64
         ++skipped;
         continue;
       }
-      const int64_t row = (p * view.rows_per_shard() + token) * dim;
+      const int64_t row = p * view.rows_per_shard() + token;
       std::vector<float*> slot_rows;
-      for (float* slot : slots) slot_rows.push_back(slot + row);
+      for (size_t k = 0; k < slots.size(); ++k) {
+        slot_rows.push_back(slots[k] + row * sce::SlotRowWidth(Optimizer::kSlotShapes[k], dim));
+      }
       slot_rows.push_back(nullptr);
-      Optimizer::Apply(hypers, lr, sum.data(), table + row, slot_rows.data(), dim, clip);
+      Optimizer::Apply(hypers, lr, sum.data(), table + row * dim, slot_rows.data(), dim, clip);
     }
   }
   return skipped;

@@ -63,6 +63,8 @@ FEATURES = (("a1", "big"), ("a2", "big"), ("b", "small"), ("c", "wide"))
 OPTIMIZERS = {
     "sgd": (E.SGD, dict(learning_rate=0.1)),
     "adagrad": (E.Adagrad, dict(learning_rate=0.1, initial_accumulator_value=0.2)),
+    "row_wise_adagrad": (sce.RowWiseAdagrad, dict(learning_rate=0.1, initial_accumulator_value=0.2,
+                                                  epsilon=1e-3)),
     "adagrad_momentum": (E.AdagradMomentum, dict(learning_rate=0.05, momentum=0.9,
                                                  use_nesterov=True, exponent=3.0, beta2=0.95,
                                                  epsilon=0.02)),
@@ -323,6 +325,10 @@ def tf_optimizer_step(definition, g, w, slots, lr):
         (a,) = slots
         a = a + g * g
         new_w, new_slots = w - lr * g / tf.sqrt(a), [a]
+    elif name == "row_wise_adagrad":
+        (a,) = slots
+        a = a + tf.reduce_mean(g * g, axis=1, keepdims=True)
+        new_w, new_slots = w - lr / (tf.sqrt(a) + hp["epsilon"]) * g, [a]
     elif name == "adagrad_momentum":
         a, m = slots
         beta1, beta2 = tf.constant(hp["beta1"], tf.float32), tf.constant(hp["beta2"], tf.float32)

@@ -52,6 +52,10 @@ def optimizer_definition(config):
     if kind == "Adagrad":
         return OptimizerDefinition("adagrad", ("accumulators",),
                                    (config.initial_accumulator_value,), {}, clip_min, clip_max)
+    if kind == "RowWiseAdagrad":
+        return OptimizerDefinition("row_wise_adagrad", ("accumulators",),
+                                   (config.initial_accumulator_value,),
+                                   dict(epsilon=config.epsilon), clip_min, clip_max)
     if kind == "AdagradMomentum":
         return OptimizerDefinition(
             "adagrad_momentum", ("accumulators", "momenta"), (0.0, 0.0),
@@ -76,8 +80,11 @@ def optimizer_definition(config):
 
 
 def initial_slots(config, shape):
-    """{slot name: initial logical slot} of an optimizer config (docs/optimizers.md#slots)."""
+    """{slot name: initial logical slot} of an optimizer config (docs/optimizers.md#slots).
+    Row-wise Adagrad's one slot holds one value per row: [vocabulary_size, 1]."""
     definition = optimizer_definition(config)
+    if definition.name == "row_wise_adagrad":
+        shape = (shape[0], 1)
     return {name: np.full(shape, value, np.float32)
             for name, value in zip(definition.slot_names, definition.slot_initial_values)}
 

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tf_sc_embedding import optimizers
 from tf_sc_embedding.ops import OPTIMIZERS
+from tf_sc_embedding.row_wise_adagrad import RowWiseAdagrad
 
 E = tf.tpu.experimental.embedding
 
@@ -19,9 +20,10 @@ def test_every_tensorflow_slot_feeds_the_op_input_of_the_same_role():
         E.AdagradMomentum: {"accumulators": "accumulator", "momenta": "momenta"},
         E.Adam: {"momenta": "momenta", "velocities": "velocity"},
         E.FTRL: {"accumulators": "accumulator", "linears": "linear"},
+        RowWiseAdagrad: {"accumulators": "accumulator"},
     }
     for cls, slots in expected.items():
-        fused = optimizers.fused_optimizer(cls(learning_rate=0.1), "test")
+        fused = optimizers.fused_optimizer(cls(learning_rate=0.1), "test", 8)
         assert dict(zip(fused.slot_names, fused.slot_inputs)) == slots, cls.__name__
         assert fused.slot_inputs == OPTIMIZERS[fused.definition_name].slots
 
@@ -61,7 +63,7 @@ def test_import_time_check_fails_when_the_op_slots_do_not_match():
 def test_a_reordered_tensorflow_slot_list_is_matched_by_name(monkeypatch):
     monkeypatch.setitem(optimizers._BINDINGS, _ReorderedAdam, optimizers._BINDINGS[E.Adam])
     config = _ReorderedAdam(learning_rate=0.1, beta_1=0.5)
-    fused = optimizers.fused_optimizer(config, "test")
+    fused = optimizers.fused_optimizer(config, "test", 8)
     assert fused.slot_names == ("momenta", "velocities")
     assert fused.slot_inputs == ("momenta", "velocity")
     assert [i.get_config()["value"] for i in fused.slot_initializers] == [1.0, 2.0]
@@ -70,4 +72,16 @@ def test_a_reordered_tensorflow_slot_list_is_matched_by_name(monkeypatch):
 def test_a_config_with_renamed_slots_is_rejected_naming_them(monkeypatch):
     monkeypatch.setitem(optimizers._BINDINGS, _RenamedAdam, optimizers._BINDINGS[E.Adam])
     with pytest.raises(ValueError, match="table 't'.*second_moments"):
-        optimizers.fused_optimizer(_RenamedAdam(learning_rate=0.1), "table 't'")
+        optimizers.fused_optimizer(_RenamedAdam(learning_rate=0.1), "table 't'", 8)
+
+
+def test_slot_widths_come_from_the_op_library():
+    """Row-wise Adagrad's accumulator is one float per row; every other slot is as wide as the
+    table (the op library's SlotShape, read through ops.OPTIMIZERS)."""
+    row_wise = optimizers.fused_optimizer(RowWiseAdagrad(learning_rate=0.1), "t", 24)
+    assert row_wise.slot_width("accumulators", 24) == 1
+    assert row_wise.hyperparameters == {"epsilon": 1e-8, "embedding_dim": 24}
+    adagrad = optimizers.fused_optimizer(E.Adagrad(learning_rate=0.1), "t", 24)
+    assert adagrad.slot_width("accumulators", 24) == 24
+    assert OPTIMIZERS["row_wise_adagrad"].row_wise_slots == (True,)
+    assert not any(any(d.row_wise_slots) for n, d in OPTIMIZERS.items() if n != "row_wise_adagrad")

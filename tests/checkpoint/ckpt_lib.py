@@ -32,6 +32,8 @@ def make_optimizer(name="adagrad"):
         return E.FTRL(learning_rate=0.1)
     if name == "sgd":
         return E.SGD(learning_rate=0.1)
+    if name == "row_wise_adagrad":
+        return sce.RowWiseAdagrad(learning_rate=0.1, initial_accumulator_value=0.1)
     raise ValueError(name)
 
 

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import keras
 
+import tf_sc_embedding as sce
 from tf_sc_embedding import keras_config
 from tf_sc_embedding.keras_layer import EmbeddingLayer
 
@@ -38,8 +39,11 @@ def data(seed, kind):
     return tf.data.Dataset.from_tensor_slices((ids, labels)).batch(B, drop_remainder=True)
 
 
-def make_model(kind):
-    layer = EmbeddingLayer(feature_config(), optimizer=E.Adagrad(0.2), batch_size=B,
+def make_model(kind, optimizer="adagrad"):
+    """Table "b" trains with the layer's optimizer: Adagrad, or row-wise Adagrad."""
+    default = (E.Adagrad(0.2) if optimizer == "adagrad" else
+               sce.RowWiseAdagrad(0.2, initial_accumulator_value=0.05, epsilon=1e-6))
+    layer = EmbeddingLayer(feature_config(), optimizer=default, batch_size=B,
                            sparse_core_embedding_config=E.SparseCoreEmbeddingConfig(
                                disable_table_stacking=True), name="emb")
     if kind == "dense":
@@ -54,10 +58,11 @@ def make_model(kind):
     return model
 
 
-@pytest.mark.parametrize("kind", ["ragged", "dense"])
-def test_save_load_keras_identical_outputs_and_training(tmp_path, kind):
+@pytest.mark.parametrize("kind,optimizer", [("ragged", "adagrad"), ("dense", "adagrad"),
+                                            ("ragged", "row_wise_adagrad")])
+def test_save_load_keras_identical_outputs_and_training(tmp_path, kind, optimizer):
     ds = data(1, kind)
-    model = make_model(kind)
+    model = make_model(kind, optimizer)
     model.fit(ds, epochs=2, verbose=0)
     path = str(tmp_path / "m.keras")
     model.save(path)
@@ -85,7 +90,9 @@ def test_config_round_trip_of_every_optimizer():
                       E.AdagradMomentum(0.1, momentum=0.8, use_nesterov=True, beta2=0.9),
                       E.Adam(0.01, beta_1=0.8, lazy_adam=False, sum_inside_sqrt=False),
                       E.FTRL(0.1, learning_rate_power=-0.6, l1_regularization_strength=0.01,
-                             beta=0.2)):
+                             beta=0.2),
+                      sce.RowWiseAdagrad(0.05, initial_accumulator_value=0.0, epsilon=1e-6,
+                                         clip_weight_max=3.0)):
         again = keras_config.deserialize_optimizer(keras_config.serialize_optimizer(optimizer))
         assert type(again) is type(optimizer)
         assert vars(again) == vars(optimizer)

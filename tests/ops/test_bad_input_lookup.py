@@ -23,7 +23,7 @@ HYPER_DEFAULTS = {
     "use_nesterov": False, "exponent": 2.0, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-7,
     "use_sum_inside_sqrt": True, "multiply_linear_by_learning_rate": False, "beta": 0.0,
     "learning_rate_power": -0.5, "l1_regularization_strength": 0.0,
-    "l2_regularization_strength": 0.0,
+    "l2_regularization_strength": 0.0, "embedding_dim": DIM,
 }
 
 
@@ -43,8 +43,20 @@ def _valid_inputs():
     )
 
 
+def _slot_shape(definition, name, table_shape):
+    """A slot's valid shape: the table's, or [rows, 1] for a row-wise slot (a table that is not
+    a matrix, itself a bad input, gets slots of its own shape)."""
+    if len(table_shape) != 2:
+        return table_shape
+    return (table_shape[0], definition.slot_width(name, table_shape[1]))
+
+
 def _slot_value(name, shape):
     return np.full(shape, 0.5 if name in ("accumulator", "velocity") else 0.25, np.float32)
+
+
+def _slots(definition, table_shape):
+    return [_slot_value(s, _slot_shape(definition, s, table_shape)) for s in definition.slots]
 
 
 # Mutations: name -> function(inputs dict) modifying it in place. `kinds` says which ops see the
@@ -190,7 +202,7 @@ def test_valid_inputs_pass():
     _forward(d, d["table"])
     _forward(d, tf.Variable(d["table"]))
     for name, definition in ops.OPTIMIZERS.items():
-        slots = [_slot_value(s, d["table"].shape) for s in definition.slots]
+        slots = _slots(definition, d["table"].shape)
         _update(name, d, d["table"], slots)
         variables = [tf.Variable(x) for x in [d["table"]] + slots]
         _update(name, d, variables[0], variables[1:])
@@ -218,7 +230,7 @@ def test_update_rejects_and_leaves_variables_unchanged(optimizer, mutation):
     d = _valid_inputs()
     {**BAD_CSR, **BAD_UPDATE_ONLY}[mutation](d)
     definition = ops.OPTIMIZERS[optimizer]
-    slots = [_slot_value(s, d["table"].shape) for s in definition.slots]
+    slots = _slots(definition, d["table"].shape)
     with pytest.raises(tf.errors.InvalidArgumentError) as error:
         _update(optimizer, d, d["table"], slots)
     _assert_names_table(error)
@@ -236,12 +248,14 @@ def test_update_rejects_and_leaves_variables_unchanged(optimizer, mutation):
 def test_slot_shape_mismatch(optimizer, which):
     d = _valid_inputs()
     definition = ops.OPTIMIZERS[optimizer]
-    shape = d["table"].shape
-    bad_shape = {"rows": (shape[0] + 2, shape[1]), "cols": (shape[0], shape[1] + 1),
-                 "rank": (shape[0] * shape[1],)}[which]
     for bad_index in range(len(definition.slots)):
-        slots = [_slot_value(s, bad_shape if i == bad_index else shape)
-                 for i, s in enumerate(definition.slots)]
+        slots = []
+        for i, name in enumerate(definition.slots):
+            shape = _slot_shape(definition, name, d["table"].shape)
+            if i == bad_index:
+                shape = {"rows": (shape[0] + 2, shape[1]), "cols": (shape[0], shape[1] + 1),
+                         "rank": (shape[0] * shape[1],)}[which]
+            slots.append(_slot_value(name, shape))
         with pytest.raises(tf.errors.InvalidArgumentError) as error:
             _update(optimizer, d, d["table"], slots)
         _assert_names_table(error)
@@ -265,7 +279,7 @@ def test_mixing_variables_and_tensors_is_a_type_error():
 def test_failing_step_after_good_step_keeps_good_state():
     """A valid step changes the variables; a following invalid one changes nothing more."""
     d = _valid_inputs()
-    slots = [_slot_value(s, d["table"].shape) for s in ops.OPTIMIZERS["adam"].slots]
+    slots = _slots(ops.OPTIMIZERS["adam"], d["table"].shape)
     variables = [tf.Variable(x) for x in [d["table"]] + slots]
     _update("adam", d, variables[0], variables[1:])
     after_good = [v.numpy().copy() for v in variables]
@@ -286,7 +300,7 @@ def test_failing_step_after_good_step_keeps_good_state():
 def test_in_place_update_is_copy_on_write(optimizer, hold):
     d = _valid_inputs()
     definition = ops.OPTIMIZERS[optimizer]
-    slots = [_slot_value(s, d["table"].shape) for s in definition.slots]
+    slots = _slots(definition, d["table"].shape)
     variables = [tf.Variable(x) for x in [d["table"]] + slots]
     holders = {"read_value": lambda v: v.read_value(), "identity": tf.identity,
                "convert": tf.convert_to_tensor}

@@ -21,7 +21,7 @@ HYPER_DEFAULTS = {
     "use_nesterov": False, "exponent": 2.0, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-7,
     "use_sum_inside_sqrt": True, "multiply_linear_by_learning_rate": False, "beta": 0.0,
     "learning_rate_power": -0.5, "l1_regularization_strength": 0.0,
-    "l2_regularization_strength": 0.0,
+    "l2_regularization_strength": 0.0, "embedding_dim": DIM,
 }
 # (source SC, minibatch, shard) -> [(sample, token, gain)]. Activation row = sc * B_SC + sample.
 SEGMENTS = {(0, 0, 0): [(0, 1, 1.0), (1, 1, 0.5)], (0, 0, 1): [(1, 3, 2.0)],
@@ -44,8 +44,11 @@ def _inputs(seed=0):
 
 
 def _slots(name, shape):
-    return [np.full(shape, 0.5 if s in ("accumulator", "velocity") else 0.25, np.float32)
-            for s in ops.OPTIMIZERS[name].slots]
+    """Initial slots of a table of `shape` (a row-wise slot has one column)."""
+    definition = ops.OPTIMIZERS[name]
+    return [np.full((shape[0], definition.slot_width(s, shape[1])),
+                    0.5 if s in ("accumulator", "velocity") else 0.25, np.float32)
+            for s in definition.slots]
 
 
 def _update(name, d, table, slots, grads=None, gains=None, **kwargs):

@@ -165,11 +165,13 @@ def _slot_init(name, rng, shape):
 
 
 @st.composite
-def optimizer_settings(draw, definition):
+def optimizer_settings(draw, definition, dim):
     hypers = {}
     for name, kind in definition.hyperparameters:
         if kind == "bool":
             hypers[name] = draw(st.booleans())
+        elif kind == "row_width":   # the embedding's columns: all of the row, or fewer (padding)
+            hypers[name] = draw(st.integers(1, dim))
         else:
             assert name in FLOAT_HYPER_STRATEGIES, f"no test range for hyperparameter {name}"
             hypers[name] = draw(FLOAT_HYPER_STRATEGIES[name])
@@ -196,7 +198,8 @@ def _check_update(name, case, opt):
     hypers, lr, clip = opt
     rng = case["rng"]
     table = _table(case)
-    slots = [_slot_init(s, rng, table.shape) for s in definition.slots]
+    slots = [_slot_init(s, rng, (table.shape[0], definition.slot_width(s, table.shape[1])))
+             for s in definition.slots]
     grads = rng.normal(size=(case["input_size"], case["dim"])).astype(np.float32)
     originals = [table.copy()] + [s.copy() for s in slots]
     clip_min, clip_max = clip if clip is not None else (-math.inf, math.inf)
@@ -253,22 +256,24 @@ def _update_test(name, examples):
     definition = ops.OPTIMIZERS[name]
 
     @settings(max_examples=examples, **SETTINGS)
-    @given(case=csr_cases(), opt=optimizer_settings(definition))
-    def test(case, opt):
-        _check_update(name, case, opt)
+    @given(data=st.data())
+    def test(data):
+        case = data.draw(csr_cases())
+        _check_update(name, case, data.draw(optimizer_settings(definition, case["dim"])))
 
     return test
 
 
 test_sgd_matches_reference = _update_test("sgd", 300)
 test_adagrad_matches_reference = _update_test("adagrad", 300)
+test_row_wise_adagrad_matches_reference = _update_test("row_wise_adagrad", 300)
 test_adagrad_momentum_matches_reference = _update_test("adagrad_momentum", 300)
 test_adam_matches_reference = _update_test("adam", 300)
 test_ftrl_matches_reference = _update_test("ftrl", 300)
 
 
 def test_every_optimizer_is_covered():
-    covered = {"sgd", "adagrad", "adagrad_momentum", "adam", "ftrl"}
+    covered = {"sgd", "adagrad", "row_wise_adagrad", "adagrad_momentum", "adam", "ftrl"}
     assert set(ops.OPTIMIZERS) == covered
     for name, definition in ops.OPTIMIZERS.items():
         assert set(definition.slots) <= {"accumulator", "momenta", "velocity", "linear"}, name

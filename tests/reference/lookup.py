@@ -213,6 +213,22 @@ def adagrad_step(g, w, slots, lr, hp, clip_min, clip_max):
     return w_new, [a_new]
 
 
+def row_wise_adagrad_step(g, w, slots, lr, hp, clip_min, clip_max):
+    """FBGEMM's exact row-wise Adagrad: one accumulator per row (slot row of shape [1]), grown by
+    the mean squared gradient over the first `embedding_dim` columns (the row's embedding; the
+    rest is padding), summed in column order in float32."""
+    (a,) = slots
+    lr = f32(lr)
+    dim = int(hp.get("embedding_dim") or g.shape[0])
+    sum_of_squares = f32(0.0)
+    for x in np.asarray(g, np.float32)[:dim]:
+        sum_of_squares = f32(sum_of_squares + f32(x * x))
+    a_new = (a + sum_of_squares / f32(dim)).astype(np.float32)
+    multiplier = lr / (np.sqrt(a_new) + f32(hp["epsilon"]))
+    w_new = clip(w - multiplier * g, clip_min, clip_max)
+    return w_new, [a_new]
+
+
 def adagrad_momentum_step(g, w, slots, lr, hp, clip_min, clip_max):
     a, m = slots
     lr = f32(lr)
@@ -277,6 +293,7 @@ def ftrl_step(g, w, slots, lr, hp, clip_min, clip_max):
 OPTIMIZER_STEPS = {
     "sgd": sgd_step,
     "adagrad": adagrad_step,
+    "row_wise_adagrad": row_wise_adagrad_step,
     "adagrad_momentum": adagrad_momentum_step,
     "adam": adam_step,
     "ftrl": ftrl_step,

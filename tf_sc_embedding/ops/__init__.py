@@ -21,6 +21,7 @@ from tf_sc_embedding.ops.fused_update import (
     xla_sparse_dense_matmul_grad_with_adagrad_momentum_and_csr_input,
     xla_sparse_dense_matmul_grad_with_adam_and_csr_input,
     xla_sparse_dense_matmul_grad_with_ftrl_and_csr_input,
+    xla_sparse_dense_matmul_grad_with_row_wise_adagrad_and_csr_input,
     xla_sparse_dense_matmul_grad_with_sgd_and_csr_input,
 )
 
@@ -39,4 +40,5 @@ __all__ = [
     "xla_sparse_dense_matmul_grad_with_adagrad_momentum_and_csr_input",
     "xla_sparse_dense_matmul_grad_with_adam_and_csr_input",
     "xla_sparse_dense_matmul_grad_with_ftrl_and_csr_input",
+    "xla_sparse_dense_matmul_grad_with_row_wise_adagrad_and_csr_input",
 ]

@@ -7,6 +7,9 @@ learning_rate, embedding_table, *slots, num_minibatches_per_physical_sparse_core
 *hyperparameters, table_name, clip_weight_min, clip_weight_max, num_sparsecores_per_device).
 
 Given tensors, a function returns the updated table and slots (TensorFlow's functional form).
+Slots have the table's shape, except row-wise ones (`OptimizerDefinition.row_wise_slots`, e.g.
+row-wise Adagrad's accumulator), which are [table rows, 1]. Row-wise Adagrad, which TensorFlow does
+not have, also takes `embedding_dim`: how many leading columns of a (padded) row are the embedding.
 Given resource variables, it updates only the touched rows of the variables in place and returns
 None eagerly (the op in graph mode): the cost of a step does not grow with the vocabulary.
 
@@ -59,16 +62,24 @@ class OptimizerDefinition:
     name: str                   # e.g. "adagrad_momentum"
     op_name: str                # e.g. "AdagradMomentum"
     slots: tuple                # op argument names of the slot variables, in order
-    hyperparameters: tuple      # ((attr name, "float" | "bool"), ...)
+    hyperparameters: tuple      # ((attr name, "float" | "bool" | "row_width"), ...); a
+                                # "row_width" is an int: the embedding's columns in a padded row
+    row_wise_slots: tuple = ()  # per slot: True if it holds one float per table row
 
     @property
     def python_op_suffix(self):
         return re.sub(r"(?<!^)(?=[A-Z])", "_", self.op_name).lower()
 
+    def slot_width(self, slot, width):
+        """Columns of a slot of a table `width` columns wide: `width`, or 1 for a row-wise slot
+        (the one rule, SlotRowWidth in cc/core/optimizers.h, read through its slot shapes)."""
+        return 1 if self.row_wise_slots[self.slots.index(slot)] else width
+
 
 OPTIMIZERS = {
     d["name"]: OptimizerDefinition(d["name"], d["op_name"], tuple(d["slots"]),
-                                   tuple(tuple(h) for h in d["hyperparameters"]))
+                                   tuple(tuple(h) for h in d["hyperparameters"]),
+                                   tuple(bool(r) for r in d["row_wise_slots"]))
     for d in _core.optimizer_definitions()
 }
 
@@ -153,6 +164,7 @@ def _make_op_function(definition):
 _FUNCTIONS = {d.name: _make_op_function(d) for d in OPTIMIZERS.values()}
 xla_sparse_dense_matmul_grad_with_sgd_and_csr_input = _FUNCTIONS["sgd"]
 xla_sparse_dense_matmul_grad_with_adagrad_and_csr_input = _FUNCTIONS["adagrad"]
+xla_sparse_dense_matmul_grad_with_row_wise_adagrad_and_csr_input = _FUNCTIONS["row_wise_adagrad"]
 xla_sparse_dense_matmul_grad_with_adagrad_momentum_and_csr_input = _FUNCTIONS["adagrad_momentum"]
 xla_sparse_dense_matmul_grad_with_adam_and_csr_input = _FUNCTIONS["adam"]
 xla_sparse_dense_matmul_grad_with_ftrl_and_csr_input = _FUNCTIONS["ftrl"]
