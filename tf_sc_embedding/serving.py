@@ -17,12 +17,17 @@ characters replaced by ``_``:
 The loaded object also has ``lookup(features)`` and ``lookup_weighted(features, weights)`` taking
 the feature structure of the `FeatureConfig`s with a `tf.RaggedTensor` ([batch, None] int64) per
 feature, and ``tables``, a dict of the logical table variables.
+
+With ``quantize="int8"`` each table is stored as int8 codes with a float32 scale and offset per row
+and dequantized in the lookup (serving_rows.py has the rule and its error bound); ``tables`` then
+maps each table name to an object with the variables ``codes``, ``scales`` and ``offsets``.
 """
 import re
 
 import tensorflow as tf
 
 from tf_sc_embedding import private_tf
+from tf_sc_embedding.serving_rows import Float32Rows, stored_rows
 
 
 def _flat_name(path):
@@ -30,7 +35,8 @@ def _flat_name(path):
 
 
 def combine(table, ids, row_splits, weights, combiner):
-    """Stock-op lookup of a ragged batch: [batch, dim] activations with a combiner."""
+    """Stock-op lookup of a ragged batch: [batch, dim] activations with a combiner. `table` is a
+    tensor or variable of rows, or an object whose `gather(ids)` reads them (serving_rows.py)."""
     ids = tf.cast(ids, tf.int64)
     row_splits = tf.cast(row_splits, tf.int64)
     num_rows = tf.shape(row_splits, out_type=tf.int64)[0] - 1
@@ -38,7 +44,7 @@ def combine(table, ids, row_splits, weights, combiner):
     if weights is None:
         weights = tf.ones(tf.shape(ids), tf.float32)
     weights = tf.cast(weights, tf.float32)
-    rows = tf.gather(table, ids)
+    rows = table.gather(ids) if hasattr(table, "gather") else tf.gather(table, ids)
     summed = tf.math.unsorted_segment_sum(rows * weights[:, None], segments, num_rows)
     if combiner == "sum":
         return summed
@@ -52,11 +58,13 @@ def combine(table, ids, row_splits, weights, combiner):
 class ServingModule(tf.Module):
     """Logical tables as plain variables and stock-op lookup functions (see the module doc)."""
 
-    def __init__(self, logical_tables, feature_config, table_names):
+    def __init__(self, logical_tables, feature_config, table_names, quantize=None):
         super().__init__(name="embedding_serving")
         # Plain variables, not mirrored by a tf.distribute scope the caller may be in.
-        self.tables = {name: private_tf.plain_variable(value, name=name)
-                       for name, value in logical_tables.items()}
+        self._rows = {name: stored_rows(value, name, quantize)
+                      for name, value in logical_tables.items()}
+        self.tables = {name: rows.values if isinstance(rows, Float32Rows) else rows
+                       for name, rows in self._rows.items()}
         self._feature_config = feature_config
         flat = private_tf.flatten_with_joined_string_paths(feature_config)
         self._features = [(path, table_names[id(feature.table)], feature.table.combiner)
@@ -86,7 +94,7 @@ class ServingModule(tf.Module):
     def _lookup_flat(self, flat_ids, flat_weights):
         out = []
         for (_, table, combiner), ids, weights in zip(self._features, flat_ids, flat_weights):
-            out.append(combine(self.tables[table], ids.values, ids.row_splits,
+            out.append(combine(self._rows[table], ids.values, ids.row_splits,
                                None if weights is None else weights.values, combiner))
         return tf.nest.pack_sequence_as(self._feature_config, out)
 
@@ -101,23 +109,26 @@ class ServingModule(tf.Module):
         out = {}
         for path, table, combiner in self._features:
             n = _flat_name(path)
-            out[n] = combine(self.tables[table], inputs[f"{n}_ids"], inputs[f"{n}_row_splits"],
+            out[n] = combine(self._rows[table], inputs[f"{n}_ids"], inputs[f"{n}_row_splits"],
                              inputs.get(f"{n}_weights"), combiner)
         return out
 
 
-def serving_module(embedding):
-    """A `ServingModule` holding a copy of the embedding's current logical tables."""
+def serving_module(embedding, quantize=None):
+    """A `ServingModule` holding a copy of the embedding's current logical tables (quantized
+    with `quantize`: None or "int8")."""
     storage = embedding.storage
     names = {id(storage.placement(name).config): name for name in storage.table_names}
     with tf.init_scope():
-        return ServingModule(embedding.logical_tables(as_numpy=False),
-                             embedding.feature_config, names)
+        return ServingModule(embedding.logical_tables(as_numpy=quantize is not None),
+                             embedding.feature_config, names, quantize)
 
 
-def export_serving(embedding, export_dir):
-    """Writes the serving SavedModel to export_dir; returns the `ServingModule` it saved."""
-    module = serving_module(embedding)
+def export_serving(embedding, export_dir, quantize=None):
+    """Writes the serving SavedModel to export_dir; returns the `ServingModule` it saved.
+
+    quantize: None (float32 tables) or "int8" (int8 rows with a per-row scale and offset)."""
+    module = serving_module(embedding, quantize)
     tf.saved_model.save(module, export_dir, signatures={
         "serving_default": module.serving_default.get_concrete_function(),
         "serving_weighted": module.serving_weighted.get_concrete_function()})

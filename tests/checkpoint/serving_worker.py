@@ -37,7 +37,12 @@ def main(export_dir, inputs_path, out_path):
     for k, v in loaded.lookup_weighted(ragged, weights).items():
         out[f"function/{k}"] = v.numpy()
     for name, table in loaded.tables.items():
-        out[f"table/{name}"] = table.numpy()
+        if hasattr(table, "codes"):   # an int8 export: the rows as its lookup reads them
+            out[f"table/{name}"] = (table.codes.numpy().astype(np.float32) *
+                                    table.scales.numpy() + table.offsets.numpy())
+            out[f"codes/{name}"] = table.codes.numpy()
+        else:
+            out[f"table/{name}"] = table.numpy()
     assert "tf_sc_embedding" not in sys.modules, "tf_sc_embedding was imported"
     out["op_types"] = np.array(sorted(op_types))
     np.savez(out_path, **out)

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.checkpoint import ckpt_lib
@@ -13,9 +14,10 @@ from tf_sc_embedding import serving
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def test_serving_export_matches_training_activations_without_the_op_library(tmp_path):
+@pytest.mark.parametrize("optimizer", ["adagrad", "row_wise_adagrad"])
+def test_serving_export_matches_training_activations_without_the_op_library(tmp_path, optimizer):
     require_replicas(2)
-    strategy, embedding = ckpt_lib.make_embedding(2, True)
+    strategy, embedding = ckpt_lib.make_embedding(2, True, optimizer)
     trainer = ckpt_lib.Trainer(strategy, embedding)
     trainer.run(range(3))
     export_dir = str(tmp_path / "serving")
@@ -72,3 +74,57 @@ def test_unweighted_training_activations_match_serving_module():
     for feature in ckpt_lib.FEATURES:
         np.testing.assert_allclose(got[feature].numpy(), activations[feature].numpy(),
                                    rtol=1e-5, atol=1e-6)
+
+
+def _serve_without_the_library(tmp_path, export_dir, inputs):
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    out_path = str(tmp_path / "out.npz")
+    code = ("import sys, runpy; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    subprocess.run([sys.executable, "-c", code, os.path.join(HERE, "serving_worker.py"),
+                    export_dir, str(tmp_path / "inputs.npz"), out_path], check=True, timeout=300,
+                   cwd=str(tmp_path), env={k: v for k, v in os.environ.items()
+                                           if k != "PYTHONPATH"})
+    with np.load(out_path) as f:
+        return {k: f[k] for k in f.files}
+
+
+def test_int8_export_is_within_half_a_step_per_row_and_a_third_of_the_size(tmp_path):
+    strategy, embedding = ckpt_lib.make_embedding(1, True)
+    ckpt_lib.Trainer(strategy, embedding).run(range(2))
+    float_dir, int8_dir = str(tmp_path / "float32"), str(tmp_path / "int8")
+    embedding.export_serving(float_dir)
+    embedding.export_serving(int8_dir, quantize="int8")
+    ids, weights = ckpt_lib.global_batch(7)
+    inputs = {}
+    for feature in ckpt_lib.FEATURES:
+        inputs[f"{feature}_ids"] = ids[feature].values.numpy()
+        inputs[f"{feature}_row_splits"] = ids[feature].row_splits.numpy()
+        inputs[f"{feature}_weights"] = weights[feature].values.numpy()
+    out = _serve_without_the_library(tmp_path, int8_dir, inputs)
+    assert not {op for op in out["op_types"].tolist() if op.startswith("Sce")}
+    trained = embedding.logical_tables()
+    for feature, table in ckpt_lib.FEATURES.items():
+        assert out[f"codes/{table}"].dtype == np.int8
+        values, served = trained[table], out[f"table/{table}"]
+        half_step = (values.max(axis=1, keepdims=True) - values.min(axis=1, keepdims=True)) / 510
+        assert np.all(np.abs(served - values) <= half_step * (1 + 1e-4) + 1e-7), table
+        assert np.any(served != values)
+        # The lookup reads exactly the dequantized rows.
+        expected = serving.combine(tf.constant(served), inputs[f"{feature}_ids"],
+                                   inputs[f"{feature}_row_splits"],
+                                   inputs[f"{feature}_weights"], ckpt_lib.COMBINER[table])
+        np.testing.assert_allclose(out[f"weighted/{feature}"], expected.numpy(), rtol=1e-6,
+                                   atol=1e-7)
+
+    def variables_bytes(path):
+        return sum(os.path.getsize(os.path.join(root, name))
+                   for root, _, names in os.walk(os.path.join(path, "variables")) for name in names)
+    # dims 10, 4 and 6 here: (dim + 8) / (4 dim) of the float32 bytes, plus file overhead.
+    assert variables_bytes(int8_dir) < 0.6 * variables_bytes(float_dir)
+
+
+def test_int8_export_rejects_an_unknown_quantization_naming_the_table(tmp_path):
+    _, embedding = ckpt_lib.make_embedding(1, True)
+    with pytest.raises(ValueError, match=r"table '\w+': quantize must be one of"):
+        embedding.export_serving(str(tmp_path / "x"), quantize="int4")

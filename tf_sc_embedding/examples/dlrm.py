@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 E = None  # tf.tpu.experimental.embedding, set by _import_tf()
 
-TABLE_OPTIMIZERS = ("adagrad", "sgd", "adam", "ftrl")
+TABLE_OPTIMIZERS = ("adagrad", "row_wise_adagrad", "sgd", "adam", "ftrl")
 DENSE_OPTIMIZERS = ("adam", "adagrad", "sgd")
 
 
@@ -59,8 +59,8 @@ def parse_args(argv=None):
     parser.add_argument("--optimizer", choices=TABLE_OPTIMIZERS, default="adagrad",
                         help="fused per-table optimizer of the embedding tables")
     parser.add_argument("--learning-rate", type=float, default=None,
-                        help="learning rate of the table optimizer (default: 0.5 for adagrad, "
-                             "2.0 for sgd, 0.01 for adam, 0.5 for ftrl)")
+                        help="learning rate of the table optimizer (default: 0.5 for adagrad "
+                             "and row_wise_adagrad, 2.0 for sgd, 0.01 for adam, 0.5 for ftrl)")
     parser.add_argument("--dense-optimizer", choices=DENSE_OPTIMIZERS, default="adam",
                         help="Keras optimizer of the MLPs")
     parser.add_argument("--dense-learning-rate", type=float, default=0.001,
@@ -91,6 +91,9 @@ def parse_args(argv=None):
                         help="Keras verbosity (1: progress bar)")
     parser.add_argument("--no-export", action="store_true",
                         help="skip the checkpoint and the serving export")
+    parser.add_argument("--serving-quantize", choices=("none", "int8"), default="none",
+                        help="store the serving export's tables as float32 (none) or as int8 "
+                             "rows with a per-row scale and offset")
     data = parser.add_argument_group(
         "real data", "Criteo click logs: tab-separated label, I1-I13, C1-C26 per line (any field "
         "but the label may be empty), plain or gzip. Categorical values are hashed into tables "
@@ -171,9 +174,11 @@ def make_strategy(replicas):
 
 def table_optimizer(name, learning_rate=None):
     _import_tf()
-    defaults = {"adagrad": 0.5, "sgd": 2.0, "adam": 0.01, "ftrl": 0.5}
+    defaults = {"adagrad": 0.5, "row_wise_adagrad": 0.5, "sgd": 2.0, "adam": 0.01, "ftrl": 0.5}
     lr = defaults[name] if learning_rate is None else learning_rate
+    import tf_sc_embedding as sce  # pylint: disable=import-outside-toplevel
     return {"adagrad": lambda: E.Adagrad(learning_rate=lr),
+            "row_wise_adagrad": lambda: sce.RowWiseAdagrad(learning_rate=lr),
             "sgd": lambda: E.SGD(learning_rate=lr),
             "adam": lambda: E.Adam(learning_rate=lr),
             "ftrl": lambda: E.FTRL(learning_rate=lr)}[name]()
@@ -363,18 +368,19 @@ def build_model(data, args, strategy, baseline=False):
 
 
 # ----------------------------------------------------------------------------------- serving
-def export_serving_model(model, export_dir, dense_features):
+def export_serving_model(model, export_dir, dense_features, quantize=None):
     """SavedModel: click probability from raw ids and dense features, stock TensorFlow ops only.
 
     Signature ``serving_default`` (flat, for TensorFlow Serving): ``dense`` float32 [batch, 13]
     and per feature ``<name>_ids`` int64 [n] / ``<name>_row_splits`` int64 [batch + 1];
     output ``probability`` [batch]. The loaded object also has ``predict(dense, ids)`` with a
     dict of int64 `tf.RaggedTensor`s, and ``embedding`` (the tf_sc_embedding.serving module).
+    quantize="int8" stores the tables as int8 rows with a per-row scale and offset.
     """
     tf = _import_tf()
     from tf_sc_embedding import serving  # pylint: disable=import-outside-toplevel
     names = model.feature_names
-    lookup = serving.serving_module(model.sparse.embedding)
+    lookup = serving.serving_module(model.sparse.embedding, quantize)
 
     class ServingModel(tf.Module):
         def __init__(self):
@@ -610,7 +616,8 @@ def train_and_evaluate(args, strategy=None, baseline=False, export=True):
         results["checkpoint"] = checkpoint.save(os.path.join(args.output_dir, "checkpoint",
                                                              "dlrm"))
         export_dir = os.path.join(args.output_dir, "serving")
-        export_serving_model(model, export_dir, len(data.dense_names))
+        export_serving_model(model, export_dir, len(data.dense_names),
+                             None if args.serving_quantize == "none" else args.serving_quantize)
         results["export"] = export_dir
     return results, model, (data, test_split)
 
