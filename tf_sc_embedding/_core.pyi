@@ -61,9 +61,13 @@ class LayoutStacker:
     def get_layouts(self) -> List[TableLayout]: ...
 
 
+def slot_row_width(row_wise: bool, width: int) -> int:
+    """Floats per row of an optimizer slot for a table `width` wide (1 if row-wise)."""
+
 def optimizer_definitions() -> List[Dict[str, Union[str, List[str], List[Tuple[str, str]]]]]:
     """One dict per optimizer of cc/core/optimizers.h: name, op_name, slots (op input names, in
-    order) and hyperparameters ((attribute name, "float" | "bool"), ...)."""
+    order), row_wise_slots (per slot: one float per row?) and hyperparameters ((attribute name,
+    "float" | "bool" | "row_width"), ...)."""
 
 
 def binary_to_bucket_splits(bits: int, max_division_level: int = ...) -> List[int]: ...

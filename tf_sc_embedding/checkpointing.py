@@ -7,7 +7,8 @@ embedding (e.g. ``embedding`` for ``tf.train.Checkpoint(embedding=...)``):
 * ``<path>/<table>/.ATTRIBUTES/VARIABLE_VALUE``: the logical ``[vocabulary_size, dim]`` table
   (unstacked, unpadded, unrotated); the object graph has a child ``<table>`` of the embedding;
 * ``<path>/<table>.S<slot>/.ATTRIBUTES/VARIABLE_VALUE``: each optimizer slot (child
-  ``<table>/<slot>``, ``/`` being escaped as ``.S`` in keys), same shape;
+  ``<table>/<slot>``, ``/`` being escaped as ``.S`` in keys), same shape ([vocabulary_size, 1]
+  for a row-wise slot);
 * ``<path>/<table>/.ATTRIBUTES/layout``: a JSON string with the layout that was in use, for
   inspection only (TensorFlow ignores it).
 
@@ -338,11 +339,13 @@ def _check_and_collect(found, prefix, shapes):
         present = {kind: key for kind, key in keys.items() if key in shapes}
         if not present:
             continue
-        logical_tables.check_restorable(
+        restorable = logical_tables.check_restorable(
             embedding.tables, {table.table_name: {k: shapes[key] for k, key in present.items()}},
-            "the checkpoint", location=f" {prefix}")
+            "the checkpoint", location=f" {prefix}")[table.table_name]
         readers = {}
         for kind, key in present.items():
+            if kind not in restorable:
+                continue
             reader = CheckpointRows(prefix, key, shapes[key], table.table_name, kind)
             reader.check_readable()
             readers[kind] = reader

@@ -190,7 +190,8 @@ class TPUEmbeddingV2(tf.Module):
                 for name, s in step.plan.stacked_tables.items() for t in s.tables}
 
     def logical_slot(self, table_config, slot_name):
-        """One optimizer slot of one user table, in the logical [vocabulary_size, dim] view."""
+        """One optimizer slot of one user table, in the logical [vocabulary_size, dim] view
+        ([vocabulary_size, 1] for a row-wise slot)."""
         self._require_built("logical_slot")
         return self._tables.read(self._tables.name_of(table_config), slot_name)
 

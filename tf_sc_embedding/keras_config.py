@@ -88,8 +88,8 @@ def serialize_optimizer(optimizer, where="optimizer"):
         return None
     name = type(optimizer).__name__
     if _OPTIMIZERS.get(name) is not type(optimizer):
-        raise ValueError(f"{where}: {name} is not one of TensorFlow's embedding optimizers "
-                         f"{sorted(_OPTIMIZERS)}")
+        raise ValueError(f"{where}: {name} is not one of the embedding optimizers "
+                         f"{sorted(_OPTIMIZERS)} (TensorFlow's and RowWiseAdagrad)")
     return {"class_name": name, "config": _constructor_args(optimizer, where)}
 
 

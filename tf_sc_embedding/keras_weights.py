@@ -41,9 +41,10 @@ def load_tables(store, tables):
             if not tables.built:
                 kept[key] = value
             del value
-    logical_tables.check_restorable(tables, available, "the weights file", complete=True)
+    restorable = logical_tables.check_restorable(tables, available, "the weights file",
+                                                 complete=True)
     for name, kind, key in _keys(tables):
-        if kind in available.get(name, {}):
+        if kind in restorable.get(name, ()):
             value = kept.pop(key) if key in kept else np.asarray(store[key])
             tables.restore({name: {kind: value}})
             del value

@@ -158,15 +158,20 @@ def check_restorable(tables, available, source, complete=False, location=""):
     claims to be `complete` (a Keras weights file holds the whole layer). A restored table needs
     its parameters, and every slot of its optimizer unless allow_optimizer_change() is active
     (then a missing slot keeps its initial value); every shape must be `tables.shape`'s (the
-    TableConfig's, [vocabulary_size, 1] for a row-wise slot).
+    TableConfig's, [vocabulary_size, 1] for a row-wise slot). Under allow_optimizer_change() a
+    slot of the same name but another optimizer's width (Adagrad's accumulators restored into
+    row-wise Adagrad, or back) is skipped like a missing one.
     source names the source in errors ("the checkpoint"); location is appended (its path).
+    Returns {table name: kinds to restore}: the caller restores those and nothing else.
     """
     allow_missing = getattr(_options, "allow_missing_slots", False)
     missing = [name for name in tables.names if name not in available]
     if complete and missing:
         raise ValueError(f"{source}{location} has no table {missing[0]!r} (missing: "
                          f"{missing}). Nothing was restored")
+    restorable = {}
     for name, kinds in available.items():
+        restorable[name] = set()
         if PARAMETERS not in kinds:
             raise ValueError(f"table '{name}': {source}{location} has optimizer slots but no "
                              "parameters. "
@@ -185,10 +190,22 @@ def check_restorable(tables, available, source, complete=False, location=""):
                 continue
             expected = tables.shape(name, kind)
             if tuple(kinds[kind]) != expected:
+                if allow_missing and kind != PARAMETERS and \
+                        tuple(kinds[kind])[:1] == expected[:1] == tuple(kinds[PARAMETERS])[:1]:
+                    logging.warning("%s%s's slot '%s' of table '%s' has shape %s, this "
+                                    "optimizer's %s (another optimizer's slot): it keeps its "
+                                    "initial value", source, location, kind, name,
+                                    list(kinds[kind]), list(expected))
+                    continue
                 what = ("[vocabulary_size, dim]" if expected[1] == tables.shape(name)[1] else
                         "[vocabulary_size, 1]: the optimizer's slot is row-wise")
                 raise ValueError(
                     f"table '{name}': {source}'s {kind} has shape {list(kinds[kind])}, the "
                     f"TableConfig {list(expected)} ({what}){location}; a table "
                     "with a different vocabulary or dimension, or a slot of another optimizer, "
-                    "cannot be restored. Nothing was restored")
+                    "cannot be restored. Nothing was restored" +
+                    ("" if kind == PARAMETERS else
+                     ". To change the optimizer on purpose, restore inside "
+                     "tf_sc_embedding.checkpointing.allow_optimizer_change()"))
+            restorable[name].add(kind)
+    return restorable

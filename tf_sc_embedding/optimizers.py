@@ -42,13 +42,6 @@ def _positive(name, value, what):
         raise ValueError(f"{what}: {name} must be > 0, got {value}")
 
 
-def _validate_row_wise_adagrad(o):
-    if not callable(o.learning_rate):
-        _positive("learning_rate", o.learning_rate, "RowWiseAdagrad")
-    _positive("epsilon", o.epsilon, "RowWiseAdagrad")
-    if not o.initial_accumulator_value >= 0:
-        raise ValueError("RowWiseAdagrad: initial_accumulator_value must be >= 0, got "
-                         f"{o.initial_accumulator_value}")
 
 
 def _validate_adam(o):
@@ -69,7 +62,7 @@ _BINDINGS = {
     RowWiseAdagrad: _Binding(
         "row_wise_adagrad", {"accumulators": "accumulator"},
         lambda o, dim: dict(epsilon=float(o.epsilon), embedding_dim=int(dim)),
-        _validate_row_wise_adagrad),
+        lambda o: o.validate()),
     _embedding.AdagradMomentum: _Binding(
         "adagrad_momentum", {"accumulators": "accumulator", "momenta": "momenta"},
         lambda o, dim: dict(use_nesterov=bool(o.use_nesterov), exponent=float(o.exponent),

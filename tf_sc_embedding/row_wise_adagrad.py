@@ -43,18 +43,6 @@ class RowWiseAdagrad:
 
     def __init__(self, learning_rate=0.001, initial_accumulator_value=0.1, epsilon=1e-8,
                  clip_weight_min=None, clip_weight_max=None, slot_variable_creation_fn=None):
-        if not callable(learning_rate):
-            _check_positive("learning_rate", learning_rate)
-        _check_positive("epsilon", epsilon)
-        if isinstance(initial_accumulator_value, bool) or \
-                not isinstance(initial_accumulator_value, numbers.Real) or \
-                not initial_accumulator_value >= 0:
-            raise ValueError("RowWiseAdagrad: initial_accumulator_value must be a number >= 0, "
-                             f"got {initial_accumulator_value!r}")
-        if clip_weight_min is not None and clip_weight_max is not None and \
-                clip_weight_min > clip_weight_max:
-            raise ValueError(f"RowWiseAdagrad: clip_weight_min ({clip_weight_min}) must not "
-                             f"exceed clip_weight_max ({clip_weight_max})")
         self.learning_rate = learning_rate
         self.initial_accumulator_value = initial_accumulator_value
         self.epsilon = epsilon
@@ -64,6 +52,22 @@ class RowWiseAdagrad:
         # TensorFlow's config attributes that this optimizer does not offer (always off).
         self.weight_decay_factor = None
         self.clip_gradient_min = self.clip_gradient_max = None
+        self.validate()
+
+    def validate(self):
+        """Raises ValueError for hyperparameters the update cannot use. Called here and again
+        when an embedding binds the config (attributes may have changed since)."""
+        if not callable(self.learning_rate):
+            _check_positive("learning_rate", self.learning_rate)
+        _check_positive("epsilon", self.epsilon)
+        value = self.initial_accumulator_value
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
+            raise ValueError("RowWiseAdagrad: initial_accumulator_value must be a number >= 0, "
+                             f"got {value!r}")
+        low, high = self.clip_weight_min, self.clip_weight_max
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"RowWiseAdagrad: clip_weight_min ({low}) must not exceed "
+                             f"clip_weight_max ({high})")
 
     def _slot_names(self):
         return ["accumulators"]

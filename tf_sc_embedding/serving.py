@@ -27,7 +27,7 @@ import re
 import tensorflow as tf
 
 from tf_sc_embedding import private_tf
-from tf_sc_embedding.serving_rows import Float32Rows, stored_rows
+from tf_sc_embedding.serving_rows import Float32Rows, check_quantization, stored_rows
 
 
 def _flat_name(path):
@@ -117,6 +117,7 @@ class ServingModule(tf.Module):
 def serving_module(embedding, quantize=None):
     """A `ServingModule` holding a copy of the embedding's current logical tables (quantized
     with `quantize`: None or "int8")."""
+    check_quantization(quantize)
     storage = embedding.storage
     names = {id(storage.placement(name).config): name for name in storage.table_names}
     with tf.init_scope():

@@ -6,8 +6,10 @@
   of dim D costs D + 8 bytes per row instead of 4 D (at dim 32: 40 bytes instead of 128).
   A row with minimum lo and maximum hi gets scale = (hi - lo) / 255 and
   code = round((x - lo) / scale) - 128, in [-128, 127]; it is read back as
-  code * scale + offset with offset = lo + 128 * scale, so every value is within scale / 2 (and
-  float32 rounding) of the trained one. A constant row gets scale 0 and is read back exactly.
+  code * scale + offset with offset = lo + 128 * scale, so every value is within scale / 2 of
+  the trained one, plus the float32 rounding of the offset and of the read-back arithmetic (which
+  matters for a row whose values are far from 0 compared with their range). A constant row gets
+  scale 0 and is read back exactly.
 
 Both read with `gather(ids)` built from `tf.gather`, `tf.cast` and arithmetic only, so the
 SavedModel loads without this library. Quantizing runs over chunks of rows, so it needs memory
@@ -23,6 +25,14 @@ _CHUNK_ROWS = 1 << 18
 _LEVELS = 255.0
 
 
+def check_quantization(quantize):
+    """Raises ValueError unless `quantize` is one of QUANTIZATIONS (checked before any table is
+    read: with several workers reading the tables is a collective)."""
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(f"export_serving: quantize must be one of {QUANTIZATIONS}, got "
+                         f"{quantize!r}")
+
+
 class Float32Rows(tf.Module):
     """A logical table as one plain float32 variable."""
 
@@ -31,14 +41,19 @@ class Float32Rows(tf.Module):
         self.values = private_tf.plain_variable(values, name=name)
 
     def gather(self, ids):
+        """The rows of `ids` as float32, exactly as trained."""
         return tf.gather(self.values, ids)
 
     def numpy(self):
         return self.values.numpy()
 
 
-def quantize_int8(values):
-    """(codes int8 [n, d], scales float32 [n, 1], offsets float32 [n, 1]) of float32 rows."""
+def quantize_int8(values, name="table"):
+    """(codes int8 [n, d], scales float32 [n, 1], offsets float32 [n, 1]) of float32 rows.
+
+    Per row, so that one row's range (a popular id's large values) does not cost the precision
+    of every other row; `name` is the table, for errors.
+    """
     values = np.asarray(values, np.float32)
     codes = np.empty(values.shape, np.int8)
     scales = np.empty((values.shape[0], 1), np.float32)
@@ -46,7 +61,8 @@ def quantize_int8(values):
     for first in range(0, values.shape[0], _CHUNK_ROWS):
         rows = values[first:first + _CHUNK_ROWS]
         if not np.all(np.isfinite(rows)):
-            raise ValueError("int8 serving export: the table holds NaN or Inf values")
+            raise ValueError(f"table '{name}': the int8 serving export cannot quantize NaN or "
+                             "Inf values")
         low = rows.min(axis=1, keepdims=True) if rows.shape[1] else np.zeros((len(rows), 1))
         high = rows.max(axis=1, keepdims=True) if rows.shape[1] else low
         scale = ((high.astype(np.float64) - low) / _LEVELS).astype(np.float32)
@@ -63,12 +79,13 @@ class Int8Rows(tf.Module):
 
     def __init__(self, values, name):
         super().__init__(name=None)
-        codes, scales, offsets = quantize_int8(values)
+        codes, scales, offsets = quantize_int8(values, name)
         self.codes = private_tf.plain_variable(codes, name=f"{name}/codes")
         self.scales = private_tf.plain_variable(scales, name=f"{name}/scales")
         self.offsets = private_tf.plain_variable(offsets, name=f"{name}/offsets")
 
     def gather(self, ids):
+        """The rows of `ids` dequantized to float32 (three gathers: codes, scales, offsets)."""
         codes = tf.cast(tf.gather(self.codes, ids), tf.float32)
         return codes * tf.gather(self.scales, ids) + tf.gather(self.offsets, ids)
 
@@ -79,9 +96,7 @@ class Int8Rows(tf.Module):
 
 def stored_rows(values, name, quantize):
     """The serving storage of one logical table for a `quantize` of QUANTIZATIONS."""
-    if quantize not in QUANTIZATIONS:
-        raise ValueError(f"table '{name}': quantize must be one of {QUANTIZATIONS}, got "
-                         f"{quantize!r}")
+    check_quantization(quantize)
     if quantize == "int8":
         return Int8Rows(np.asarray(values), name)
     return Float32Rows(values, name)

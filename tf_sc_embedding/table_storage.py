@@ -9,7 +9,8 @@ view below has the kind's own width (`logical_width`).
 
 `TableStorage` creates the variables of the replicas that run in *this process only* (under
 MultiWorkerMirroredStrategy every worker holds 1/workers of every table and slot), and offers the
-logical [vocabulary_size, dim] view of every user table and slot:
+logical [vocabulary_size, dim] view of every user table and slot ([vocabulary_size, 1] for a
+row-wise slot):
 
 * `read_logical(table, kind)`: the complete logical table. With several worker processes this is
   a collective read (every worker must call it, in the same order; TensorFlow's checkpoint and

@@ -2,8 +2,11 @@
 """Run FBGEMM's CPU TBE (SplitTableBatchedEmbeddingBagsCodegen) with
 EXACT_ROWWISE_ADAGRAD for one forward/backward step on inputs from a .npz file.
 
-Runs only in a virtual environment with torch and fbgemm_gpu (CPU), outside this project (see
-bench/compare_fbgemm_row_wise_adagrad.py, which drives it). Usage:
+Written for this project to compare its row-wise Adagrad with FBGEMM's. It runs only in a
+virtual environment with torch and fbgemm_gpu (CPU), outside this project's dependencies (see
+bench/compare_fbgemm_row_wise_adagrad.py, which drives it). The self-test compares FBGEMM with a
+float64 numpy formula, including FBGEMM's handling of mean pooling with per-sample weights (its
+CPU backward leaves out the 1/L factor there, so compare sum pooling). Usage:
     python fbgemm_row_wise_adagrad.py IN.npz OUT.npz
     python fbgemm_row_wise_adagrad.py --selftest [--seed N]
 

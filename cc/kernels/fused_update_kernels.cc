@@ -56,7 +56,8 @@ class FusedUpdateOp : public OpKernel {
       } else if (spec.type == sce::HyperType::kRowWidth) {
         int64_t value;
         OP_REQUIRES_OK(ctx, ctx->GetAttr(spec.name, &value));
-        // Checked against the table's width in Compute; exact as a float up to 2^24.
+        // Checked here (not by the attribute's type, whose error would not name the table) and
+        // against the table's width in Compute; exact as a float up to 2^24.
         OP_REQUIRES(ctx, value >= 1 && value <= (int64_t{1} << 24),
                     absl::InvalidArgumentError(absl::StrCat(
                         "table '", attrs_.table_name, "': ", spec.name, " must be in [1, 2^24], got ",
@@ -93,8 +94,8 @@ class FusedUpdateOp : public OpKernel {
                     table.shape().DebugString())));
     for (size_t i = 0; i < kNumSlots; ++i) {
       const bool row_wise = Optimizer::kSlotShapes[i] == sce::SlotShape::kRowWise;
-      const TensorShape expected =
-          row_wise ? TensorShape({table.dim_size(0), 1}) : table.shape();
+      const TensorShape expected(
+          {table.dim_size(0), sce::SlotRowWidth(Optimizer::kSlotShapes[i], table.dim_size(1))});
       OP_REQUIRES(ctx, inputs[i + 1]->shape() == expected,
                   absl::InvalidArgumentError(absl::StrCat(
                       "table '", attrs_.table_name, "': slot '", Optimizer::kSlots[i],

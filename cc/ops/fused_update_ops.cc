@@ -32,7 +32,7 @@ void AddCommon(register_op::OpDefBuilderWrapper& op, bool resource) {
   op.Input("num_minibatches_per_physical_sparse_core: int32");
   for (const sce::HyperSpec& h : Optimizer::kHypers) {
     op.Attr(std::string(h.name) + (h.type == sce::HyperType::kBool       ? ": bool"
-                                   : h.type == sce::HyperType::kRowWidth ? ": int >= 1"
+                                   : h.type == sce::HyperType::kRowWidth ? ": int"
                                                                          : ": float"));
   }
   op.Attr("table_name: string")

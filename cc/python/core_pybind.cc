@@ -95,6 +95,13 @@ PYBIND11_MODULE(_core, m) {
           py::arg("output_samples"), py::arg("num_features") = 1)
       .def("get_layouts", &sce::LayoutStacker::GetLayouts);
 
+  m.def(
+      "slot_row_width",
+      [](bool row_wise, int64_t width) {
+        return sce::SlotRowWidth(row_wise ? sce::SlotShape::kRowWise : sce::SlotShape::kElementWise,
+                                 width);
+      },
+      py::arg("row_wise"), py::arg("width"));
   m.def("optimizer_definitions", [] {
     py::list out;
     sce::ForEachOptimizer(DescribeOptimizers{&out});

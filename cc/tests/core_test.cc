@@ -1661,7 +1661,9 @@ void TestRowWiseAdagradFormula() {
   view.table_rows = 2;
   view.table_name = "t";
   CHECK_OK(sce::ValidateCsrView(view));
-  const std::vector<float> grads = {0.5f, -1.0f, 2.0f, 0.0f, 0.25f, 0.5f, -1.0f, 0.0f};
+  // The padding column gets a gradient too: it must not count in the mean, and it still moves
+  // with the row's multiplier (the update treats every column alike).
+  const std::vector<float> grads = {0.5f, -1.0f, 2.0f, 5.0f, 0.25f, 0.5f, -1.0f, -1.0f};
   std::vector<float> table = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f};
   std::vector<float> accumulator = {0.1f, 0.1f};
   const float hypers[2] = {1e-3f, 3.0f};
@@ -1670,13 +1672,15 @@ void TestRowWiseAdagradFormula() {
   sce::FusedUpdate<sce::RowWiseAdagradOptimizer>(
       view, sce::GradientRows::InCsrOrder(view, grads.data(), dim), dim, lr, hypers, sce::Clip(),
       table.data(), slots, sce::RunSerially);
-  // Summed gradient: g = 1 * grads[0] + 2 * grads[1] = {1, 0, 0, 0}; mean over 3 columns: 1/3.
+  // Summed gradient: g = 1 * grads[0] + 2 * grads[1] = {1, 0, 0, 3}; the mean runs over the 3
+  // embedding columns only: 1/3 (over all 4 it would be 10/4).
   const double acc = 0.1 + (1.0 * 1.0) / 3.0;
   const double multiplier = 0.5 / (std::sqrt(acc) + 1e-3);
   CHECK(std::fabs(accumulator[0] - acc) < 1e-6);
   CHECK(accumulator[1] == 0.1f);  // untouched row
   CHECK(std::fabs(table[0] - (1.0 - multiplier)) < 1e-6);
-  CHECK(table[1] == 2.0f && table[2] == 3.0f && table[3] == 4.0f);
+  CHECK(table[1] == 2.0f && table[2] == 3.0f);
+  CHECK(std::fabs(table[3] - (4.0 - 3.0 * multiplier)) < 1e-5);
   for (int i = 4; i < 8; ++i) CHECK(table[i] == static_cast<float>(i + 1));
 }
 

@@ -65,7 +65,7 @@ def _op_inputs(width, rows=16):
 def test_op_functional_form_averages_over_embedding_dim_only():
     width, dim = 8, 6
     csr, grads, table = _op_inputs(width)
-    grads[:, dim:] = 0.0   # padding columns get no gradient
+    grads[:, dim:] = 3.0   # padding columns: not in the mean (their gradient is 0 in training)
     accumulator = np.full((table.shape[0], 1), 0.1, np.float32)
     new_table, new_acc = ops.xla_sparse_dense_matmul_grad_with_row_wise_adagrad_and_csr_input(
         *csr, grads, 0.5, table, accumulator, 1, epsilon=1e-3, embedding_dim=dim,
@@ -81,13 +81,18 @@ def test_op_functional_form_averages_over_embedding_dim_only():
     assert new_acc.numpy()[2, 0] != 0.1 and np.all(np.delete(new_acc.numpy(), [2, 5]) == 0.1)
 
 
-def test_op_rejects_a_table_shaped_slot_and_a_too_wide_embedding_dim():
+def test_op_rejects_a_table_shaped_slot_and_a_bad_embedding_dim():
     csr, grads, table = _op_inputs(8)
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"table 't'.*slot 'accumulator'.*row-wise slot must be \[16,1\]"):
         ops.xla_sparse_dense_matmul_grad_with_row_wise_adagrad_and_csr_input(
             *csr, grads, 0.5, table, np.zeros_like(table), 1, epsilon=1e-3, embedding_dim=8,
             table_name="t", num_sparsecores_per_device=1)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"table 't'.*embedding_dim must be in \[1, 2\^24\], got 0"):
+        ops.xla_sparse_dense_matmul_grad_with_row_wise_adagrad_and_csr_input(
+            *csr, grads, 0.5, table, np.zeros((16, 1), np.float32), 1, epsilon=1e-3,
+            embedding_dim=0, table_name="t", num_sparsecores_per_device=1)
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match="table 't'.*embedding_dim 9 exceeds the table's width 8"):
         ops.xla_sparse_dense_matmul_grad_with_row_wise_adagrad_and_csr_input(
@@ -113,19 +118,21 @@ def test_embedding_construction_names_the_table_of_a_bad_row_wise_optimizer(attr
     optimizer = sce.RowWiseAdagrad(learning_rate=0.1)
     setattr(optimizer, attribute, value)   # changed after the config checked it
     table = E.TableConfig(vocabulary_size=8, dim=4, name="video", optimizer=optimizer)
-    with pytest.raises(ValueError, match=f"table 'video'.*{attribute} must be > 0"):
+    with pytest.raises(ValueError, match=f"table 'video'.*{attribute} must be a number > 0"):
         sce.TPUEmbeddingV2({"f": E.FeatureConfig(table=table)}, E.Adagrad(0.1))
 
 
 def test_tables_of_different_dims_do_not_share_a_row_width():
     """dim 6 and dim 8 pad to the same width; row-wise Adagrad averages over each table's own
-    dim, so they go to different stacked tables (each with its own embedding_dim)."""
+    dim, so they go to different stacked tables (each with its own embedding_dim); two tables
+    of dim 8 share one."""
     optimizer = sce.RowWiseAdagrad(learning_rate=0.1)
-    tables = [E.TableConfig(vocabulary_size=8, dim=d, name=f"t{d}", optimizer=optimizer)
-              for d in (6, 8)]
+    tables = [E.TableConfig(vocabulary_size=8, dim=d, name=name, optimizer=optimizer)
+              for name, d in (("t6", 6), ("t8", 8), ("u8", 8))]
     embedding = sce.TPUEmbeddingV2({f"f{i}": E.FeatureConfig(table=t)
                                     for i, t in enumerate(tables)})
     embedding.build(per_replica_batch_size=4)
     stacked = {t.name: s for s in embedding.plan.stacked_tables.values() for t in s.tables}
     assert stacked["t6"].name != stacked["t8"].name
+    assert stacked["t8"].name == stacked["u8"].name   # same dim: they still stack
     assert stacked["t6"].optimizer.hyperparameters["embedding_dim"] == 6

@@ -1,12 +1,14 @@
 """Checkpoints of tables trained with row-wise Adagrad: the accumulator is saved as the logical
 [vocabulary_size, 1] slot, restores into any replica count before or after build() and training
 continues exactly; TensorFlow's serving class reads the tables; a slot of the other shape (an
-element-wise Adagrad checkpoint) is refused, naming the table, and nothing is written."""
+element-wise Adagrad checkpoint) is refused, naming the table, and nothing is written, unless the
+optimizer is changed on purpose (allow_optimizer_change)."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests.checkpoint import ckpt_lib
+from tf_sc_embedding import checkpointing
 from tests.checkpoint.test_checkpoint import assert_states_equal
 from tests.devices import require_replicas
 
@@ -82,3 +84,22 @@ def test_an_element_wise_accumulator_is_refused_naming_the_table(tmp_path):
                                          r"row-wise.*Nothing was restored"):
         tf.train.Checkpoint(embedding=embedding).restore(path)
     assert_states_equal(before, ckpt_lib.state(embedding))
+
+
+@pytest.mark.parametrize("source,target", [("adagrad", OPTIMIZER), (OPTIMIZER, "adagrad")])
+def test_changing_between_element_wise_and_row_wise_adagrad_on_purpose(tmp_path, source,
+                                                                       target):
+    """Inside allow_optimizer_change() the tables restore and the other optimizer's accumulators
+    (same name, other width) keep their initial values, with a warning; training goes on."""
+    strategy, saved = ckpt_lib.make_embedding(1, optimizer=source)
+    ckpt_lib.Trainer(strategy, saved).run(range(2))
+    path = tf.train.Checkpoint(embedding=saved).save(str(tmp_path / "ckpt"))
+    strategy, embedding = ckpt_lib.make_embedding(1, optimizer=target)
+    initial = ckpt_lib.state(embedding)
+    with checkpointing.allow_optimizer_change():
+        tf.train.Checkpoint(embedding=embedding).restore(path).expect_partial()
+    restored, trained = ckpt_lib.state(embedding), ckpt_lib.state(saved)
+    for key in restored:
+        expected = trained[key] if key.endswith("/parameters") else initial[key]
+        np.testing.assert_array_equal(restored[key], expected, err_msg=key)
+    ckpt_lib.Trainer(strategy, embedding).run(range(2, 3))

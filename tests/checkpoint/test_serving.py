@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tests.checkpoint import ckpt_lib
 from tests.devices import require_replicas
-from tf_sc_embedding import serving
+from tf_sc_embedding import serving, serving_rows
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -89,7 +89,7 @@ def _serve_without_the_library(tmp_path, export_dir, inputs):
         return {k: f[k] for k in f.files}
 
 
-def test_int8_export_is_within_half_a_step_per_row_and_a_third_of_the_size(tmp_path):
+def test_int8_export_is_within_half_a_step_per_row_and_smaller(tmp_path):
     strategy, embedding = ckpt_lib.make_embedding(1, True)
     ckpt_lib.Trainer(strategy, embedding).run(range(2))
     float_dir, int8_dir = str(tmp_path / "float32"), str(tmp_path / "int8")
@@ -120,11 +120,32 @@ def test_int8_export_is_within_half_a_step_per_row_and_a_third_of_the_size(tmp_p
     def variables_bytes(path):
         return sum(os.path.getsize(os.path.join(root, name))
                    for root, _, names in os.walk(os.path.join(path, "variables")) for name in names)
-    # dims 10, 4 and 6 here: (dim + 8) / (4 dim) of the float32 bytes, plus file overhead.
+    # dims 10, 16 and 8 here: (dim + 8) / (4 dim) of the float32 bytes (0.45, 0.38, 0.5), plus
+    # the files' own overhead.
     assert variables_bytes(int8_dir) < 0.6 * variables_bytes(float_dir)
 
 
 def test_int8_export_rejects_an_unknown_quantization_naming_the_table(tmp_path):
     _, embedding = ckpt_lib.make_embedding(1, True)
-    with pytest.raises(ValueError, match=r"table '\w+': quantize must be one of"):
+    with pytest.raises(ValueError, match=r"quantize must be one of"):
         embedding.export_serving(str(tmp_path / "x"), quantize="int4")
+    assert not os.path.exists(tmp_path / "x")
+
+
+def test_quantize_int8_rows():
+    """Constant rows read back exactly; the largest error is half a step; NaN names the table;
+    empty tables and rows of width 0 work."""
+    rows = np.array([[0.5, 0.5, 0.5], [-1.0, 0.0, 2.0], [1e-3, -1e-3, 0.0]], np.float32)
+    codes, scales, offsets = serving_rows.quantize_int8(rows)
+    back = codes.astype(np.float32) * scales + offsets
+    assert codes.dtype == np.int8 and scales.shape == offsets.shape == (3, 1)
+    np.testing.assert_array_equal(back[0], rows[0])
+    assert codes[1].min() == -128 and codes[1].max() == 127
+    for r in (1, 2):
+        step = (rows[r].max() - rows[r].min()) / 255
+        assert np.all(np.abs(back[r] - rows[r]) <= step / 2 * (1 + 1e-5)), r
+    with pytest.raises(ValueError, match="table 'video'.*NaN or Inf"):
+        serving_rows.quantize_int8(np.array([[0.0, np.nan]], np.float32), "video")
+    for shape in [(0, 4), (3, 0)]:
+        codes, scales, offsets = serving_rows.quantize_int8(np.zeros(shape, np.float32))
+        assert codes.shape == shape and scales.shape == offsets.shape == (shape[0], 1)

@@ -39,6 +39,8 @@ def parse():
     p.add_argument("--skip-step", type=int, default=-1, help="a step not run at all")
     p.add_argument("--adapt-limits", action="store_true",
                    help="adapt_sparse_core_limits=True, with C++ warnings shown (the raises)")
+    p.add_argument("--optimizer", choices=("adagrad", "row_wise_adagrad"), default="adagrad",
+                   help="the tables' optimizer (row-wise Adagrad: one accumulator per row)")
     p.add_argument("--pipelining", action="store_true",
                    help="pipeline_execution_with_tensor_core=True")
     p.add_argument("--prefetch", action="store_true",
@@ -80,7 +82,9 @@ def main():
     features = {"a": E.FeatureConfig(table=big), "b": E.FeatureConfig(table=big),
                 "c": E.FeatureConfig(table=small)}
     with strategy.scope():
-        embedding = sce.TPUEmbeddingV2(features, optimizer=E.Adagrad(learning_rate=0.1),
+        optimizer = (E.Adagrad(learning_rate=0.1) if args.optimizer == "adagrad" else
+                     sce.RowWiseAdagrad(learning_rate=0.1, initial_accumulator_value=0.1))
+        embedding = sce.TPUEmbeddingV2(features, optimizer=optimizer,
                                        exchange=args.exchange,
                                        collective_timeout_seconds=args.timeout,
                                        replication_threshold_bytes=0,

@@ -134,6 +134,18 @@ def test_replicated_table_over_workers_trains_like_sharded(tmp_path):
         assert held[f"shard_rows/small/parameters/replica_{i}:0"] >= 37, held
 
 
+def test_row_wise_adagrad_over_workers_trains_like_one_process(tmp_path):
+    """Row-wise Adagrad over 2 workers, 'big' sharded and 'small' replicated: tables and the
+    [vocabulary_size, 1] accumulators (read across workers) as in one process."""
+    extra = ["--optimizer", "row_wise_adagrad"]
+    out, codes = run_cluster(tmp_path, "cluster", 2, extra + ["--replicate", "small"])
+    check_ok(out, codes)
+    reference = tables(run_single(tmp_path, "single", 2, extra))
+    assert reference["big/accumulators"].shape == (1000, 1)
+    for i in range(2):
+        assert_tables_close(tables(out, i), reference)
+
+
 @pytest.mark.slow
 def test_all_gather_exchange_over_workers_trains_like_all_to_all(tmp_path):
     """exchange="all_gather" (what "auto" picks when SparseCore limits are set) over 2 worker

@@ -72,8 +72,8 @@ class OptimizerDefinition:
 
     def slot_width(self, slot, width):
         """Columns of a slot of a table `width` columns wide: `width`, or 1 for a row-wise slot
-        (the one rule, SlotRowWidth in cc/core/optimizers.h, read through its slot shapes)."""
-        return 1 if self.row_wise_slots[self.slots.index(slot)] else width
+        (the one rule, SlotRowWidth in cc/core/optimizers.h, called through the core module)."""
+        return _core.slot_row_width(self.row_wise_slots[self.slots.index(slot)], int(width))
 
 
 OPTIMIZERS = {
