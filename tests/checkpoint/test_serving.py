@@ -24,24 +24,10 @@ def test_serving_export_matches_training_activations_without_the_op_library(tmp_
     embedding.export_serving(export_dir)
 
     # Training-time activations of the next batch (computed from the tables before its update).
-    ids, weights = ckpt_lib.global_batch(3)
+    inputs = _flat_inputs(3)
     expected_weighted = trainer.run([3])
-    inputs = {}
-    for feature in ckpt_lib.FEATURES:
-        inputs[f"{feature}_ids"] = ids[feature].values.numpy()
-        inputs[f"{feature}_row_splits"] = ids[feature].row_splits.numpy()
-        inputs[f"{feature}_weights"] = weights[feature].values.numpy()
     assert any(np.diff(inputs["f_user_row_splits"]) == 0), "want an empty sample in the batch"
-    np.savez(tmp_path / "inputs.npz", **inputs)
-    out_path = str(tmp_path / "out.npz")
-    code = ("import sys, runpy; sys.argv = sys.argv[1:]; "
-            "runpy.run_path(sys.argv[0], run_name='__main__')")
-    subprocess.run([sys.executable, "-c", code, os.path.join(HERE, "serving_worker.py"),
-                    export_dir, str(tmp_path / "inputs.npz"), out_path], check=True, timeout=300,
-                   cwd=str(tmp_path), env={k: v for k, v in os.environ.items()
-                                           if k != "PYTHONPATH"})
-    with np.load(out_path) as f:
-        out = {k: f[k] for k in f.files}
+    out = _serve_without_the_library(tmp_path, export_dir, inputs)
     op_types = set(out["op_types"].tolist())
     assert not {op for op in op_types if op.startswith("Sce")}, op_types
     assert {"ResourceGather", "UnsortedSegmentSum"} & op_types
@@ -76,7 +62,19 @@ def test_unweighted_training_activations_match_serving_module():
                                    rtol=1e-5, atol=1e-6)
 
 
+def _flat_inputs(step):
+    """The serving signatures' flat inputs for global batch `step`."""
+    ids, weights = ckpt_lib.global_batch(step)
+    inputs = {}
+    for feature in ckpt_lib.FEATURES:
+        inputs[f"{feature}_ids"] = ids[feature].values.numpy()
+        inputs[f"{feature}_row_splits"] = ids[feature].row_splits.numpy()
+        inputs[f"{feature}_weights"] = weights[feature].values.numpy()
+    return inputs
+
+
 def _serve_without_the_library(tmp_path, export_dir, inputs):
+    """Runs serving_worker.py on `inputs` in a process that cannot import tf_sc_embedding."""
     np.savez(tmp_path / "inputs.npz", **inputs)
     out_path = str(tmp_path / "out.npz")
     code = ("import sys, runpy; sys.argv = sys.argv[1:]; "
@@ -95,12 +93,7 @@ def test_int8_export_is_within_half_a_step_per_row_and_smaller(tmp_path):
     float_dir, int8_dir = str(tmp_path / "float32"), str(tmp_path / "int8")
     embedding.export_serving(float_dir)
     embedding.export_serving(int8_dir, quantize="int8")
-    ids, weights = ckpt_lib.global_batch(7)
-    inputs = {}
-    for feature in ckpt_lib.FEATURES:
-        inputs[f"{feature}_ids"] = ids[feature].values.numpy()
-        inputs[f"{feature}_row_splits"] = ids[feature].row_splits.numpy()
-        inputs[f"{feature}_weights"] = weights[feature].values.numpy()
+    inputs = _flat_inputs(7)
     out = _serve_without_the_library(tmp_path, int8_dir, inputs)
     assert not {op for op in out["op_types"].tolist() if op.startswith("Sce")}
     trained = embedding.logical_tables()
@@ -125,7 +118,7 @@ def test_int8_export_is_within_half_a_step_per_row_and_smaller(tmp_path):
     assert variables_bytes(int8_dir) < 0.6 * variables_bytes(float_dir)
 
 
-def test_int8_export_rejects_an_unknown_quantization_naming_the_table(tmp_path):
+def test_int8_export_rejects_an_unknown_quantization_before_reading_tables(tmp_path):
     _, embedding = ckpt_lib.make_embedding(1, True)
     with pytest.raises(ValueError, match=r"quantize must be one of"):
         embedding.export_serving(str(tmp_path / "x"), quantize="int4")
