@@ -1,4 +1,4 @@
-"""Memory of the tables per optimizer: bytes per row of parameters plus slots, and the peak RSS of
+"""Memory of the tables per optimizer and row dtype: bytes per row of parameters plus slots, and the peak RSS of
 `build()`, of training steps and of a checkpoint save, through `TPUEmbeddingV2`.
 
 Workload: the 26 Criteo-like tables capped at --cap rows each, dim 32, batch 4096, weighted
@@ -11,7 +11,7 @@ ragged ids, 1 replica. Each optimizer runs in a fresh child process:
   save peak         highest RSS while `tf.train.Checkpoint.save` writes the tables
   RSS is sampled every millisecond (bench_memory.PeakSampler).
 
-    python bench/bench_table_memory.py [--cap 4000000] [--optimizers adagrad,row_wise_adagrad]
+    python bench/bench_table_memory.py [--cap 4000000] [--optimizers adagrad,row_wise_adagrad:bfloat16]
 """
 import argparse
 import json
@@ -25,6 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_memory import PeakSampler, rss_bytes  # noqa: E402
 
+# optimizer[:table dtype]
+CONFIGS = ("adagrad", "row_wise_adagrad", "row_wise_adagrad:bfloat16", "row_wise_adagrad:float16")
 OPTIMIZERS = ("adagrad", "row_wise_adagrad")
 MB = 2 ** 20
 
@@ -39,7 +41,9 @@ def make_optimizer(name):
     raise ValueError(f"unknown optimizer {name!r}; known: {OPTIMIZERS}")
 
 
-def child(name, cap, calls, batch_size):
+def child(config, cap, calls, batch_size):
+    name, _, dtype = config.partition(":")
+    dtype = dtype or "float32"
     import tensorflow as tf  # noqa: PLC0415
     import tf_sc_embedding as sce  # noqa: PLC0415
     from common import ragged_features  # noqa: PLC0415
@@ -54,7 +58,8 @@ def child(name, cap, calls, batch_size):
                             initializer=tf.initializers.RandomUniform(-0.05, 0.05, seed=i))
               for i, v in enumerate(vocab)]
     embedding = sce.TPUEmbeddingV2({f"f{i}": E.FeatureConfig(table=t)
-                                    for i, t in enumerate(tables)}, make_optimizer(name))
+                                    for i, t in enumerate(tables)}, make_optimizer(name),
+                                   table_dtypes={t.name: dtype for t in tables})
     before_build = rss_bytes()
     with PeakSampler() as build:
         embedding.build(per_replica_batch_size=batch_size)
@@ -75,7 +80,7 @@ def child(name, cap, calls, batch_size):
         before_save = rss_bytes()
         with PeakSampler() as save:
             tf.train.Checkpoint(embedding=embedding).save(os.path.join(tmp, "ckpt"))
-    return {"optimizer": name, "rows": sum(vocab), "bytes_per_row": stored / sum(vocab),
+    return {"optimizer": config, "rows": sum(vocab), "bytes_per_row": stored / sum(vocab),
             "stored_mb": stored / MB, "before_build_mb": before_build / MB,
             "build_peak_mb": build.peak / MB, "step_peak_mb": steps.peak / MB,
             "before_save_mb": before_save / MB, "save_peak_mb": save.peak / MB}
@@ -84,7 +89,8 @@ def child(name, cap, calls, batch_size):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cap", type=int, default=4_000_000)
-    parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
+    parser.add_argument("--optimizers", default=",".join(CONFIGS),
+                        help="optimizer[:table dtype], comma-separated")
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--child", metavar="OPTIMIZER")
@@ -99,8 +105,7 @@ def main():
                              capture_output=True, text=True, timeout=3600, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(rows[-1], flush=True)
-    print(f"\n26 tables capped at {args.cap:,} rows ({rows[0]['rows']:,} rows), dim 32, fp32 "
-          "rows\n")
+    print(f"\n26 tables capped at {args.cap:,} rows ({rows[0]['rows']:,} rows), dim 32\n")
     print("| optimizer | bytes per row (tables + slots) | tables + slots MB | RSS before build "
           "MB | build peak MB | step peak MB | RSS before save MB | save peak MB |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")

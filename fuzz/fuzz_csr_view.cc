@@ -70,14 +70,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int f = 0; f < count; ++f) features.push_back(in.ConsumeIntegralInRange<int64_t>(-1, 5));
   }
   if (!sce::ValidateFeatureRows(features, v).ok()) return 0;
-  sce::SparseDenseMatmul(v, table.empty() ? nullptr : table.data(), dim, q,
+  sce::SparseDenseMatmul(v, table.empty() ? static_cast<const float*>(nullptr) : table.data(), dim, q,
                          activations.empty() ? nullptr : activations.data(), sce::RunSerially,
                          features);
   // Every activation row is written (rows without entries become zeros): a zero-filled output
   // buffer gives the same bits as the stale one above.
   {
     std::vector<float> zeroed(activations.size(), 0.0f);
-    sce::SparseDenseMatmul(v, table.empty() ? nullptr : table.data(), dim, q,
+    sce::SparseDenseMatmul(v, table.empty() ? static_cast<const float*>(nullptr) : table.data(), dim, q,
                            zeroed.empty() ? nullptr : zeroed.data(), sce::RunSerially, features);
     SCE_FUZZ_CHECK(activations.empty() ||
                    std::memcmp(zeroed.data(), activations.data(),

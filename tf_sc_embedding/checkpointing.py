@@ -131,9 +131,29 @@ class LogicalTable:
         return self._embedding_ref()
 
 
-def trackable_children(logical_tables):
+UPDATE_STEP = "update_step"
+
+
+class UpdateStepNode(private_tf.Trackable):
+    """Checkpoint node of the embedding's update step (the step that stochastically rounds
+    16-bit rows), so that training resumed from a checkpoint rounds as an uninterrupted run
+    would. Only embeddings with a 16-bit table have it (older checkpoints need not)."""
+
+    def __init__(self, embedding):
+        self._embedding_ref = weakref.ref(embedding)
+
+    def _serialize_to_tensors(self):
+        with tf.init_scope(), tf.device("CPU:0"):
+            return {VALUE_KEY: tf.constant(self._embedding_ref().update_step(), tf.int64)}
+
+    def _restore_from_tensors(self, restored_tensors):
+        self._embedding_ref().restore_update_step(int(restored_tensors[VALUE_KEY].numpy()))
+        return tf.no_op()
+
+
+def trackable_children(logical_tables, update_step=None):
     """The embedding's checkpoint children; also ends any restore look-up of them."""
-    children = {}
+    children = {} if update_step is None else {UPDATE_STEP: update_step}
     for table in logical_tables.values():
         for kind, node in table.nodes.items():
             node.restoring = False

@@ -57,6 +57,7 @@ class TPUEmbeddingV2(tf.Module):
         self._flat_paths = flat_feature_paths(feature_config)
         self._replicated = self._options.replicated_tables(table_names(feature_config),
                                                            self._group.num_replicas)
+        self._dtypes = self._options.storage_dtypes(table_names(feature_config))
         self._build_lock = threading.Lock()
         self._step = None
         # Fail fast on bad configs (optimizers, combiners, names) before any input is seen.
@@ -67,6 +68,9 @@ class TPUEmbeddingV2(tf.Module):
                                       for t in s.tables})
         # Checkpoint nodes, one per user table, named by table (checkpointing.py); they exist
         # before build() so that a checkpoint restored early is consumed by build().
+        self._update_step_node = (checkpointing.UpdateStepNode(self)
+                                  if set(self._dtypes.values()) != {"float32"} else None)
+        self._pending_update_step = None
         self._logical_nodes = {name: checkpointing.LogicalTable(self, name)
                                for name in self._tables.names}
 
@@ -79,7 +83,8 @@ class TPUEmbeddingV2(tf.Module):
                                          max_unique_ids_per_table=None)
         return EmbeddingPlan(self._feature_config, self._optimizer, self._group.num_replicas,
                              self._options.sparse_cores_per_replica, shapes, config,
-                             replicated=self._replicated)
+                             replicated=self._replicated, dtypes=self._dtypes,
+                             rounding=self._options.table_rounding)
 
     def build(self, per_replica_batch_size=None, output_shapes=None):
         """Lays out and creates the tables for a per-replica batch size (or per-feature shapes)."""
@@ -108,6 +113,10 @@ class TPUEmbeddingV2(tf.Module):
                 storage = TableStorage(plan, self._group)
                 storage.create(initial)
                 self._group.create_variables()
+                if self._pending_update_step is not None:
+                    for replica_id in self._group.local_replica_ids:
+                        self._group.counter(replica_id, collectives.UPDATE_STEPS).assign(
+                            self._pending_update_step)
                 self._step = EmbeddingStep(
                     plan, storage, exchanges_lib.build(plan, self._exchange, self._group,
                                                        self._sparse_core_config),
@@ -218,11 +227,30 @@ class TPUEmbeddingV2(tf.Module):
 
     def _trackable_children(self, save_type=None, **kwargs):
         # Only the per-table logical nodes: the per-replica variables depend on the topology.
-        return checkpointing.trackable_children(self._logical_nodes)
+        return checkpointing.trackable_children(self._logical_nodes, self._update_step_node)
 
     def _lookup_dependency(self, name, cached_dependencies=None):
+        if name == checkpointing.UPDATE_STEP and self.__dict__.get("_update_step_node"):
+            return self._update_step_node
         node = checkpointing.lookup_dependency(self.__dict__.get("_logical_nodes", {}), name)
         return node if node is not None else super()._lookup_dependency(name, cached_dependencies)
+
+    def update_step(self):
+        """Fused updates applied so far (equal on every replica): the step that stochastically
+        rounds 16-bit rows; a restore sets it, so training resumes exactly."""
+        if not self.built:
+            return self._pending_update_step or 0
+        self.apply_pending_gradients()   # a kept (pipelined) update counts, as in the tables
+        values = self._group.counter_values(collectives.UPDATE_STEPS)
+        return int(values[min(values)])
+
+    def restore_update_step(self, value):
+        """Sets the update step on every local replica (kept until build() when not built)."""
+        if not self.built:
+            self._pending_update_step = int(value)
+            return
+        for replica_id in self._group.local_replica_ids:
+            self._group.counter(replica_id, collectives.UPDATE_STEPS).assign(int(value))
 
     def checkpoint_nodes(self):
         """Table name -> checkpointing.LogicalTable."""

@@ -13,6 +13,7 @@ lets an update run now (`run`) or later: pipelining (pipelining.py) keeps a step
 runs them against the same target one step later.
 """
 import collections
+import hashlib
 
 import tensorflow as tf
 
@@ -33,18 +34,57 @@ UpdateInputs = collections.namedtuple("UpdateInputs", list(UPDATE_INPUT_DTYPES))
 # slots: this replica's variables of the stacked table (slots in the optimizer's order);
 # counted: whether rows this update skips count into this replica's skipped-rows counter (a
 # replicated table's rows are skipped alike on every replica and counted once).
+# step_counter: the replica's count of updates applied (collectives.UPDATE_STEPS), whose value is
+# the step that rounds 16-bit rows.
 UpdateTarget = collections.namedtuple(
-    "UpdateTarget", ["stacked", "arguments", "parameters", "slots", "counted"])
+    "UpdateTarget", ["stacked", "arguments", "parameters", "slots", "counted", "step_counter"])
 
 
-def run(target, inputs, non_finite_gradients="error"):
-    """Runs the fused update; returns the op, or with "skip" the number of rows left unchanged."""
+def rounding_arguments(stacked):
+    """The op's rounding attributes of a stacked table with 16-bit rows: per member table (in
+    row-offset order) its row offset, rotation and seed, which give every row its logical id and
+    its random bits (cc/core/row_precision.h). Empty for float32 tables."""
+    if stacked.dtype == "float32":
+        return {}
+    return dict(
+        rounding_row_offsets=[t.layout.sparse_core_shard_row_offset for t in stacked.tables],
+        rounding_rotations=[t.layout.sparse_core_shard_rotation for t in stacked.tables],
+        rounding_seeds=[table_seed(t.name) for t in stacked.tables], rounding=stacked.rounding)
+
+
+def table_seed(table_name):
+    """A table's rounding seed: a fixed function of its name (so any topology agrees)."""
+    digest = hashlib.sha256(table_name.encode()).digest()
+    return int.from_bytes(digest[:8], "little", signed=True)
+
+
+def run(target, inputs, non_finite_gradients="error", step=None):
+    """Runs the fused update; returns the op, or with "skip" the number of rows left unchanged.
+    `step` (int64 scalar): the rounding step of 16-bit rows."""
     stacked = target.stacked
+    rounding = rounding_arguments(stacked)
+    if rounding:
+        rounding["rounding_step"] = target.step_counter.read_value() if step is None else step
     return stacked.optimizer.apply(
         **inputs._asdict(), embedding_table=target.parameters, table_name=stacked.name,
         non_finite_gradients=non_finite_gradients,
         return_num_skipped_rows=non_finite_gradients == "skip",
-        **dict(zip(stacked.optimizer.slot_inputs, target.slots)), **target.arguments)
+        **dict(zip(stacked.optimizer.slot_inputs, target.slots)), **target.arguments, **rounding)
+
+
+def run_all(targets, inputs, non_finite_gradients="error"):
+    """Runs one replica's updates ({key: target}, {key: inputs}) as one step: all round with the
+    same step, which then advances. Returns the results, in the order of `targets`."""
+    keys = list(targets)
+    counter = targets[keys[0]].step_counter if keys else None
+    step = counter.read_value() if counter is not None else None
+    results = [run(targets[k], inputs[k], non_finite_gradients, step) for k in keys]
+    if counter is not None:
+        with tf.control_dependencies([r for r in results if r is not None]):
+            advanced = counter.assign_add(1)
+        with tf.control_dependencies([advanced]):
+            results = [tf.identity(r) if isinstance(r, tf.Tensor) else r for r in results]
+    return results
 
 
 def skipped_rows(targets, results):

@@ -38,6 +38,8 @@ class TablePlacement:
     layout: TableLayout
     optimizer: FusedOptimizer
     combiner: str
+    dtype: str = "float32"    # the storage dtype of its rows: float32, bfloat16 or float16
+    rounding: str = "stochastic"   # how 16-bit rows are written back (options.table_rounding)
 
     @property
     def vocabulary_size(self):
@@ -87,6 +89,15 @@ class StackedTable:
     @property
     def quantization(self):
         return self.tables[0].config.quantization_config
+
+    @property
+    def dtype(self):
+        """Storage dtype of the rows (member tables stack only with the same dtype)."""
+        return self.tables[0].dtype
+
+    @property
+    def rounding(self):
+        return self.tables[0].rounding
 
     @property
     def total_rows(self):
@@ -151,8 +162,12 @@ class EmbeddingLayout:
 
     def __init__(self, feature_config, optimizer, num_replicas, sparse_cores_per_replica,
                  output_shapes: Dict[str, Tuple[int, ...]], sparse_core_embedding_config=None,
-                 tables: Optional[frozenset] = None):
-        """`tables`: lay out only these table names (and their features); None: all."""
+                 tables: Optional[frozenset] = None, dtypes: Optional[Dict[str, str]] = None,
+                 rounding: str = "stochastic"):
+        """`tables`: lay out only these table names (and their features); None: all. `dtypes`:
+        {table name: storage dtype name}; a table not named is float32."""
+        self._dtypes = dict(dtypes or {})
+        self._rounding = rounding
         check_sparse_core_count(num_replicas, sparse_cores_per_replica)
         self.num_replicas = num_replicas
         self.sparse_cores_per_replica = sparse_cores_per_replica
@@ -199,14 +214,17 @@ class EmbeddingLayout:
                 raise ValueError(f"{where}: combiner must be 'sum', 'mean' or 'sqrtn', got "
                                  f"'{table.combiner}'")
             bound[name] = fused_optimizer(table_optimizer, where, table.dim)
-            key = (bound[name].stacking_key(), repr(table.quantization_config))
+            key = (bound[name].stacking_key(), repr(table.quantization_config),
+                   self._dtypes.get(name, "float32"))
             group = groups.setdefault(key, f"group_{len(groups):04d}")
             stacker.add_table(name, table.vocabulary_size, table.dim, group,
                               output_samples=samples[id(table)], num_features=counts[id(table)])
         by_name = dict(named)
         return {layout.table_name: TablePlacement(by_name[layout.table_name], layout.table_name,
                                                   layout, bound[layout.table_name],
-                                                  by_name[layout.table_name].combiner)
+                                                  by_name[layout.table_name].combiner,
+                                                  self._dtypes.get(layout.table_name, "float32"),
+                                                  self._rounding)
                 for layout in stacker.get_layouts()}
 
     def _place_features(self, placements, output_shapes):
@@ -263,7 +281,8 @@ class EmbeddingPlan:
     """
 
     def __init__(self, feature_config, optimizer, num_replicas, sparse_cores_per_replica,
-                 output_shapes, sparse_core_embedding_config=None, replicated=frozenset()):
+                 output_shapes, sparse_core_embedding_config=None, replicated=frozenset(),
+                 dtypes=None, rounding="stochastic"):
         names = table_names(feature_config)
         replicated = frozenset(replicated) if num_replicas > 1 else frozenset()
         unknown = replicated - set(names)
@@ -275,10 +294,13 @@ class EmbeddingPlan:
         config = sparse_core_embedding_config
         sharded = frozenset(set(names) - replicated)
         self.sharded = (EmbeddingLayout(*args, num_replicas, sparse_cores_per_replica,
-                                        output_shapes, config, tables=sharded)
+                                        output_shapes, config, tables=sharded, dtypes=dtypes,
+                                        rounding=rounding)
                         if sharded or not names else None)
         self.replicated = (EmbeddingLayout(*args, 1, sparse_cores_per_replica, output_shapes,
-                                           config, tables=replicated) if replicated else None)
+                                           config, tables=replicated, dtypes=dtypes,
+                                           rounding=rounding)
+                           if replicated else None)
         self.num_replicas = num_replicas
         self.sparse_cores_per_replica = sparse_cores_per_replica
         by_path = {f.path: f for layout in self.parts() for f in layout.features}

@@ -43,6 +43,32 @@ def _placement_by_name(table_placement):
     return types.MappingProxyType(dict(sorted(by_name.items())))
 
 
+TABLE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _dtypes_by_name(table_dtypes):
+    """table_dtypes keyed by table name (a key may be the TableConfig), values dtype names."""
+    table_dtypes = {} if table_dtypes is None else table_dtypes
+    if not isinstance(table_dtypes, Mapping):
+        raise ValueError(f"table_dtypes must be a mapping {{table name or TableConfig: "
+                         f"tf.float32 | tf.bfloat16 | tf.float16}}, got {table_dtypes!r}")
+    by_name = {}
+    for key, dtype in table_dtypes.items():
+        name = key if isinstance(key, str) else getattr(key, "name", None)
+        if not isinstance(name, str):
+            raise ValueError("table_dtypes keys must be table names or named TableConfig objects, "
+                             f"got {key!r}")
+        dtype_name = getattr(dtype, "name", dtype)
+        if dtype_name == "int8":
+            raise ValueError(f"table '{name}': int8 is not a training format; tables train in "
+                             f"{TABLE_DTYPES} and export_serving(quantize='int8') writes int8")
+        if dtype_name not in TABLE_DTYPES:
+            raise ValueError(f"table '{name}': table_dtypes must be one of {TABLE_DTYPES}, got "
+                             f"{dtype!r}")
+        by_name[name] = dtype_name
+    return types.MappingProxyType(by_name)
+
+
 @dataclasses.dataclass(frozen=True)
 class EmbeddingOptions:
     """The options `TPUEmbeddingV2` and `EmbeddingLayer` take beyond TensorFlow's arguments.
@@ -73,6 +99,13 @@ class EmbeddingOptions:
     adapt_sparse_core_limits: raise each sharded stacked table's partition limits online to the
       statistics agreed over all replicas and workers, logging each raise (`sparse_core_limits`).
       Needs track_sparse_core_stats.
+    table_dtypes: {table name or TableConfig: tf.float32 | tf.bfloat16 | tf.float16}, the dtype
+      a table's rows are stored in (default float32). 16-bit rows are read into float32, updated
+      in float32 and written back with stochastic rounding (docs/optimizers.md#storage-precision);
+      activations, gradients and optimizer slots stay float32.
+    table_rounding: how the update writes 16-bit rows back: "stochastic" (the default; unbiased,
+      reproducible on any topology) or "nearest" (round to nearest even; updates smaller than
+      half a step are lost, kept for comparison).
     """
     sparse_cores_per_replica: int = DEFAULT_SPARSE_CORES_PER_REPLICA
     exchange: str = "auto"
@@ -82,13 +115,17 @@ class EmbeddingOptions:
     track_sparse_core_stats: bool = True
     non_finite_gradients: str = "error"
     adapt_sparse_core_limits: bool = False
+    table_dtypes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    table_rounding: str = "stochastic"
 
     def __post_init__(self):
         object.__setattr__(self, "table_placement", _placement_by_name(self.table_placement))
+        object.__setattr__(self, "table_dtypes", _dtypes_by_name(self.table_dtypes))
         layout.check_sparse_cores_per_replica(self.sparse_cores_per_replica)
         _require_int("replication_threshold_bytes", self.replication_threshold_bytes, minimum=0)
         _require_choice("exchange", self.exchange, EXCHANGES)
         _require_choice("non_finite_gradients", self.non_finite_gradients, NON_FINITE_GRADIENTS)
+        _require_choice("table_rounding", self.table_rounding, ("stochastic", "nearest"))
         timeout = self.collective_timeout_seconds
         if (not isinstance(timeout, numbers.Real) or isinstance(timeout, bool) or
                 not timeout >= 0 or timeout == float("inf")):
@@ -145,6 +182,7 @@ class EmbeddingOptions:
         """A JSON-serializable dict of every option (Keras `get_config`)."""
         config = {name: getattr(self, name) for name in self.field_names()}
         config["table_placement"] = dict(self.table_placement)
+        config["table_dtypes"] = dict(self.table_dtypes)
         return config
 
     @classmethod
@@ -152,6 +190,15 @@ class EmbeddingOptions:
         return cls.from_arguments(**dict(config))
 
     # ------------------------------------------------------------------ rules
+    def storage_dtypes(self, tables_by_name):
+        """{table name: dtype name} of every table (float32 unless table_dtypes says otherwise);
+        a table_dtypes key naming no table fails."""
+        unknown = set(self.table_dtypes) - set(tables_by_name)
+        if unknown:
+            raise ValueError(f"table_dtypes names unknown tables {sorted(unknown)}; the tables "
+                             f"are {sorted(tables_by_name)}")
+        return {name: self.table_dtypes.get(name, "float32") for name in tables_by_name}
+
     def replicated_tables(self, tables_by_name, num_replicas):
         """Names of the tables held whole by every replica: only with several replicas; a table
         is replicated when table_placement says so, or when it names no placement and its

@@ -63,9 +63,9 @@ class UpdateStash:
 
         def run_kept():
             keys = list(targets)
-            results = [fused_update.run(
-                targets[k], fused_update.UpdateInputs(*[v.read_value() for v in kept[k]]),
-                non_finite_gradients) for k in keys]
+            results = fused_update.run_all(
+                targets, {k: fused_update.UpdateInputs(*[v.read_value() for v in kept[k]])
+                          for k in keys}, non_finite_gradients)
             skipped = (fused_update.skipped_rows([targets[k] for k in keys], results)
                        if non_finite_gradients == "skip" else tf.constant(0, tf.int64))
             with tf.control_dependencies(results):

@@ -220,7 +220,7 @@ class EmbeddingStep:
     @staticmethod
     def _run(targets, inputs, mode):
         keys = list(targets)
-        results = [fused_update.run(targets[k], inputs[k], mode) for k in keys]
+        results = fused_update.run_all(targets, inputs, mode)
         if mode == "skip":
             return fused_update.skipped_rows([targets[k] for k in keys], results)
         with tf.control_dependencies(results):

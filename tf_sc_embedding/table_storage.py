@@ -132,13 +132,13 @@ def as_tensor_zero_copy(array):
     return tf.convert_to_tensor(array)
 
 
-def zeros_variable(shape, name, device):
-    """A float32 resource variable of zeros whose buffer is owned by TensorFlow alone."""
+def zeros_variable(shape, name, device, dtype=tf.float32):
+    """A resource variable of zeros whose buffer is owned by TensorFlow alone."""
     with tf.init_scope(), tf.device(device):
-        variable = private_tf.uninitialized_variable(shape=shape, dtype=tf.float32, name=name)
+        variable = private_tf.uninitialized_variable(shape=shape, dtype=dtype, name=name)
         # A freshly allocated buffer (an eager Fill, not a cached or folded constant) that the
         # variable adopts; once `zeros` is dropped the variable is its only owner.
-        zeros = tf.fill(tf.constant(shape, tf.int64), tf.constant(0.0, tf.float32))
+        zeros = tf.fill(tf.constant(shape, tf.int64), tf.constant(0.0, dtype))
         variable.assign(zeros)
         del zeros
     return variable
@@ -318,8 +318,12 @@ class TableStorage:
 
     def _create_one(self, stacked, kind, from_checkpoint):
         shard_rows = self.sparse_cores * stacked.rows_per_shard
+        # Parameters in the stacked table's storage dtype (numpy views of 16-bit variables are
+        # ml_dtypes arrays: writing float32 into them rounds to nearest); slots in float32.
+        dtype = tf.as_dtype(stacked.dtype) if kind == PARAMETERS else tf.float32
         shards = {r: zeros_variable((shard_rows, self.stored_width(stacked, kind)),
-                                    f"{stacked.name}/{kind}/replica_{r}", self.group.device_of(r))
+                                    f"{stacked.name}/{kind}/replica_{r}", self.group.device_of(r),
+                                    dtype)
                   for r in self.group.local_replica_ids}
         sharded = ShardedTable(f"{stacked.name}/{kind}", shards)
         slot_initializers = dict(zip(stacked.optimizer.slot_names,
@@ -435,7 +439,8 @@ class TableStorage:
         rows = blocks.rows_per_residue
         view = private_tf.numpy_view(sharded.shard(replica).read_value())
         parts = [view[start:start + rows, :width] for _, _, start, _ in blocks.of_replica(replica)]
-        return np.concatenate(parts) if parts else np.zeros((0, width), np.float32)
+        return (np.concatenate(parts).astype(np.float32, copy=False) if parts
+                else np.zeros((0, width), np.float32))
 
     def read_logical(self, table_name, kind):
         """The complete logical [vocabulary_size, width] table or slot (64-byte aligned numpy
@@ -496,7 +501,8 @@ class TableStorage:
         layout = blocks.layout
         rows = blocks.rows_per_residue
         width = self.logical_width(table_name, kind)
-        pieces = [sharded.shard(self._holders(table_name, replica)[0])[start:start + rows, :width]
+        pieces = [tf.cast(sharded.shard(self._holders(table_name, replica)[0])[start:start + rows,
+                                                                            :width], tf.float32)
                   for _, replica, start, _ in blocks.blocks]
         return tf.reshape(tf.stack(pieces, axis=1),
                           [layout.padded_height, width])[:layout.height]

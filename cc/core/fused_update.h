@@ -20,6 +20,7 @@
 #include "cc/core/csr_view.h"
 #include "cc/core/optimizers.h"
 #include "cc/core/parallel.h"
+#include "cc/core/row_precision.h"
 #include "cc/core/vector_isa.h"
 
 namespace sce {
@@ -102,7 +103,7 @@ void FindNonFiniteContributions(const CsrView& view, const GradientRows& grads, 
                                 NonFiniteContribution* first);
 
 // Prefetches the cache lines of `bytes` bytes at p (a row of a table, slot or gradient buffer).
-__attribute__((always_inline)) inline void PrefetchRow(const float* p, int64_t bytes) {
+__attribute__((always_inline)) inline void PrefetchRow(const void* p, int64_t bytes) {
   const char* c = reinterpret_cast<const char*>(p);
   for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(c + line);
 }
@@ -121,6 +122,70 @@ constexpr size_t kRowPrefetchDistance = 24;
 constexpr int64_t kSumPrefetchContributions = 32;
 constexpr int64_t kApplyPrefetchRows = 16;
 
+// The table an update writes, float32 rows in place (Float32Rows) or 16-bit rows (NarrowRows):
+// the update reads a 16-bit row into float32, applies the optimizer in float32 and writes the row
+// back rounded (RowRounding). Slots are always float32.
+struct Float32Rows {
+  static constexpr bool kFloat32 = true;
+  float* data;
+  const void* RowAddress(int64_t row, int64_t dim) const { return data + row * dim; }
+  static constexpr int64_t kElementBytes = sizeof(float);
+};
+
+// How 16-bit rows are written back: the logical row of a table row (so that the random bits of
+// stochastic rounding do not depend on the layout: docs/optimizers.md), the step, and whether the
+// pass only checks that every value fits (float16: a dry run before the real one, so that an
+// overflow fails the step with nothing written).
+struct RowRounding {
+  struct Member {         // one member table of the stacked table, by row offset
+    int64_t row_offset;   // first row of the member inside each shard
+    int64_t rotation;     // shard of the member's logical row 0
+    uint64_t seed;        // the member table's rounding seed
+  };
+  std::vector<Member> members;  // increasing row_offset; the first at 0
+  int64_t num_shards = 1;       // N of the layout (SparseCores x replicas)
+  int64_t rows_per_shard = 1;
+  int64_t first_local_shard = 0;
+  int64_t step = 0;
+  bool stochastic = true;
+  bool dry_run = false;
+  std::atomic<bool>* overflow = nullptr;       // set when a value does not fit (float16)
+  std::atomic<int64_t>* overflow_row = nullptr;  // a table row that overflowed
+
+  // The logical row of table row `row` of this variable, and its member's seed.
+  int64_t LogicalRow(int64_t row, uint64_t* seed) const {
+    const int64_t local_shard = row / rows_per_shard, token = row % rows_per_shard;
+    size_t m = 0;
+    while (m + 1 < members.size() && members[m + 1].row_offset <= token) ++m;
+    *seed = members[m].seed;
+    const int64_t shard = first_local_shard + local_shard;
+    const int64_t residue = ((shard - members[m].rotation) % num_shards + num_shards) % num_shards;
+    return (token - members[m].row_offset) * num_shards + residue;
+  }
+};
+
+template <typename Row>
+struct NarrowRows {
+  static constexpr bool kFloat32 = false;
+  Row* data;
+  const RowRounding* rounding;
+  const void* RowAddress(int64_t row, int64_t dim) const { return data + row * dim; }
+  static constexpr int64_t kElementBytes = sizeof(Row);
+};
+
+__attribute__((always_inline)) inline uint16_t RoundRowValue(float value, uint64_t bits,
+                                                             bool stochastic, bool* overflow,
+                                                             Bfloat16*) {
+  return stochastic ? FloatToBfloat16Stochastic(value, bits, overflow)
+                    : FloatToBfloat16Nearest(value);
+}
+__attribute__((always_inline)) inline uint16_t RoundRowValue(float value, uint64_t bits,
+                                                             bool stochastic, bool* overflow,
+                                                             Float16*) {
+  return stochastic ? FloatToFloat16Stochastic(value, bits, overflow)
+                    : FloatToFloat16Nearest(value, overflow);
+}
+
 // Row `row` of slot k of a table of width `dim` (SlotRowWidth: dim floats, or one for a row-wise
 // slot).
 template <typename Optimizer>
@@ -131,11 +196,11 @@ __attribute__((always_inline)) inline float* SlotRow(
 }
 
 // Prefetches table row `row` (of width `dim`) and the same row of every slot.
-template <typename Optimizer>
+template <typename Optimizer, typename Table>
 __attribute__((always_inline)) inline void PrefetchTableRow(
-    float* table, const std::array<float*, Optimizer::kSlots.size()>& slots, int64_t row,
+    const Table& table, const std::array<float*, Optimizer::kSlots.size()>& slots, int64_t row,
     int64_t dim) {
-  PrefetchRow(table + row * dim, dim * static_cast<int64_t>(sizeof(float)));
+  PrefetchRow(table.RowAddress(row, dim), dim * Table::kElementBytes);
   for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) {
     PrefetchRow(SlotRow<Optimizer>(slots, k, row, dim),
                 SlotRowWidth(Optimizer::kSlotShapes[k], dim) * static_cast<int64_t>(sizeof(float)));
@@ -210,18 +275,69 @@ __attribute__((always_inline)) inline void AddContribution(const float* gradient
   sum->Add(gradient, gain, dim);
 }
 
+// The optimizer step of one 16-bit row: the row read into float32, the optimizer applied, the row
+// written back rounded with the bits of (member seed, logical row, column, step). A dry run works
+// on copies of the row and its slot rows and only records whether a value does not fit.
+template <typename Optimizer, typename Row>
+inline void ApplyToNarrowRow(int64_t row, const float* sum, int64_t dim, float learning_rate,
+                             const float* hypers, const Clip& clip, const NarrowRows<Row>& table,
+                             float** slot_rows) {
+  constexpr size_t kNumSlots = Optimizer::kSlots.size();
+  const RowRounding& rounding = *table.rounding;
+  thread_local std::vector<float> wide, slot_copies;
+  wide.resize(dim);
+  Row* stored = table.data + row * dim;
+  for (int64_t j = 0; j < dim; ++j) wide[j] = RowValue(stored + j);
+  float* slots_used[kNumSlots + 1];
+  if (rounding.dry_run) {
+    slot_copies.resize(kNumSlots * dim + 1);
+    for (size_t k = 0; k < kNumSlots; ++k) {
+      const int64_t width = SlotRowWidth(Optimizer::kSlotShapes[k], dim);
+      std::copy(slot_rows[k], slot_rows[k] + width, slot_copies.data() + k * dim);
+      slots_used[k] = slot_copies.data() + k * dim;
+    }
+  } else {
+    for (size_t k = 0; k < kNumSlots; ++k) slots_used[k] = slot_rows[k];
+  }
+  Optimizer::Apply(hypers, learning_rate, sum, wide.data(), slots_used, dim, clip);
+  uint64_t seed;
+  const int64_t logical = rounding.LogicalRow(row, &seed);
+  bool overflow = false;
+  using Bits = RoundingBitsLayout<Row>;
+  uint64_t word = 0;
+  for (int64_t j = 0; j < dim; ++j) {
+    // ColumnRoundingBits, with each word hashed once for its columns.
+    const int64_t in_word = j % Bits::kColumnsPerWord;
+    if (rounding.stochastic && in_word == 0) {
+      word = RoundingBits(seed, logical, j / Bits::kColumnsPerWord, rounding.step);
+    }
+    const uint64_t bits = rounding.stochastic ? word >> (Bits::kShift * in_word) : 0;
+    const uint16_t value = RoundRowValue(wide[j], bits, rounding.stochastic, &overflow,
+                                         static_cast<Row*>(nullptr));
+    if (!rounding.dry_run) stored[j].bits = value;
+  }
+  if (overflow && rounding.overflow != nullptr) {
+    rounding.overflow->store(true);
+    if (rounding.overflow_row != nullptr) rounding.overflow_row->store(row);
+  }
+}
+
 // Applies the optimizer to table row `row` with its summed gradient; returns 1 if it was skipped.
-template <typename Optimizer, bool kSkipNonFinite>
+template <typename Optimizer, bool kSkipNonFinite, typename Table>
 __attribute__((always_inline)) inline int64_t FinishRow(
     int64_t row, const float* sum, bool skip, int64_t dim, float learning_rate,
-    const float* hypers, const Clip& clip, float* table,
+    const float* hypers, const Clip& clip, const Table& table,
     const std::array<float*, Optimizer::kSlots.size()>& slots) {
   if (kSkipNonFinite && skip) return 1;
   float* slot_rows[Optimizer::kSlots.size() + 1];
   for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) {
     slot_rows[k] = SlotRow<Optimizer>(slots, k, row, dim);
   }
-  Optimizer::Apply(hypers, learning_rate, sum, table + row * dim, slot_rows, dim, clip);
+  if constexpr (Table::kFloat32) {
+    Optimizer::Apply(hypers, learning_rate, sum, table.data + row * dim, slot_rows, dim, clip);
+  } else {
+    ApplyToNarrowRow<Optimizer>(row, sum, dim, learning_rate, hypers, clip, table, slot_rows);
+  }
   return 0;
 }
 
@@ -366,10 +482,10 @@ __attribute__((always_inline)) inline void SumListedRows(const RowSumBlock& bloc
 
 // Applies the optimizer to the first `rows` rows of `block` (table rows shard_row + token) and
 // returns how many it skipped.
-template <typename Optimizer, bool kSkipNonFinite>
+template <typename Optimizer, bool kSkipNonFinite, typename Table>
 __attribute__((always_inline)) inline int64_t ApplyRowSums(
     const RowSumBlock& block, int64_t rows, int64_t shard_row, int64_t dim, float learning_rate,
-    const float* hypers, const Clip& clip, float* table,
+    const float* hypers, const Clip& clip, const Table& table,
     const std::array<float*, Optimizer::kSlots.size()>& slots) {
   for (int64_t r = 0; r < std::min(rows, kApplyPrefetchRows); ++r) {
     PrefetchTableRow<Optimizer>(table, slots, shard_row + block.tokens[r], dim);
@@ -390,11 +506,11 @@ __attribute__((always_inline)) inline int64_t ApplyRowSums(
 // The update of one shard whose contributions are sorted runs (FindSortedRuns), block by block: the
 // next rows' contributions listed (ListNextRows), summed (SumListedRows), then the rows updated
 // (ApplyRowSums). A row cut by a full list is carried to the next block and updated once whole.
-template <typename Optimizer, bool kSkipNonFinite, int64_t kDim>
+template <typename Optimizer, bool kSkipNonFinite, int64_t kDim, typename Table>
 __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
     const CsrView& view, ContributionRun* runs, size_t ways, int64_t shard_row,
     const GradientRows& grads, int64_t runtime_dim, float learning_rate, const float* hypers,
-    const Clip& clip, float* table, const std::array<float*, Optimizer::kSlots.size()>& slots,
+    const Clip& clip, const Table& table, const std::array<float*, Optimizer::kSlots.size()>& slots,
     const uint8_t* bad_activation_rows, float* runtime_sum, const RowSumBlock& block) {
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
   const GradientRowAddressing addressing = grads.Addressing();  // held in registers
@@ -429,11 +545,11 @@ __attribute__((always_inline)) inline const float* ContributionGradient(
 
 // The fallback: the shard's contributions collected and sorted (CollectShardContributions), then
 // summed row by row in that order.
-template <typename Optimizer, bool kSkipNonFinite>
+template <typename Optimizer, bool kSkipNonFinite, typename Table>
 __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions(
     const std::vector<RowContribution>& entries, int64_t shard_row, const GradientRows& grads,
     int64_t samples_per_sc, int64_t dim, float learning_rate, const float* hypers,
-    const Clip& clip, float* table,
+    const Clip& clip, const Table& table,
     const std::array<float*, Optimizer::kSlots.size()>& slots, const uint8_t* bad_activation_rows,
     float* sum) {
   const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(float));
@@ -473,10 +589,11 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions
 // accumulation and the optimizer's per-row math are vectorized as widely as the CPU allows; the
 // arithmetic is the same element-wise operations in the same order (no FMA contraction:
 // -ffp-contract=off), so all versions give bit-identical results.
-template <typename Optimizer, bool kSkipNonFinite>
+template <typename Optimizer, bool kSkipNonFinite, typename Table>
 __attribute__((always_inline)) inline int64_t UpdateShards(
     const CsrView& view, const GradientRows& grads, int64_t dim, float learning_rate,
-    const float* hypers, const Clip& clip, float* table, const std::array<float*, Optimizer::kSlots.size()>& slots,
+    const float* hypers, const Clip& clip, const Table& table,
+    const std::array<float*, Optimizer::kSlots.size()>& slots,
     const uint8_t* bad_activation_rows, int64_t p_begin, int64_t p_end) {
   thread_local std::vector<ContributionRun> runs;
   thread_local std::vector<RowContribution> entries;
@@ -497,17 +614,22 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
     const int64_t shard = view.first_local_shard + p;
     const int64_t shard_row = p * view.rows_per_shard();
     if (FindSortedRuns(view, shard, &runs)) {
-      // The common widths get a version with the width fixed at compile time (vector_isa.h).
+      // The common widths get a version with the width fixed at compile time (vector_isa.h);
+      // 16-bit rows, whose conversions dominate, only the version for any width.
 #define SCE_UPDATE_SHARD_FROM_RUNS(kDim)                                                      \
   UpdateShardFromRuns<Optimizer, kSkipNonFinite, kDim>(view, runs.data(), runs.size(),         \
                                                        shard_row, grads, dim, learning_rate,   \
                                                        hypers, clip, table, slots,             \
                                                        bad_activation_rows, sum.data(), block)
-      switch (RowWidthBuild(dim)) {
-        case 0: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[0]); break;
-        case 1: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[1]); break;
-        case 2: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[2]); break;
-        default: skipped += SCE_UPDATE_SHARD_FROM_RUNS(0); break;
+      if constexpr (Table::kFloat32) {
+        switch (RowWidthBuild(dim)) {
+          case 0: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[0]); break;
+          case 1: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[1]); break;
+          case 2: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[2]); break;
+          default: skipped += SCE_UPDATE_SHARD_FROM_RUNS(0); break;
+        }
+      } else {
+        skipped += SCE_UPDATE_SHARD_FROM_RUNS(0);
       }
 #undef SCE_UPDATE_SHARD_FROM_RUNS
     } else {
@@ -522,10 +644,10 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
 
 // One out-of-line copy of UpdateShards per instruction set (the same body, compiled for `target`).
 #define SCE_DEFINE_UPDATE_SHARDS(name, target)                                                    \
-  template <typename Optimizer, bool kSkipNonFinite>                                             \
+  template <typename Optimizer, bool kSkipNonFinite, typename Table>                             \
   target int64_t name(const CsrView& view, const GradientRows& grads, int64_t dim,                \
-                      float learning_rate,                                                       \
-                      const float* hypers, const Clip& clip, float* table,                       \
+                      float learning_rate, const float* hypers, const Clip& clip,                \
+                      const Table& table,                                                        \
                       const std::array<float*, Optimizer::kSlots.size()>& slots,                 \
                       const uint8_t* bad_activation_rows, int64_t p_begin, int64_t p_end) {      \
     return UpdateShards<Optimizer, kSkipNonFinite>(view, grads, dim, learning_rate, hypers,      \
@@ -538,26 +660,29 @@ SCE_DEFINE_UPDATE_SHARDS(UpdateShardsBaseline, )
 #undef SCE_DEFINE_UPDATE_SHARDS
 
 // `view` must have passed ValidateCsrView; `grads` gives every activation row's gradient (dim
-// floats; see activation_rows.h); `table` is [view.table_rows, dim] and every `slots[i]`
-// [view.table_rows, SlotRowWidth(kSlotShapes[i], dim)]; they are updated in place.
+// floats; see activation_rows.h); `table` holds [view.table_rows, dim] rows (Float32Rows or
+// NarrowRows) and every `slots[i]` is [view.table_rows, SlotRowWidth(kSlotShapes[i], dim)];
+// they are updated in place.
 //
 // With `bad_activation_rows` null (every gradient and gain is finite: the normal case) this is the
 // plain fused update. Otherwise a table row that any contribution with a flagged activation row or
 // a non-finite gain would touch is left unchanged (table and slots), and the number of such rows is
 // returned. `isa` picks the instruction set (default: the widest the CPU has; the results are the
 // same, see UpdateShards); one the CPU lacks runs as UsableIsa says.
-template <typename Optimizer, bool kSkipNonFinite>
+template <typename Optimizer, bool kSkipNonFinite, typename Table>
 int64_t FusedUpdateImpl(const CsrView& view, const GradientRows& grads, int64_t dim,
-                        float learning_rate,
-                        const float* hypers, const Clip& clip, float* table,
+                        float learning_rate, const float* hypers, const Clip& clip,
+                        const Table& table,
                         const std::array<float*, Optimizer::kSlots.size()>& slots,
                         const uint8_t* bad_activation_rows, const ParallelFor& parallel_for,
                         VectorIsa isa) {
   // The build of the update loop for `isa` (one function per instruction set, same signature).
-  auto* update_shards = &UpdateShardsBaseline<Optimizer, kSkipNonFinite>;
+  auto* update_shards = &UpdateShardsBaseline<Optimizer, kSkipNonFinite, Table>;
   isa = UsableIsa(isa);
-  if (isa == VectorIsa::kAvx2) update_shards = &UpdateShardsAvx2<Optimizer, kSkipNonFinite>;
-  if (isa == VectorIsa::kAvx512) update_shards = &UpdateShardsAvx512<Optimizer, kSkipNonFinite>;
+  if (isa == VectorIsa::kAvx2) update_shards = &UpdateShardsAvx2<Optimizer, kSkipNonFinite, Table>;
+  if (isa == VectorIsa::kAvx512) {
+    update_shards = &UpdateShardsAvx512<Optimizer, kSkipNonFinite, Table>;
+  }
   std::atomic<int64_t> skipped{0};
   const int64_t cost = SaturatingMul(
       SaturatingMul(200, view.num_token_ids / view.num_shards() + 1), std::max<int64_t>(dim, 1));
@@ -571,6 +696,22 @@ int64_t FusedUpdateImpl(const CsrView& view, const GradientRows& grads, int64_t 
   return skipped.load();
 }
 
+template <typename Optimizer, typename Table>
+int64_t FusedUpdateOf(const CsrView& view, const GradientRows& grads, int64_t dim,
+                      float learning_rate, const float* hypers, const Clip& clip,
+                      const Table& table,
+                      const std::array<float*, Optimizer::kSlots.size()>& slots,
+                      const ParallelFor& parallel_for, const uint8_t* bad_activation_rows,
+                      VectorIsa isa) {
+  if (bad_activation_rows == nullptr) {
+    return FusedUpdateImpl<Optimizer, false>(view, grads, dim, learning_rate, hypers, clip, table,
+                                             slots, nullptr, parallel_for, isa);
+  }
+  return FusedUpdateImpl<Optimizer, true>(view, grads, dim, learning_rate, hypers, clip, table,
+                                          slots, bad_activation_rows, parallel_for, isa);
+}
+
+// The fused update of a float32 table.
 template <typename Optimizer>
 int64_t FusedUpdate(const CsrView& view, const GradientRows& grads, int64_t dim,
                     float learning_rate, const float* hypers, const Clip& clip, float* table,
@@ -578,12 +719,42 @@ int64_t FusedUpdate(const CsrView& view, const GradientRows& grads, int64_t dim,
                     const ParallelFor& parallel_for,
                     const uint8_t* bad_activation_rows = nullptr,
                     VectorIsa isa = BestVectorIsa()) {
-  if (bad_activation_rows == nullptr) {
-    return FusedUpdateImpl<Optimizer, false>(view, grads, dim, learning_rate, hypers, clip, table,
-                                             slots, nullptr, parallel_for, isa);
+  return FusedUpdateOf<Optimizer>(view, grads, dim, learning_rate, hypers, clip,
+                                  Float32Rows{table}, slots, parallel_for, bad_activation_rows,
+                                  isa);
+}
+
+// The fused update of a 16-bit table (Row: Bfloat16 or Float16), rows written back as `rounding`
+// says (its dry_run, overflow and overflow_row are set here). A float16 table is first updated in
+// a dry run; if a value does not fit, nothing is written and *overflow_row is a table row that
+// overflowed (the return value is then -1). Otherwise returns the rows skipped, as FusedUpdate.
+template <typename Optimizer, typename Row>
+int64_t FusedUpdateNarrow(const CsrView& view, const GradientRows& grads, int64_t dim,
+                          float learning_rate, const float* hypers, const Clip& clip, Row* table,
+                          RowRounding rounding,
+                          const std::array<float*, Optimizer::kSlots.size()>& slots,
+                          const ParallelFor& parallel_for, const uint8_t* bad_activation_rows,
+                          int64_t* overflow_row, VectorIsa isa = BestVectorIsa()) {
+  std::atomic<bool> overflow{false};
+  std::atomic<int64_t> row{-1};
+  rounding.overflow = &overflow;
+  rounding.overflow_row = &row;
+  rounding.rows_per_shard = view.rows_per_shard();
+  rounding.first_local_shard = view.first_local_shard;
+  if (std::is_same<Row, Float16>::value) {
+    rounding.dry_run = true;
+    FusedUpdateOf<Optimizer>(view, grads, dim, learning_rate, hypers, clip,
+                             NarrowRows<Row>{table, &rounding}, slots, parallel_for,
+                             bad_activation_rows, isa);
+    if (overflow.load()) {
+      *overflow_row = row.load();
+      return -1;
+    }
   }
-  return FusedUpdateImpl<Optimizer, true>(view, grads, dim, learning_rate, hypers, clip, table,
-                                          slots, bad_activation_rows, parallel_for, isa);
+  rounding.dry_run = false;
+  return FusedUpdateOf<Optimizer>(view, grads, dim, learning_rate, hypers, clip,
+                                  NarrowRows<Row>{table, &rounding}, slots, parallel_for,
+                                  bad_activation_rows, isa);
 }
 
 }  // namespace sce

@@ -35,12 +35,12 @@ inline float Quantize(float v, float low, float high, float quantum) {
 // `activations`, or to row first_row + i when out_rows is null (SparseCore-major order).
 // kDim > 0 fixes the row width at compile time (it must equal `runtime_dim`), so a row is whole
 // vectors with no remainder loop.
-template <int64_t kDim>
+template <typename Row, int64_t kDim>
 __attribute__((always_inline)) inline void AccumulateSegmentBody(
-    const CsrView& view, int64_t begin, int64_t end, const float* shard, int64_t runtime_dim,
+    const CsrView& view, int64_t begin, int64_t end, const Row* shard, int64_t runtime_dim,
     float* activations, int64_t first_row, const int32_t* out_rows) {
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
-  const int64_t lines_per_row = (dim * static_cast<int64_t>(sizeof(float)) + 63) / 64;
+  const int64_t lines_per_row = (dim * static_cast<int64_t>(sizeof(Row)) + 63) / 64;
   // Measured with bench/kernel_ab.py on the benchmark workload: 16 beats 8 by 5-6% and 12 or 24
   // by about 1%.
   constexpr int64_t kPrefetchDistance = 16;
@@ -60,57 +60,71 @@ __attribute__((always_inline)) inline void AccumulateSegmentBody(
       }
     }
     const float gain = view.gains[i];
-    const float* row = shard + static_cast<int64_t>(token) * dim;
+    const Row* row = shard + static_cast<int64_t>(token) * dim;
     float* out = activations + (out_rows ? out_rows[sample] : first_row + sample) * dim;
-    for (int64_t j = 0; j < dim; ++j) out[j] += gain * row[j];
+    for (int64_t j = 0; j < dim; ++j) out[j] += gain * RowValue(row + j);
   }
 }
 
 // One out-of-line build of AccumulateSegmentBody per instruction set (the same body, compiled
 // for `target`), each for the common widths fixed at compile time and for any width.
 #define SCE_DEFINE_ACCUMULATE_SEGMENT(name, target)                                           \
-  template <int64_t kDim>                                                                    \
-  target void name(const CsrView& view, int64_t begin, int64_t end, const float* shard,       \
+  template <typename Row, int64_t kDim>                                                      \
+  target void name(const CsrView& view, int64_t begin, int64_t end, const Row* shard,         \
                    int64_t dim, float* activations, int64_t first_row,                       \
                    const int32_t* out_rows) {                                                \
-    AccumulateSegmentBody<kDim>(view, begin, end, shard, dim, activations, first_row,         \
-                                out_rows);                                                   \
+    AccumulateSegmentBody<Row, kDim>(view, begin, end, shard, dim, activations, first_row,    \
+                                     out_rows);                                              \
   }
 SCE_DEFINE_ACCUMULATE_SEGMENT(AccumulateSegmentAvx512, SCE_TARGET_AVX512)
 SCE_DEFINE_ACCUMULATE_SEGMENT(AccumulateSegmentAvx2, SCE_TARGET_AVX2)
 SCE_DEFINE_ACCUMULATE_SEGMENT(AccumulateSegmentBaseline, )
 #undef SCE_DEFINE_ACCUMULATE_SEGMENT
 
-using AccumulateSegmentFn = void (*)(const CsrView&, int64_t, int64_t, const float*, int64_t,
+template <typename Row>
+using AccumulateSegmentFn = void (*)(const CsrView&, int64_t, int64_t, const Row*, int64_t,
                                      float*, int64_t, const int32_t*);
+
+// The builds of a row loop template `fn<Row, kDim>` in RowWidthBuild's order.
+#define SCE_ROW_TYPE_WIDTH_BUILDS(fn, Row)                                                 \
+  {                                                                                      \
+    &fn<Row, ::sce::kFixedRowWidths[0]>, &fn<Row, ::sce::kFixedRowWidths[1]>,            \
+        &fn<Row, ::sce::kFixedRowWidths[2]>, &fn<Row, 0>                                 \
+  }
 
 // The build of the accumulation loop for `isa` and `dim`. With the width fixed at compile time
 // the forward lookup of the benchmark workload takes 25-28% less time, with the same bits
 // (bench/kernel_ab.py --kernel forward; BENCHMARKS.md, "Design measurements").
-AccumulateSegmentFn AccumulateSegmentFor(VectorIsa isa, int64_t dim) {
-  static constexpr AccumulateSegmentFn kBuilds[3][4] = {
-      SCE_ROW_WIDTH_BUILDS(AccumulateSegmentBaseline), SCE_ROW_WIDTH_BUILDS(AccumulateSegmentAvx2),
-      SCE_ROW_WIDTH_BUILDS(AccumulateSegmentAvx512)};
+template <typename Row>
+AccumulateSegmentFn<Row> AccumulateSegmentFor(VectorIsa isa, int64_t dim) {
+  static constexpr AccumulateSegmentFn<Row> kBuilds[3][4] = {
+      SCE_ROW_TYPE_WIDTH_BUILDS(AccumulateSegmentBaseline, Row),
+      SCE_ROW_TYPE_WIDTH_BUILDS(AccumulateSegmentAvx2, Row),
+      SCE_ROW_TYPE_WIDTH_BUILDS(AccumulateSegmentAvx512, Row)};
   return SelectRowLoopBuild(kBuilds, isa, dim);
 }
 
+template <typename Row>
 void AccumulateQuantizedSegment(const CsrView& view, int64_t begin, int64_t end,
-                                const float* shard, int64_t dim, const Quantization& q,
+                                const Row* shard, int64_t dim, const Quantization& q,
                                 float quantum, float* activations, int64_t first_row,
                                 const int32_t* out_rows) {
   for (int64_t i = begin; i < end; ++i) {
     const int32_t token = view.token_ids[i], sample = view.sample_ids[i];
     if (token == kPad || sample == kPad) continue;
     const float gain = view.gains[i];
-    const float* row = shard + static_cast<int64_t>(token) * dim;
+    const Row* row = shard + static_cast<int64_t>(token) * dim;
     float* out = activations + (out_rows ? out_rows[sample] : first_row + sample) * dim;
-    for (int64_t j = 0; j < dim; ++j) out[j] += gain * Quantize(row[j], q.low, q.high, quantum);
+    for (int64_t j = 0; j < dim; ++j) {
+      out[j] += gain * Quantize(RowValue(row + j), q.low, q.high, quantum);
+    }
   }
 }
 
 }  // namespace
 
-void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
+template <typename Row>
+void SparseDenseMatmul(const CsrView& view, const Row* table, int64_t dim,
                        const Quantization& q, float* activations, const ParallelFor& parallel_for,
                        const FeatureRowsPerSc& feature_rows_per_sc, VectorIsa isa) {
   const int64_t samples_per_sc = view.samples_per_sc();
@@ -120,7 +134,7 @@ void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
   const FeatureMajorRows order =
       feature_major ? MakeFeatureMajorRows(view, feature_rows_per_sc) : FeatureMajorRows();
   const int64_t F = static_cast<int64_t>(feature_rows_per_sc.size());
-  const AccumulateSegmentFn accumulate = AccumulateSegmentFor(isa, dim);
+  const AccumulateSegmentFn<Row> accumulate = AccumulateSegmentFor<Row>(isa, dim);
   // Each source SparseCore owns a disjoint set of activation rows, so SCs run in parallel.
   const int64_t num_sources = view.num_source_sparse_cores();
   parallel_for(num_sources, 64 * view.num_token_ids / num_sources + 1,
@@ -145,7 +159,7 @@ void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
           int64_t begin, end;
           view.Segment(s, b, view.first_local_shard + p, &begin, &end);
           if (rows_per_shard * dim == 0) continue;  // no rows to read (and no valid ids)
-          const float* shard = table + p * rows_per_shard * dim;
+          const Row* shard = table + p * rows_per_shard * dim;
           if (q.enabled()) {
             AccumulateQuantizedSegment(view, begin, end, shard, dim, q, quantum, activations,
                                        first_row, out_rows);
@@ -157,5 +171,15 @@ void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
     }
   });
 }
+
+template void SparseDenseMatmul<float>(const CsrView&, const float*, int64_t,
+                                       const Quantization&, float*, const ParallelFor&,
+                                       const FeatureRowsPerSc&, VectorIsa);
+template void SparseDenseMatmul<Bfloat16>(const CsrView&, const Bfloat16*, int64_t,
+                                          const Quantization&, float*, const ParallelFor&,
+                                          const FeatureRowsPerSc&, VectorIsa);
+template void SparseDenseMatmul<Float16>(const CsrView&, const Float16*, int64_t,
+                                         const Quantization&, float*, const ParallelFor&,
+                                         const FeatureRowsPerSc&, VectorIsa);
 
 }  // namespace sce

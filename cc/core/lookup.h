@@ -9,6 +9,7 @@
 #include "cc/core/activation_rows.h"
 #include "cc/core/csr_view.h"
 #include "cc/core/parallel.h"
+#include "cc/core/row_precision.h"
 #include "cc/core/vector_isa.h"
 
 namespace sce {
@@ -23,10 +24,12 @@ struct Quantization {
 Status ValidateQuantization(const Quantization& q, const std::string& table_name);
 
 // `view` must have passed ValidateCsrView, `feature_rows_per_sc` ValidateFeatureRows. `table` is
-// [view.table_rows, dim]; `activations` is [view.input_size, dim] and is overwritten. `isa` picks
-// the instruction set of the accumulation loop (default: the widest the CPU has; every version
-// gives the same bits); one the CPU lacks runs as UsableIsa (vector_isa.h) says.
-void SparseDenseMatmul(const CsrView& view, const float* table, int64_t dim,
+// [view.table_rows, dim] of float, Bfloat16 or Float16 (row_precision.h; read as float32);
+// `activations` is [view.input_size, dim] and is overwritten. `isa` picks the instruction set of
+// the accumulation loop (default: the widest the CPU has; every version gives the same bits); one
+// the CPU lacks runs as UsableIsa (vector_isa.h) says.
+template <typename Row>
+void SparseDenseMatmul(const CsrView& view, const Row* table, int64_t dim,
                        const Quantization& quantization, float* activations,
                        const ParallelFor& parallel_for,
                        const FeatureRowsPerSc& feature_rows_per_sc = {},

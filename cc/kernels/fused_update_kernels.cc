@@ -34,6 +34,25 @@ class FusedUpdateOp : public OpKernel {
     if (kResource) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &num_gradients_));
       OP_REQUIRES_OK(ctx, ctx->GetAttr("feature_rows_per_sc", &feature_rows_per_sc_));
+      std::vector<int64_t> seeds, offsets, rotations;
+      std::string rounding;
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("rounding_seeds", &seeds));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("rounding_row_offsets", &offsets));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("rounding_rotations", &rotations));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("rounding", &rounding));
+      OP_REQUIRES(ctx, seeds.size() == offsets.size() && seeds.size() == rotations.size(),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "table '", attrs_.table_name, "': rounding_seeds, rounding_row_offsets and "
+                      "rounding_rotations must have one entry per member table")));
+      for (size_t m = 0; m < seeds.size(); ++m) {
+        const bool increasing = m == 0 ? offsets[m] == 0 : offsets[m] > offsets[m - 1];
+        OP_REQUIRES(ctx, increasing && rotations[m] >= 0,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "table '", attrs_.table_name, "': rounding_row_offsets must start at 0 "
+                        "and increase, rounding_rotations be >= 0")));
+        rounding_.members.push_back({offsets[m], rotations[m], static_cast<uint64_t>(seeds[m])});
+      }
+      rounding_.stochastic = rounding == "stochastic";
     }
     learning_rate_input_ = kGradientsInput + num_gradients_;
     table_input_ = learning_rate_input_ + 1;
@@ -88,10 +107,17 @@ class FusedUpdateOp : public OpKernel {
       for (size_t i = 0; i <= kNumSlots; ++i) inputs[i] = &ctx->input(table_input_ + i);
     }
     const Tensor& table = *inputs[0];
-    OP_REQUIRES(ctx, table.dims() == 2 && table.dtype() == DT_FLOAT,
+    // A variable may hold 16-bit rows, given the member tables' rounding layout.
+    const bool narrow = kResource && (table.dtype() == DT_BFLOAT16 || table.dtype() == DT_HALF);
+    OP_REQUIRES(ctx, table.dims() == 2 && (table.dtype() == DT_FLOAT || narrow),
                 absl::InvalidArgumentError(absl::StrCat(
-                    "table '", attrs_.table_name, "': embedding_table must be a float32 matrix, got ",
-                    table.shape().DebugString())));
+                    "table '", attrs_.table_name, "': embedding_table must be a float32 matrix",
+                    kResource ? " (a variable may also hold bfloat16 or float16)" : "", ", got ",
+                    DataTypeString(table.dtype()), " ", table.shape().DebugString())));
+    OP_REQUIRES(ctx, !narrow || !rounding_.members.empty(),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "table '", attrs_.table_name, "': a ", DataTypeString(table.dtype()),
+                    " table needs rounding_seeds, rounding_row_offsets and rounding_rotations")));
     for (size_t i = 0; i < kNumSlots; ++i) {
       const bool row_wise = Optimizer::kSlotShapes[i] == sce::SlotShape::kRowWise;
       const TensorShape expected(
@@ -127,6 +153,15 @@ class FusedUpdateOp : public OpKernel {
                   absl::InvalidArgumentError(absl::StrCat(
                       "table '", attrs_.table_name,
                       "': activation_gradients hold more than ", sce::kMaxInt32, " rows")));
+    }
+    int64_t rounding_step = 0;
+    if (kResource) {
+      const Tensor& step = ctx->input(minibatches_input_ + 1);
+      OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step.shape()),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "table '", attrs_.table_name, "': rounding_step must be a scalar, got "
+                      "shape ", step.shape().DebugString())));
+      rounding_step = step.scalar<int64_t>()();
     }
     const Tensor& lr = ctx->input(learning_rate_input_);
     OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(lr.shape()),
@@ -166,13 +201,16 @@ class FusedUpdateOp : public OpKernel {
 
     // Everything is valid: from here on the update cannot fail part-way.
     std::array<float*, kNumSlots + 1> targets;
+    void* table_rows = nullptr;
     if (kResource) {
       OP_REQUIRES_OK(ctx, locked.MakeExclusive(ctx));
       for (size_t i = 0; i <= kNumSlots; ++i) {
         Tensor& variable = *locked.tensor(i);
-        targets[i] = variable.flat<float>().data();
+        void* data = const_cast<char*>(variable.tensor_data().data());
+        if (i == 0) table_rows = data;
+        targets[i] = static_cast<float*>(data);  // (the table's is used only when float32)
         // The table and its slots are read and written at random rows every step.
-        sce::BackWithHugePages(targets[i], variable.TotalBytes());
+        sce::BackWithHugePages(data, variable.TotalBytes());
       }
     } else {
       for (size_t i = 0; i <= kNumSlots; ++i) {
@@ -188,9 +226,33 @@ class FusedUpdateOp : public OpKernel {
     }
     std::array<float*, kNumSlots> slots;
     for (size_t i = 0; i < kNumSlots; ++i) slots[i] = targets[i + 1];
-    const int64_t skipped = sce::FusedUpdate<Optimizer>(
-        view, grads, dim, lr.flat<float>()(0), hypers_.data(), clip_, targets[0], slots,
-        ThreadPoolFor(ctx), bad_activation_rows.empty() ? nullptr : bad_activation_rows.data());
+    const uint8_t* bad = bad_activation_rows.empty() ? nullptr : bad_activation_rows.data();
+    int64_t skipped = 0;
+    if (narrow) {
+      sce::RowRounding rounding = rounding_;
+      rounding.num_shards = view.num_shards();
+      rounding.step = rounding_step;
+      int64_t overflow_row = -1;
+      skipped = table.dtype() == DT_BFLOAT16
+                    ? sce::FusedUpdateNarrow<Optimizer>(
+                          view, grads, dim, lr.flat<float>()(0), hypers_.data(), clip_,
+                          static_cast<sce::Bfloat16*>(table_rows), rounding, slots,
+                          ThreadPoolFor(ctx), bad, &overflow_row)
+                    : sce::FusedUpdateNarrow<Optimizer>(
+                          view, grads, dim, lr.flat<float>()(0), hypers_.data(), clip_,
+                          static_cast<sce::Float16*>(table_rows), rounding, slots,
+                          ThreadPoolFor(ctx), bad, &overflow_row);
+      OP_REQUIRES(ctx, skipped >= 0,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "table '", attrs_.table_name, "': the update takes a value of row ",
+                      overflow_row, " of the table given beyond float16's range (|value| > "
+                      "65504). Nothing was updated. Lower the learning rate, clip the weights "
+                      "(clip_weight_min / clip_weight_max) or store the table in bfloat16")));
+    } else {
+      skipped = sce::FusedUpdate<Optimizer>(view, grads, dim, lr.flat<float>()(0),
+                                            hypers_.data(), clip_, targets[0], slots,
+                                            ThreadPoolFor(ctx), bad);
+    }
     OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, kResource ? 0 : static_cast<int>(kNumSlots) + 1,
                                           skipped));
     if (skipped > 0) {
@@ -227,6 +289,7 @@ class FusedUpdateOp : public OpKernel {
   sce::NonFiniteGradients non_finite_ = sce::NonFiniteGradients::kError;
   sce::Clip clip_;
   int64_t row_width_ = 0;  // a kRowWidth hyperparameter's value (0: the optimizer has none)
+  sce::RowRounding rounding_;  // the member layout and rounding of 16-bit tables (resource form)
   std::array<float, Optimizer::kHypers.size() + 1> hypers_{};
 };
 

@@ -1,6 +1,7 @@
 #include "cc/kernels/kernel_utils.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "cc/core/constants.h"
 #include "cc/core/split_encoding.h"
@@ -188,10 +189,14 @@ absl::Status LockedVariables::Lock(OpKernelContext* ctx, const std::vector<int>&
       return absl::FailedPreconditionError(absl::StrCat(
           "table '", table_name, "': variable '", names[k], "' is not initialized"));
     }
-    if (vars_[k]->tensor()->dtype() != DT_FLOAT) {
+    // The table itself may hold 16-bit rows (read and written through row_precision.h); slots
+    // and every other variable are float32.
+    const DataType dtype = vars_[k]->tensor()->dtype();
+    const bool table = names[k] == "embedding_table";
+    if (dtype != DT_FLOAT && !(table && (dtype == DT_BFLOAT16 || dtype == DT_HALF))) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "table '", table_name, "': variable '", names[k], "' must be float32, got ",
-          DataTypeString(vars_[k]->tensor()->dtype())));
+          "table '", table_name, "': variable '", names[k], "' must be float32",
+          table ? ", bfloat16 or float16" : "", ", got ", DataTypeString(dtype)));
     }
   }
   return absl::OkStatus();
@@ -217,7 +222,8 @@ absl::Status LockedVariables::MakeExclusive(OpKernelContext* ctx) {
     if (t->RefCountIsOne()) continue;
     Tensor copy;
     TF_RETURN_IF_ERROR(ctx->allocate_temp(t->dtype(), t->shape(), &copy));
-    std::copy_n(t->flat<float>().data(), t->NumElements(), copy.flat<float>().data());
+    std::memcpy(const_cast<char*>(copy.tensor_data().data()), t->tensor_data().data(),
+                t->TotalBytes());
     *t = copy;
   }
   return absl::OkStatus();

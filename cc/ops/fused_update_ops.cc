@@ -30,6 +30,15 @@ void AddCommon(register_op::OpDefBuilderWrapper& op, bool resource) {
   if (resource) op.Attr("N: int >= 1").Attr("feature_rows_per_sc: list(int) = []");
   for (const char* slot : Optimizer::kSlots) op.Input(std::string(slot) + ": " + table_type);
   op.Input("num_minibatches_per_physical_sparse_core: int32");
+  // 16-bit tables (resource form only): the step whose bits round the rows written back, and the
+  // member tables' layout and seeds that give each row its logical id (row_precision.h).
+  if (resource) {
+    op.Input("rounding_step: int64")
+        .Attr("rounding_seeds: list(int) = []")
+        .Attr("rounding_row_offsets: list(int) = []")
+        .Attr("rounding_rotations: list(int) = []")
+        .Attr("rounding: {'stochastic', 'nearest'} = 'stochastic'");
+  }
   for (const sce::HyperSpec& h : Optimizer::kHypers) {
     op.Attr(std::string(h.name) + (h.type == sce::HyperType::kBool       ? ": bool"
                                    : h.type == sce::HyperType::kRowWidth ? ": int"

@@ -37,6 +37,7 @@
 #include "cc/core/owner_csr.h"
 #include "cc/core/radix_sort.h"
 #include "cc/core/replica_chunks.h"
+#include "cc/core/row_precision.h"
 #include "cc/core/sort_list.h"
 #include "cc/core/split_encoding.h"
 #include "cc/core/stacked_coo.h"
@@ -1157,7 +1158,7 @@ void TestCsrViewBounds() {
   empty.row_pointers = eight.data();
   empty.num_row_pointers = 8;
   CHECK_OK(sce::ValidateCsrView(empty));
-  sce::SparseDenseMatmul(empty, nullptr, 0, sce::Quantization(), nullptr, sce::RunSerially);
+  sce::SparseDenseMatmul(empty, static_cast<const float*>(nullptr), 0, sce::Quantization(), nullptr, sce::RunSerially);
 
   g_test = "quantization bounds must be finite";
   sce::Quantization q;
@@ -2187,6 +2188,141 @@ void TestLookupIsaVersionsAgree() {
   CHECK(sce::UsableIsa(sce::VectorIsa::kBaseline) == sce::VectorIsa::kBaseline);
 }
 
+void TestLookupOf16BitRows() {
+  g_test = "lookup: bfloat16 and float16 rows give the activations of their float32 values, bit "
+           "for bit, in every instruction set and at every width build";
+  for (int64_t dim : {16, 32, 5}) {
+    for (uint32_t seed = 0; seed < 3; ++seed) {
+      RandomCsr csr(seed, 2, 4, 2, 9, 7);
+      CHECK_OK(sce::ValidateCsrView(csr.view));
+      const size_t n = static_cast<size_t>(csr.view.table_rows * dim);
+      std::vector<sce::Bfloat16> bf16(n);
+      std::vector<sce::Float16> f16(n);
+      FloatVec bf16_values(n), f16_values(n);
+      for (size_t i = 0; i < n; ++i) {
+        const float value = std::cos(0.3f * i + seed) * 3.0f;
+        bool overflow = false;
+        bf16[i].bits = sce::FloatToBfloat16Nearest(value);
+        f16[i].bits = sce::FloatToFloat16Nearest(value, &overflow);
+        bf16_values[i] = sce::Bfloat16ToFloat(bf16[i].bits);
+        f16_values[i] = sce::Float16ToFloat(f16[i].bits);
+      }
+      for (sce::VectorIsa isa : SupportedIsas()) {
+        const size_t out = static_cast<size_t>(csr.view.input_size * dim);
+        FloatVec expected(out), got(out);
+        sce::SparseDenseMatmul(csr.view, bf16_values.data(), dim, sce::Quantization(),
+                               expected.data(), sce::RunSerially, {}, isa);
+        sce::SparseDenseMatmul(csr.view, bf16.data(), dim, sce::Quantization(), got.data(),
+                               sce::RunSerially, {}, isa);
+        CHECK(std::memcmp(expected.data(), got.data(), out * 4) == 0);
+        sce::SparseDenseMatmul(csr.view, f16_values.data(), dim, sce::Quantization(),
+                               expected.data(), sce::RunSerially, {}, isa);
+        sce::SparseDenseMatmul(csr.view, f16.data(), dim, sce::Quantization(), got.data(),
+                               sce::RunSerially, {}, isa);
+        CHECK(std::memcmp(expected.data(), got.data(), out * 4) == 0);
+      }
+    }
+  }
+}
+
+void TestNarrowRowUpdate() {
+  g_test = "fused update of 16-bit rows: the float32 update of the widened rows, rounded with the "
+           "bits of (seed, logical row, column, step); slots as in float32; every ISA alike";
+  // Logical rows: table row p * R + offset + j of member m holds logical row j * N + k with
+  // shard p = (k + rotation) mod N (docs/layout.md).
+  sce::RowRounding layout;
+  layout.members = {{0, 3, 11}, {5, 1, 22}};
+  layout.num_shards = 8;
+  layout.rows_per_shard = 9;
+  layout.first_local_shard = 0;
+  for (int64_t m = 0; m < 2; ++m) {
+    const int64_t offset = m == 0 ? 0 : 5, rows = m == 0 ? 5 : 4;
+    for (int64_t r = 0; r < rows * 8; ++r) {
+      const int64_t k = r % 8, j = r / 8;
+      const int64_t shard = (k + layout.members[m].rotation) % 8;
+      uint64_t seed = 0;
+      CHECK_EQ(layout.LogicalRow(shard * 9 + offset + j, &seed), r);
+      CHECK_EQ(seed, layout.members[m].seed);
+    }
+  }
+  const float none[1] = {0.0f};
+  for (int64_t dim : {8, 5}) {
+    for (uint32_t seed = 0; seed < 3; ++seed) {
+      RandomCsr csr(seed, 2, 4, 2, 9, 7);
+      const int64_t rows = csr.view.table_rows;
+      FloatVec grads(csr.view.input_size * dim);
+      for (size_t i = 0; i < grads.size(); ++i) grads[i] = std::sin(0.37f * i + seed) * 0.5f;
+      sce::RowRounding rounding;
+      rounding.members = {{0, 1, 77}};
+      rounding.num_shards = csr.view.num_shards();
+      rounding.rows_per_shard = csr.view.rows_per_shard();  // (FusedUpdateNarrow sets its own)
+      rounding.step = 5 + seed;
+      for (bool stochastic : {true, false}) {
+        rounding.stochastic = stochastic;
+        // float32 reference on the widened bfloat16 values
+        TableAndSlots<sce::AdagradOptimizer> wide(rows, dim);
+        std::vector<sce::Bfloat16> narrow(wide.table.size());
+        for (size_t i = 0; i < narrow.size(); ++i) {
+          narrow[i].bits = sce::FloatToBfloat16Nearest(wide.table[i]);
+          wide.table[i] = sce::Bfloat16ToFloat(narrow[i].bits);
+        }
+        TableAndSlots<sce::AdagradOptimizer> slots(rows, dim);
+        sce::FusedUpdate<sce::AdagradOptimizer>(
+            csr.view, sce::GradientRows::InCsrOrder(csr.view, grads.data(), dim), dim, 0.05f,
+            none, sce::Clip(), wide.table.data(), wide.slot_pointers, sce::RunSerially);
+        for (sce::VectorIsa isa : SupportedIsas()) {
+          std::vector<sce::Bfloat16> got = narrow;
+          TableAndSlots<sce::AdagradOptimizer> got_slots(rows, dim);
+          int64_t overflow_row = -1;
+          const int64_t skipped = sce::FusedUpdateNarrow<sce::AdagradOptimizer>(
+              csr.view, sce::GradientRows::InCsrOrder(csr.view, grads.data(), dim), dim, 0.05f,
+              none, sce::Clip(), got.data(), rounding, got_slots.slot_pointers, sce::RunSerially,
+              nullptr, &overflow_row, isa);
+          CHECK_EQ(skipped, int64_t{0});
+          bool same = std::memcmp(got_slots.slots[0].data(), wide.slots[0].data(),
+                                  wide.slots[0].size() * 4) == 0;
+          for (int64_t row = 0; row < rows; ++row) {
+            uint64_t member_seed;
+            const int64_t logical = rounding.LogicalRow(row, &member_seed);
+            for (int64_t j = 0; j < dim; ++j) {
+              bool overflow = false;
+              const uint64_t bits = stochastic ? sce::ColumnRoundingBits<sce::Bfloat16>(
+                                                     member_seed, logical, j, rounding.step)
+                                               : 0;
+              const uint16_t want =
+                  stochastic ? sce::FloatToBfloat16Stochastic(wide.table[row * dim + j], bits,
+                                                              &overflow)
+                             : sce::FloatToBfloat16Nearest(wide.table[row * dim + j]);
+              same = same && got[row * dim + j].bits == want;
+            }
+          }
+          CHECK(same);
+        }
+      }
+    }
+  }
+  // float16: an update past 65504 fails before anything is written.
+  RandomCsr csr(1, 1, 4, 1, 9, 7);
+  const int64_t dim = 4, rows = csr.view.table_rows;
+  FloatVec grads(csr.view.input_size * dim, -1000.0f);
+  std::vector<sce::Float16> table(rows * dim);
+  bool unused = false;
+  for (auto& v : table) v.bits = sce::FloatToFloat16Nearest(65000.0f, &unused);
+  const std::vector<sce::Float16> before = table;
+  TableAndSlots<sce::SgdOptimizer> sgd(rows, dim);
+  sce::RowRounding rounding;
+  rounding.members = {{0, 0, 1}};
+  rounding.num_shards = csr.view.num_shards();
+  int64_t overflow_row = -1;
+  const int64_t result = sce::FusedUpdateNarrow<sce::SgdOptimizer>(
+      csr.view, sce::GradientRows::InCsrOrder(csr.view, grads.data(), dim), dim, 1.0f, none,
+      sce::Clip(), table.data(), rounding, sgd.slot_pointers, sce::RunSerially, nullptr,
+      &overflow_row);
+  CHECK_EQ(result, int64_t{-1});
+  CHECK(overflow_row >= 0 && overflow_row < rows);
+  CHECK(std::memcmp(table.data(), before.data(), table.size() * 2) == 0);
+}
+
 void TestFeatureMajorActivations() {
   g_test = "lookup: feature-major activations are the SparseCore-major ones, rows permuted";
   ForEachLookupCase([](const RandomCsr& csr, const FloatVec& table, int64_t G) {
@@ -2737,6 +2873,101 @@ void TestOwnerCsr() {
   CHECK_ERROR(sce::ValidateOwnerCsr(params, nullptr, 0, "table 't'", &sizes), "rows_per_shard");
 }
 
+void TestRowPrecisionConversions() {
+  g_test = "16-bit rows: float16 round trip of every pattern, nearest rounding like the "
+           "compiler's _Float16, bfloat16 ties to even, overflow flagged";
+  for (uint32_t bits = 0; bits < 0x10000u; ++bits) {
+    const float value = sce::Float16ToFloat(static_cast<uint16_t>(bits));
+    if (std::isnan(value)) continue;
+    bool overflow = false;
+    CHECK_EQ(sce::FloatToFloat16Nearest(value, &overflow), static_cast<uint16_t>(bits));
+    CHECK(!overflow);
+    CHECK_EQ(sce::FloatToFloat16Stochastic(value, 0xffffffu, &overflow),
+             static_cast<uint16_t>(bits));  // representable: never moved, whatever the bits
+    CHECK_EQ(static_cast<float>(static_cast<_Float16>(value)), value);
+  }
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> wide(-70000.0f, 70000.0f);
+  std::uniform_real_distribution<float> small(-1e-4f, 1e-4f);
+  for (int i = 0; i < 200000; ++i) {
+    const float value = (i % 2) ? wide(rng) : small(rng);
+    bool overflow = false;
+    const uint16_t ours = sce::FloatToFloat16Nearest(value, &overflow);
+    const float oracle = static_cast<float>(static_cast<_Float16>(value));
+    CHECK_EQ(sce::Float16ToFloat(ours), oracle);
+    CHECK_EQ(overflow, std::isinf(oracle));
+  }
+  bool overflow = false;
+  CHECK_EQ(sce::Float16ToFloat(sce::FloatToFloat16Nearest(65519.0f, &overflow)), 65504.0f);
+  CHECK(!overflow);
+  sce::FloatToFloat16Nearest(65520.0f, &overflow);
+  CHECK(overflow);
+  overflow = false;
+  sce::FloatToFloat16Stochastic(70000.0f, 0, &overflow);
+  CHECK(overflow);
+  // bfloat16: representable values stay; ties go to even; NaN stays NaN.
+  CHECK_EQ(sce::Bfloat16ToFloat(sce::FloatToBfloat16Nearest(1.5f)), 1.5f);
+  CHECK_EQ(sce::Bfloat16ToFloat(sce::FloatToBfloat16Nearest(1.0f + 1.0f / 256)), 1.0f);
+  CHECK_EQ(sce::Bfloat16ToFloat(sce::FloatToBfloat16Nearest(1.0f + 3.0f / 256)),
+           1.0f + 4.0f / 256);
+  CHECK(std::isnan(sce::Bfloat16ToFloat(sce::FloatToBfloat16Nearest(NAN))));
+  overflow = false;
+  CHECK_EQ(sce::Bfloat16ToFloat(sce::FloatToBfloat16Stochastic(-2.5f, 0xffffu, &overflow)),
+           -2.5f);
+  CHECK(!overflow);
+}
+
+void TestStochasticRoundingIsUnbiased() {
+  g_test = "16-bit rows: stochastic rounding is unbiased, and tiny updates that rounding to "
+           "nearest loses move the value by their true amount";
+  // Mean of many roundings of one value (normals, and a float16 subnormal): within 5 sigma.
+  for (float value : {1.0f + 1e-3f, -3.14159f, 1000.3f, 3e-6f}) {
+    const int n = 400000;
+    double sum16 = 0.0, sumb = 0.0;
+    bool overflow = false;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t bits = sce::RoundingBits(11, 3, 5, i);
+      sum16 += sce::Float16ToFloat(sce::FloatToFloat16Stochastic(value, bits, &overflow));
+      sumb += sce::Bfloat16ToFloat(sce::FloatToBfloat16Stochastic(value, bits, &overflow));
+    }
+    CHECK(!overflow);
+    bool unused = false;
+    const uint16_t down16 = sce::FloatToFloat16Stochastic(value, 0xffffffu, &unused);
+    const double step16 =
+        std::fabs(sce::Float16ToFloat(static_cast<uint16_t>(down16 + 1)) -
+                  sce::Float16ToFloat(down16));
+    const double stepb = std::fabs(static_cast<double>(value)) / 128.0;
+    CHECK(std::fabs(sum16 / n - value) < 5.0 * step16 / std::sqrt(4.0 * n));
+    CHECK(std::fabs(sumb / n - value) < 5.0 * stepb / std::sqrt(4.0 * n));
+  }
+  // 200 columns, each a bfloat16 1.0 given 1,000 updates of -1e-5 (the step below 1.0 is
+  // 2^-8 = 0.0039): rounding to nearest never moves them; with stochastic rounding their mean
+  // ends at 1 - 0.01, within 4 standard deviations (about 512 moves of 0.0039 in all).
+  double nearest_sum = 0.0, stochastic_sum = 0.0;
+  bool overflow = false;
+  for (int column = 0; column < 200; ++column) {
+    uint16_t nearest = sce::FloatToBfloat16Nearest(1.0f);
+    uint16_t stochastic = nearest;
+    for (int step = 0; step < 1000; ++step) {
+      nearest = sce::FloatToBfloat16Nearest(sce::Bfloat16ToFloat(nearest) - 1e-5f);
+      stochastic = sce::FloatToBfloat16Stochastic(
+          sce::Bfloat16ToFloat(stochastic) - 1e-5f, sce::RoundingBits(1, 0, column, step),
+          &overflow);
+    }
+    nearest_sum += sce::Bfloat16ToFloat(nearest);
+    stochastic_sum += sce::Bfloat16ToFloat(stochastic);
+  }
+  CHECK_EQ(nearest_sum / 200, 1.0);
+  CHECK(std::fabs(stochastic_sum / 200 - 0.99) < 4.0 * std::sqrt(512.0) * 0.00390625 / 200);
+  // The random bits are a pure function of (seed, row, column, step) and differ between
+  // neighbours.
+  CHECK_EQ(sce::RoundingBits(5, 6, 7, 8), sce::RoundingBits(5, 6, 7, 8));
+  CHECK(sce::RoundingBits(5, 6, 7, 8) != sce::RoundingBits(5, 7, 7, 8));
+  CHECK(sce::RoundingBits(5, 6, 7, 8) != sce::RoundingBits(5, 6, 8, 8));
+  CHECK(sce::RoundingBits(5, 6, 7, 8) != sce::RoundingBits(5, 6, 7, 9));
+  CHECK(sce::RoundingBits(5, 6, 7, 8) != sce::RoundingBits(6, 6, 7, 8));
+}
+
 int main() {
   const std::vector<std::function<void()>> tests = {
       TestConvertToCoo,   TestConvertToListOfCoo, TestSortListOfCoo,
@@ -2751,6 +2982,8 @@ int main() {
       TestFeatureMajorActivations, TestLookupOverwritesActivations, TestLookupIsaVersionsAgree, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
       TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks, TestIdRouting,
       TestIdRoutingPartitionMaxima, TestOwnerCsr, TestFeatureRowTables,
+      TestRowPrecisionConversions, TestStochasticRoundingIsUnbiased, TestLookupOf16BitRows,
+      TestNarrowRowUpdate,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

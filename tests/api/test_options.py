@@ -44,6 +44,7 @@ def test_defaults():
     assert o.track_sparse_core_stats is True
     assert o.non_finite_gradients == "error"
     assert o.adapt_sparse_core_limits is False
+    assert o.table_dtypes == {} and o.table_rounding == "stochastic"
     assert EmbeddingOptions() == o
     # The default table_placement is not shared between instances.
     assert EmbeddingOptions().table_placement is not o.table_placement
@@ -58,7 +59,7 @@ def test_field_names_are_the_dataclass_fields():
     assert EmbeddingOptions.field_names() == (
         "sparse_cores_per_replica", "exchange", "collective_timeout_seconds",
         "replication_threshold_bytes", "table_placement", "track_sparse_core_stats",
-        "non_finite_gradients", "adapt_sparse_core_limits")
+        "non_finite_gradients", "adapt_sparse_core_limits", "table_dtypes", "table_rounding")
     assert EmbeddingOptions.field_names() == tuple(
         f.name for f in dataclasses.fields(EmbeddingOptions))
 

@@ -41,6 +41,7 @@ def parse():
                    help="adapt_sparse_core_limits=True, with C++ warnings shown (the raises)")
     p.add_argument("--optimizer", choices=("adagrad", "row_wise_adagrad"), default="adagrad",
                    help="the tables' optimizer (row-wise Adagrad: one accumulator per row)")
+    p.add_argument("--table-dtype", default="float32", help="the tables' storage dtype")
     p.add_argument("--pipelining", action="store_true",
                    help="pipeline_execution_with_tensor_core=True")
     p.add_argument("--prefetch", action="store_true",
@@ -85,6 +86,8 @@ def main():
         optimizer = (E.Adagrad(learning_rate=0.1) if args.optimizer == "adagrad" else
                      sce.RowWiseAdagrad(learning_rate=0.1, initial_accumulator_value=0.1))
         embedding = sce.TPUEmbeddingV2(features, optimizer=optimizer,
+                                       table_dtypes={"big": args.table_dtype,
+                                                     "small": args.table_dtype},
                                        exchange=args.exchange,
                                        collective_timeout_seconds=args.timeout,
                                        replication_threshold_bytes=0,

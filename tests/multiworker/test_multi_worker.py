@@ -146,6 +146,20 @@ def test_row_wise_adagrad_over_workers_trains_like_one_process(tmp_path):
         assert_tables_close(tables(out, i), reference)
 
 
+def test_bfloat16_tables_over_workers_equal_one_process_bit_for_bit(tmp_path):
+    """16-bit rows round with bits of (table, logical row, column, step): 2 workers (one table
+    replicated) give the bfloat16 tables of one process with 2 replicas (every table sharded)
+    exactly."""
+    extra = ["--table-dtype", "bfloat16"]
+    out, codes = run_cluster(tmp_path, "cluster", 2, extra + ["--replicate", "small"])
+    check_ok(out, codes)
+    reference = tables(run_single(tmp_path, "single", 2, extra))
+    for i in range(2):
+        mine = tables(out, i)
+        for key in ("big/parameters", "small/parameters"):
+            np.testing.assert_array_equal(mine[key], reference[key], err_msg=key)
+
+
 @pytest.mark.slow
 def test_all_gather_exchange_over_workers_trains_like_all_to_all(tmp_path):
     """exchange="all_gather" (what "auto" picks when SparseCore limits are set) over 2 worker

@@ -276,7 +276,9 @@ def test_dtype_error_names_table_and_argument(which):
     acc = tf.Variable(np.full(d["table"].shape, 0.5,
                               np.float64 if which == "accumulator" else np.float32))
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=rf"table '{TABLE}': variable '{which}' must be float32, got double"):
+                       match=rf"table '{TABLE}': variable '{which}' must be float32"
+                             rf"{', bfloat16 or float16' if which == 'embedding_table' else ''}, "
+                             "got double"):
         _update("adagrad", d, table, [acc])
 
 

@@ -58,6 +58,13 @@ def parse_args(argv=None):
                         help="embedding dimension of every table (also the bottom MLP's output)")
     parser.add_argument("--optimizer", choices=TABLE_OPTIMIZERS, default="adagrad",
                         help="fused per-table optimizer of the embedding tables")
+    parser.add_argument("--table-dtype", choices=("float32", "bfloat16", "float16"),
+                        default="float32",
+                        help="storage dtype of the tables' rows (16-bit rows are updated in "
+                             "float32 and written back rounded)")
+    parser.add_argument("--table-rounding", choices=("stochastic", "nearest"),
+                        default="stochastic",
+                        help="how 16-bit rows are written back (nearest: for comparison)")
     parser.add_argument("--learning-rate", type=float, default=None,
                         help="learning rate of the table optimizer (default: 0.5 for adagrad "
                              "and row_wise_adagrad, 2.0 for sgd, 0.01 for adam, 0.5 for ftrl)")
@@ -348,12 +355,15 @@ def build_model(data, args, strategy, baseline=False):
                                                      args.embedding_dim, seed=args.seed,
                                                      name="keras_embedding_tables")
         else:
+            features = feature_config(data.vocabulary_sizes, data.feature_names,
+                                      args.embedding_dim, args.seed)
+            tables = {f.table.name for f in features.values()}
             sparse = EmbeddingLayer(
-                feature_config(data.vocabulary_sizes, data.feature_names, args.embedding_dim,
-                               args.seed),
-                optimizer=table_optimizer(args.optimizer, args.learning_rate),
+                features, optimizer=table_optimizer(args.optimizer, args.learning_rate),
                 batch_size=args.batch_size, name="embedding",
-                pipeline_execution_with_tensor_core=args.pipelining)
+                pipeline_execution_with_tensor_core=args.pipelining,
+                table_dtypes={t: args.table_dtype for t in tables},
+                table_rounding=args.table_rounding)
             if args.freeze_tables:
                 sparse.trainable = False
         model = DLRM(sparse, data.feature_names, args.embedding_dim, seed=args.seed,

@@ -172,14 +172,15 @@ def lookup(view, layout, routed_by_table, table_shards):
 
     # 3. owners read their rows and return them: packed straight from the variables (read in
     # place, not copied), or gathered and quantized first for tables with quantization.
+    # 16-bit rows are gathered and widened to float32 first (the packing op copies words).
     variables = [table_shards[table.name].read_value() for table in stacked]
-    if all(table.quantization is None for table in stacked):
+    if all(table.quantization is None and table.dtype == "float32" for table in stacked):
         packed = replica_chunks.pack_gathered_replica_chunks(variables, received, recv_counts,
                                                              row_chunk)
     else:
-        packed = pack_by_replica([_quantized(tf.gather(v, received[i]), table.quantization)
-                                  for i, (v, table) in enumerate(zip(variables, stacked))],
-                                 recv_counts, row_chunk)
+        packed = pack_by_replica(
+            [_quantized(tf.cast(tf.gather(v, received[i]), tf.float32), table.quantization)
+             for i, (v, table) in enumerate(zip(variables, stacked))], recv_counts, row_chunk)
     recv_rows = all_to_all_flat(view, packed)
     # The owner-side rows the update writes come out only once the tables' values were packed:
     # an update that runs while the values read above are still alive (a pipelined update runs

@@ -19,7 +19,7 @@ in the subclasses:
 import abc
 
 from tf_sc_embedding import enqueue as enqueue_lib
-from tf_sc_embedding import fused_update
+from tf_sc_embedding import collectives, fused_update
 from tf_sc_embedding.table_storage import PARAMETERS
 
 
@@ -103,7 +103,8 @@ class Exchange(abc.ABC):
             targets[name] = fused_update.UpdateTarget(
                 stacked, arguments, kinds[PARAMETERS].shard(replica_id),
                 [kinds[slot].shard(replica_id) for slot in stacked.optimizer.slot_names],
-                self._counts_skipped_rows(replica_id))
+                self._counts_skipped_rows(replica_id),
+                self.group.counter(replica_id, collectives.UPDATE_STEPS))
         return targets
 
     @abc.abstractmethod

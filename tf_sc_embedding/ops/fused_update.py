@@ -99,6 +99,11 @@ def _signature(definition):
                P("num_local_shards", P.KEYWORD_ONLY, default=-1),
                P("feature_rows_per_sc", P.KEYWORD_ONLY, default=()),
                P("non_finite_gradients", P.KEYWORD_ONLY, default="error"),
+               P("rounding_step", P.KEYWORD_ONLY, default=0),
+               P("rounding_seeds", P.KEYWORD_ONLY, default=()),
+               P("rounding_row_offsets", P.KEYWORD_ONLY, default=()),
+               P("rounding_rotations", P.KEYWORD_ONLY, default=()),
+               P("rounding", P.KEYWORD_ONLY, default="stochastic"),
                P("return_num_skipped_rows", P.KEYWORD_ONLY, default=False),
                P("name", P.KEYWORD_ONLY, default=None)]
     return inspect.Signature(params)
@@ -132,6 +137,9 @@ def _make_op_function(definition):
                                                  if isinstance(gradients, (list, tuple))
                                                  else [gradients])
             arguments["feature_rows_per_sc"] = [int(r) for r in arguments["feature_rows_per_sc"]]
+            arguments["rounding_step"] = tf.cast(arguments["rounding_step"], tf.int64)
+            for key in ("rounding_seeds", "rounding_row_offsets", "rounding_rotations"):
+                arguments[key] = [int(v) for v in arguments[key]]
             num_skipped = in_place(**arguments)
             if return_count:
                 return num_skipped
@@ -141,6 +149,12 @@ def _make_op_function(definition):
             raise ValueError(f"table '{arguments['table_name']}': per-feature activation_gradients "
                              "and feature_rows_per_sc need the in-place form (resource "
                              "variables); the functional form keeps TensorFlow's signature")
+        if (arguments.pop("rounding_seeds") or arguments.pop("rounding_row_offsets") or
+                arguments.pop("rounding_rotations")):
+            raise ValueError(f"table '{arguments['table_name']}': 16-bit tables need the in-place "
+                             "form (resource variables)")
+        for key in ("rounding_row_offsets", "rounding_rotations", "rounding_step", "rounding"):
+            arguments.pop(key, None)
         outputs = functional(**arguments)
         updated, num_skipped = outputs[:-1], outputs[-1]
         updated = updated[0] if len(updated) == 1 else list(updated)
