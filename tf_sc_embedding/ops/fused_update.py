@@ -10,6 +10,12 @@ Given tensors, a function returns the updated table and slots (TensorFlow's func
 Slots have the table's shape, except row-wise ones (`OptimizerDefinition.row_wise_slots`, e.g.
 row-wise Adagrad's accumulator), which are [table rows, 1]. Row-wise Adagrad, which TensorFlow does
 not have, also takes `embedding_dim`: how many leading columns of a (padded) row are the embedding.
+
+16-bit tables (in-place form only): the table variable may hold bfloat16 or float16 rows. The
+update then needs the keyword-only `rounding_seeds`, `rounding_row_offsets` and
+`rounding_rotations` (per member table of the stacked table, in row-offset order), which give each
+row its logical id, `rounding_step` (the update step) and `rounding` ("stochastic" or "nearest");
+see docs/optimizers.md#storage-precision.
 Given resource variables, it updates only the touched rows of the variables in place and returns
 None eagerly (the op in graph mode): the cost of a step does not grow with the vocabulary.
 
