@@ -44,8 +44,8 @@ _instance_keys = {}
 BYTES_SENT = "collective_bytes_sent"
 SKIPPED_GRADIENT_ROWS = "skipped_gradient_rows"
 DROPPED_IDS = "dropped_ids"
-# The fused updates applied so far: the step whose bits stochastically round 16-bit rows (equal on
-# every replica, since every replica applies every update).
+# The fused updates applied so far by an embedding with a 16-bit table: the step whose bits
+# stochastically round its rows (equal on every replica, since every replica applies every update).
 UPDATE_STEPS = "update_steps"
 COUNTERS = (BYTES_SENT, SKIPPED_GRADIENT_ROWS, DROPPED_IDS, UPDATE_STEPS)
 DEFAULT_TIMEOUT_SECONDS = 0.0   # 0: wait forever (TensorFlow's default); MWMS health checks abort

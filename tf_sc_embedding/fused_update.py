@@ -76,7 +76,9 @@ def run_all(targets, inputs, non_finite_gradients="error"):
     """Runs one replica's updates ({key: target}, {key: inputs}) as one step: all round with the
     same step, which then advances. Returns the results, in the order of `targets`."""
     keys = list(targets)
-    counter = targets[keys[0]].step_counter if keys else None
+    # Only 16-bit tables round with the step: float32-only embeddings neither read nor advance it.
+    narrow = any(rounding_arguments(targets[k].stacked) for k in keys)
+    counter = targets[keys[0]].step_counter if keys and narrow else None
     step = counter.read_value() if counter is not None else None
     results = [run(targets[k], inputs[k], non_finite_gradients, step) for k in keys]
     if counter is not None:

@@ -20,53 +20,54 @@ NON_FINITE_GRADIENTS = ("error", "skip")
 PLACEMENTS = (SHARDED, REPLICATED)
 
 
-def _placement_by_name(table_placement):
-    """table_placement keyed by table name (a key may also be the table's TableConfig), as a
-    read-only mapping (the options are immutable)."""
-    table_placement = {} if table_placement is None else table_placement
-    if not isinstance(table_placement, Mapping):
-        raise ValueError(f"table_placement must be a mapping {{table name or TableConfig: "
-                         f"'{SHARDED}' | '{REPLICATED}'}}, got {table_placement!r}")
+def _by_table_name(option, mapping, expected, value_of):
+    """A per-table option ({table name or TableConfig: value}) keyed by table name, as a read-only
+    mapping (the options are immutable). value_of(name, value) validates and normalizes a value;
+    a table named twice must get the same value."""
+    mapping = {} if mapping is None else mapping
+    if not isinstance(mapping, Mapping):
+        raise ValueError(f"{option} must be a mapping {{table name or TableConfig: {expected}}}, "
+                         f"got {mapping!r}")
     by_name = {}
-    for key, placement in table_placement.items():
+    for key, value in mapping.items():
         name = key.name if isinstance(key, tf.tpu.experimental.embedding.TableConfig) else key
         if not isinstance(name, str):
-            raise ValueError(f"table_placement keys must be table names or TableConfig objects, "
+            raise ValueError(f"{option} keys must be table names or TableConfig objects, "
                              f"got {key!r} ({type(key).__name__})")
-        if placement not in PLACEMENTS:
-            raise ValueError(f"table '{name}': table_placement must be '{SHARDED}' or "
-                             f"'{REPLICATED}', got {placement!r}")
-        if by_name.get(name, placement) != placement:
-            raise ValueError(f"table '{name}': table_placement names it twice, as "
-                             f"'{by_name[name]}' and '{placement}'")
-        by_name[name] = placement
+        value = value_of(name, value)
+        if by_name.get(name, value) != value:
+            raise ValueError(f"table '{name}': {option} names it twice, as "
+                             f"'{by_name[name]}' and '{value}'")
+        by_name[name] = value
     return types.MappingProxyType(dict(sorted(by_name.items())))
+
+
+def _check_known(option, names, tables_by_name):
+    unknown = set(names) - set(tables_by_name)
+    if unknown:
+        raise ValueError(f"{option} names unknown tables {sorted(unknown)}; the tables are "
+                         f"{sorted(tables_by_name)}")
+
+
+def _placement(name, placement):
+    if placement not in PLACEMENTS:
+        raise ValueError(f"table '{name}': table_placement must be '{SHARDED}' or "
+                         f"'{REPLICATED}', got {placement!r}")
+    return placement
 
 
 TABLE_DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _dtypes_by_name(table_dtypes):
-    """table_dtypes keyed by table name (a key may be the TableConfig), values dtype names."""
-    table_dtypes = {} if table_dtypes is None else table_dtypes
-    if not isinstance(table_dtypes, Mapping):
-        raise ValueError(f"table_dtypes must be a mapping {{table name or TableConfig: "
-                         f"tf.float32 | tf.bfloat16 | tf.float16}}, got {table_dtypes!r}")
-    by_name = {}
-    for key, dtype in table_dtypes.items():
-        name = key if isinstance(key, str) else getattr(key, "name", None)
-        if not isinstance(name, str):
-            raise ValueError("table_dtypes keys must be table names or named TableConfig objects, "
-                             f"got {key!r}")
-        dtype_name = getattr(dtype, "name", dtype)
-        if dtype_name == "int8":
-            raise ValueError(f"table '{name}': int8 is not a training format; tables train in "
-                             f"{TABLE_DTYPES} and export_serving(quantize='int8') writes int8")
-        if dtype_name not in TABLE_DTYPES:
-            raise ValueError(f"table '{name}': table_dtypes must be one of {TABLE_DTYPES}, got "
-                             f"{dtype!r}")
-        by_name[name] = dtype_name
-    return types.MappingProxyType(by_name)
+def _dtype_name(name, dtype):
+    dtype_name = getattr(dtype, "name", dtype)
+    if dtype_name == "int8":
+        raise ValueError(f"table '{name}': int8 is not a training format; tables train in "
+                         f"{TABLE_DTYPES} and export_serving(quantize='int8') writes int8")
+    if dtype_name not in TABLE_DTYPES:
+        raise ValueError(f"table '{name}': table_dtypes must be one of {TABLE_DTYPES}, got "
+                         f"{dtype!r}")
+    return dtype_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +120,10 @@ class EmbeddingOptions:
     table_rounding: str = "stochastic"
 
     def __post_init__(self):
-        object.__setattr__(self, "table_placement", _placement_by_name(self.table_placement))
-        object.__setattr__(self, "table_dtypes", _dtypes_by_name(self.table_dtypes))
+        object.__setattr__(self, "table_placement", _by_table_name(
+            "table_placement", self.table_placement, f"'{SHARDED}' | '{REPLICATED}'", _placement))
+        object.__setattr__(self, "table_dtypes", _by_table_name(
+            "table_dtypes", self.table_dtypes, " | ".join(TABLE_DTYPES), _dtype_name))
         layout.check_sparse_cores_per_replica(self.sparse_cores_per_replica)
         _require_int("replication_threshold_bytes", self.replication_threshold_bytes, minimum=0)
         _require_choice("exchange", self.exchange, EXCHANGES)
@@ -193,20 +196,14 @@ class EmbeddingOptions:
     def storage_dtypes(self, tables_by_name):
         """{table name: dtype name} of every table (float32 unless table_dtypes says otherwise);
         a table_dtypes key naming no table fails."""
-        unknown = set(self.table_dtypes) - set(tables_by_name)
-        if unknown:
-            raise ValueError(f"table_dtypes names unknown tables {sorted(unknown)}; the tables "
-                             f"are {sorted(tables_by_name)}")
+        _check_known("table_dtypes", self.table_dtypes, tables_by_name)
         return {name: self.table_dtypes.get(name, "float32") for name in tables_by_name}
 
     def replicated_tables(self, tables_by_name, num_replicas):
         """Names of the tables held whole by every replica: only with several replicas; a table
         is replicated when table_placement says so, or when it names no placement and its
         parameters take at most replication_threshold_bytes."""
-        unknown = set(self.table_placement) - set(tables_by_name)
-        if unknown:
-            raise ValueError(f"table_placement names unknown tables {sorted(unknown)}; the tables "
-                             f"are {sorted(tables_by_name)}")
+        _check_known("table_placement", self.table_placement, tables_by_name)
         if num_replicas == 1:
             return frozenset()
         replicated = set()
