@@ -11,8 +11,12 @@ many rounds B was faster. The forward lookup's outputs of the two builds must be
 The updates read their gradients in the CSR's order (one buffer), or with `--gradients
 per-feature` as the class passes them with one replica (one buffer per feature, feature-major).
 
-Usage: python bench/kernel_ab.py --a /path/to/base/tree [--b .] [--kernel forward|adagrad|sgd]
+`--kernel A:B` runs kernel A in build A and kernel B in build B, for instance
+`--a . --kernel adagrad:adagrad-bf16` times float32 against bfloat16 rows in this tree.
+
+Usage: python bench/kernel_ab.py --a /path/to/base/tree [--b .] [--kernel KERNEL[:KERNEL]]
                                  [--gradients csr|per-feature] [--calls 300] [--repeats 2]
+KERNEL: forward, adagrad, sgd, forward-bf16 (bfloat16 rows) or adagrad-bf16.
 """
 import argparse
 import os
@@ -27,11 +31,25 @@ ROOT = os.path.dirname(HERE)
 FLAGS = ["-std=c++17", "-O3", "-ffp-contract=off", "-fno-math-errno", "-fvisibility=hidden"]
 
 
+KERNELS = ("forward", "adagrad", "sgd", "forward-bf16", "adagrad-bf16")
+
+
+def kernel_pair(text):
+    """`text` if it names one kernel or two as A:B (both lookups or both updates)."""
+    names = text.split(":")
+    if len(names) > 2 or any(n not in KERNELS for n in names):
+        raise argparse.ArgumentTypeError(f"{text!r}: kernels are {', '.join(KERNELS)}")
+    if len({n.startswith("forward") for n in names}) > 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a lookup cannot be timed against an update")
+    return text
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--a", required=True, help="source tree of build A (the base)")
     parser.add_argument("--b", default=ROOT, help="source tree of build B (default: this one)")
-    parser.add_argument("--kernel", choices=["forward", "adagrad", "sgd"], default="forward")
+    parser.add_argument("--kernel", type=kernel_pair, default="forward",
+                        help="one kernel for both builds, or A:B (see the module docstring)")
     parser.add_argument("--gradients", choices=["csr", "per-feature"], default="csr",
                         help="the updates' gradients: one buffer in the CSR's order, or one per "
                              "feature as TPUEmbeddingV2.apply_gradients passes them with one replica")

@@ -10,6 +10,7 @@
 #include "cc/core/csr_view.h"
 #include "cc/core/fused_update.h"
 #include "cc/core/lookup.h"
+#include "cc/core/row_precision.h"
 
 extern "C" {
 
@@ -17,6 +18,14 @@ __attribute__((visibility("default"))) void KernelAbForward(const sce::CsrView* 
                                                             const float* table, int64_t dim,
                                                             float* activations) {
   sce::SparseDenseMatmul(*view, table, dim, sce::Quantization(), activations, sce::RunSerially);
+}
+
+// The forward lookup of a bfloat16 table (`table` holds [rows, dim] bfloat16 values).
+__attribute__((visibility("default"))) void KernelAbForwardBfloat16(const sce::CsrView* view,
+                                                                    const void* table, int64_t dim,
+                                                                    float* activations) {
+  sce::SparseDenseMatmul(*view, static_cast<const sce::Bfloat16*>(table), dim, sce::Quantization(),
+                         activations, sce::RunSerially);
 }
 
 // The fused updates read their gradients as `GradientRows` says (cc/core/activation_rows.h): one
@@ -51,6 +60,25 @@ __attribute__((visibility("default"))) void KernelAbSgd(
       Gradients(*view, parts, num_parts, feature_rows, num_feature_rows, dim);
   sce::FusedUpdate<sce::SgdOptimizer>(*view, grads, dim, 0.01f, nullptr, sce::Clip(), table, {},
                                       sce::RunSerially);
+}
+
+// Fused Adagrad on a bfloat16 table with stochastic rounding; every call is the next step, so the
+// rounding bits change from call to call as in training.
+__attribute__((visibility("default"))) void KernelAbAdagradBfloat16(
+    const sce::CsrView* view, const float* const* parts, int64_t num_parts,
+    const int64_t* feature_rows, int64_t num_feature_rows, int64_t dim, void* table,
+    float* accumulator) {
+  static int64_t step = 0;
+  const sce::GradientRows grads =
+      Gradients(*view, parts, num_parts, feature_rows, num_feature_rows, dim);
+  sce::RowRounding rounding;
+  rounding.members.push_back({0, 0, 12345});
+  rounding.num_shards = view->num_shards();
+  rounding.step = step++;
+  int64_t overflow_row = -1;
+  sce::FusedUpdateNarrow<sce::AdagradOptimizer>(
+      *view, grads, dim, 0.01f, nullptr, sce::Clip(), static_cast<sce::Bfloat16*>(table),
+      rounding, {accumulator}, sce::RunSerially, nullptr, &overflow_row);
 }
 
 }  // extern "C"

@@ -14,8 +14,14 @@
 // (cc/core/activation_rows.h). A table that cannot be read feature-major (one feature, or no
 // feature rows in the dump) keeps the CSR's order, as in the class.
 //
-// Usage: kernel_ab_main <a.so> <b.so> <forward|adagrad|sgd> <calls> <csr|per-feature>
+// The kernel argument names one kernel for both builds, or two as "A:B" (for instance
+// "adagrad:adagrad-bf16", float32 against bfloat16 rows, usually with one tree as both builds).
+// The `-bf16` kernels read and write a bfloat16 copy of the table. Outputs are compared only when
+// both sides run the same kernel.
+//
+// Usage: kernel_ab_main <a.so> <b.so> <kernel[:kernel]> <calls> <csr|per-feature>
 //                       [csr file from kernel_ab.py]
+// kernel: forward, adagrad, sgd, forward-bf16 or adagrad-bf16.
 #include <dlfcn.h>
 #include <sys/mman.h>
 
@@ -28,6 +34,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cc/core/activation_rows.h"
@@ -36,11 +43,34 @@
 
 namespace {
 
-using Forward = void (*)(const sce::CsrView*, const float*, int64_t, float*);
+using Forward = void (*)(const sce::CsrView*, const void*, int64_t, float*);
 // The fused updates (Adagrad, SGD): view, gradient buffers and their count, each feature's rows
 // per SparseCore and their count (0: the CSR's order), dim, table, accumulator (unused by SGD).
 using Update = void (*)(const sce::CsrView*, const float* const*, int64_t, const int64_t*, int64_t,
-                        int64_t, float*, float*);
+                        int64_t, void*, float*);
+
+// One kernel of the harness: its entry point in kernel_ab_build.cc and what it reads.
+struct Kernel {
+  const char* name;
+  const char* symbol;
+  bool forward;      // a lookup (else a fused update)
+  bool accumulator;  // an update with an Adagrad accumulator
+  bool bfloat16;     // reads the bfloat16 copy of the table
+};
+constexpr Kernel kKernels[] = {
+    {"forward", "KernelAbForward", true, false, false},
+    {"adagrad", "KernelAbAdagrad", false, true, false},
+    {"sgd", "KernelAbSgd", false, false, false},
+    {"forward-bf16", "KernelAbForwardBfloat16", true, false, true},
+    {"adagrad-bf16", "KernelAbAdagradBfloat16", false, true, true},
+};
+
+const Kernel* FindKernel(const std::string& name) {
+  for (const Kernel& k : kKernels) {
+    if (name == k.name) return &k;
+  }
+  return nullptr;
+}
 
 void* Symbol(const char* library, const char* name) {
   void* handle = dlopen(library, RTLD_NOW | RTLD_LOCAL);
@@ -209,22 +239,31 @@ std::vector<Csr> ReadCsrs(const char* path) {
   return csrs;
 }
 
-// One stacked table's buffers: its table (and Adagrad accumulator), gradients (one buffer, or one
-// per feature) and both builds' activations.
+// One stacked table's buffers: its table (float32, and a bfloat16 copy when a kernel reads one),
+// its Adagrad accumulator, gradients (one buffer, or one per feature) and both builds' activations.
 struct TableState {
-  HugeBuffer table, accumulator;
+  HugeBuffer table, accumulator, narrow_table;
   std::vector<float> activations[2];
   std::vector<std::vector<float>> gradients;
   std::vector<const float*> gradient_parts;
   bool per_feature;  // one gradient buffer per feature, else one in the CSR's order
-  TableState(const Csr& csr, bool forward, bool accumulator_too, bool per_feature,
-             std::mt19937* rng)
+  TableState(const Csr& csr, bool forward, bool accumulator_too, bool bfloat16_too,
+             bool per_feature, std::mt19937* rng)
       : table(csr.view.table_rows * csr.dim),
         accumulator(accumulator_too ? csr.view.table_rows * csr.dim : 0),
+        narrow_table(bfloat16_too ? (csr.view.table_rows * csr.dim + 1) / 2 : 0),
         per_feature(per_feature) {
     std::uniform_real_distribution<float> uniform(-0.05f, 0.05f);
     const int64_t floats = csr.view.table_rows * csr.dim;
     for (int64_t i = 0; i < floats; ++i) table.data[i] = uniform(*rng);
+    if (bfloat16_too) {  // the upper halves of the float32 values (truncated: any values will do)
+      uint16_t* narrow = reinterpret_cast<uint16_t*>(narrow_table.data);
+      for (int64_t i = 0; i < floats; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &table.data[i], sizeof(bits));
+        narrow[i] = static_cast<uint16_t>(bits >> 16);
+      }
+    }
     if (forward) {
       activations[0].assign(csr.view.input_size * csr.dim, 0.0f);
       activations[1].assign(csr.view.input_size * csr.dim, 0.0f);
@@ -249,17 +288,24 @@ struct TableState {
 
 int main(int argc, char** argv) {
   if (argc < 6) {
-    std::fprintf(stderr,
-                 "usage: %s a.so b.so forward|adagrad|sgd calls csr|per-feature [csr file]\n",
+    std::fprintf(stderr, "usage: %s a.so b.so kernel[:kernel] calls csr|per-feature [csr file]\n",
                  argv[0]);
     return 2;
   }
-  const bool forward = std::strcmp(argv[3], "forward") == 0;
-  const bool adagrad = std::strcmp(argv[3], "adagrad") == 0;
-  if (!forward && !adagrad && std::strcmp(argv[3], "sgd") != 0) {
-    std::fprintf(stderr, "unknown kernel %s\n", argv[3]);
+  const std::string kernel_names = argv[3];
+  const size_t colon = kernel_names.find(':');
+  const Kernel* kernels[2] = {
+      FindKernel(kernel_names.substr(0, colon)),
+      FindKernel(colon == std::string::npos ? kernel_names : kernel_names.substr(colon + 1))};
+  if (kernels[0] == nullptr || kernels[1] == nullptr ||
+      kernels[0]->forward != kernels[1]->forward) {
+    std::fprintf(stderr, "unknown kernels %s (or a lookup against an update)\n", argv[3]);
     return 2;
   }
+  const bool forward = kernels[0]->forward;
+  const bool adagrad = kernels[0]->accumulator || kernels[1]->accumulator;
+  const bool bfloat16 = kernels[0]->bfloat16 || kernels[1]->bfloat16;
+  const bool same_kernel = kernels[0] == kernels[1];
   const int calls = std::atoi(argv[4]);
   const bool per_feature = std::strcmp(argv[5], "per-feature") == 0;
   if (!per_feature && std::strcmp(argv[5], "csr") != 0) {
@@ -295,13 +341,11 @@ int main(int argc, char** argv) {
       }
     }
     states.push_back(
-        std::make_unique<TableState>(csr, forward, adagrad, table_per_feature, &rng));
+        std::make_unique<TableState>(csr, forward, adagrad, bfloat16, table_per_feature, &rng));
   }
   void* fns[2];
   for (int k = 0; k < 2; ++k) {
-    fns[k] = Symbol(argv[1 + k], forward   ? "KernelAbForward"
-                                 : adagrad ? "KernelAbAdagrad"
-                                           : "KernelAbSgd");
+    fns[k] = Symbol(argv[1 + k], kernels[k]->symbol);
   }
   std::vector<double> ms[2];
   int b_faster = 0;
@@ -313,15 +357,17 @@ int main(int argc, char** argv) {
       const auto start = std::chrono::steady_clock::now();
       for (size_t n = 0; n < csrs.size(); ++n) {
         TableState& st = *states[n];
+        void* table = kernels[k]->bfloat16 ? static_cast<void*>(st.narrow_table.data)
+                                           : static_cast<void*>(st.table.data);
         if (forward) {
-          reinterpret_cast<Forward>(fns[k])(&csrs[n].view, st.table.data, csrs[n].dim,
+          reinterpret_cast<Forward>(fns[k])(&csrs[n].view, table, csrs[n].dim,
                                             st.activations[k].data());
         } else {
           const std::vector<int64_t>& rows = csrs[n].feature_rows;
           reinterpret_cast<Update>(fns[k])(
               &csrs[n].view, st.gradient_parts.data(),
               static_cast<int64_t>(st.gradient_parts.size()), rows.data(),
-              st.per_feature ? static_cast<int64_t>(rows.size()) : 0, csrs[n].dim, st.table.data,
+              st.per_feature ? static_cast<int64_t>(rows.size()) : 0, csrs[n].dim, table,
               st.accumulator.data);
         }
       }
@@ -329,7 +375,7 @@ int main(int argc, char** argv) {
                  .count();
     }
     for (const auto& st : states) {
-      if (forward && std::memcmp(st->activations[0].data(), st->activations[1].data(),
+      if (forward && same_kernel && std::memcmp(st->activations[0].data(), st->activations[1].data(),
                                  st->activations[0].size() * sizeof(float)) != 0) {
         std::fprintf(stderr, "the two builds' activations differ\n");
         return 1;

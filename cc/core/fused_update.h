@@ -139,7 +139,7 @@ struct Float32Rows {
 struct RowRounding {
   struct Member {         // one member table of the stacked table, by row offset
     int64_t row_offset;   // first row of the member inside each shard
-    int64_t rotation;     // shard of the member's logical row 0
+    int64_t rotation;     // shard of the member's logical row 0, in [0, num_shards)
     uint64_t seed;        // the member table's rounding seed
   };
   std::vector<Member> members;  // increasing row_offset; the first at 0
@@ -154,13 +154,26 @@ struct RowRounding {
 
   // The logical row of table row `row` of this variable, and its member's seed.
   int64_t LogicalRow(int64_t row, uint64_t* seed) const {
-    const int64_t local_shard = row / rows_per_shard, token = row % rows_per_shard;
-    size_t m = 0;
-    while (m + 1 < members.size() && members[m + 1].row_offset <= token) ++m;
-    *seed = members[m].seed;
-    const int64_t shard = first_local_shard + local_shard;
-    const int64_t residue = ((shard - members[m].rotation) % num_shards + num_shards) % num_shards;
-    return (token - members[m].row_offset) * num_shards + residue;
+    const int64_t local_shard = row / rows_per_shard;
+    return LogicalRowInShard(local_shard, row - local_shard * rows_per_shard, seed);
+  }
+  // The same for row `token` of local shard `local_shard`: a binary search over the members, no
+  // division (it runs once per updated row).
+  int64_t LogicalRowInShard(int64_t local_shard, int64_t token, uint64_t* seed) const {
+    size_t lo = 0, hi = members.size();  // the last member with row_offset <= token
+    while (hi - lo > 1) {
+      const size_t mid = (lo + hi) / 2;
+      if (members[mid].row_offset <= token) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    const Member& member = members[lo];
+    *seed = member.seed;
+    const int64_t difference = first_local_shard + local_shard - member.rotation;
+    const int64_t residue = difference < 0 ? difference + num_shards : difference;
+    return (token - member.row_offset) * num_shards + residue;
   }
 };
 
@@ -172,19 +185,6 @@ struct NarrowRows {
   const void* RowAddress(int64_t row, int64_t dim) const { return data + row * dim; }
   static constexpr int64_t kElementBytes = sizeof(Row);
 };
-
-__attribute__((always_inline)) inline uint16_t RoundRowValue(float value, uint64_t bits,
-                                                             bool stochastic, bool* overflow,
-                                                             Bfloat16*) {
-  return stochastic ? FloatToBfloat16Stochastic(value, bits, overflow)
-                    : FloatToBfloat16Nearest(value);
-}
-__attribute__((always_inline)) inline uint16_t RoundRowValue(float value, uint64_t bits,
-                                                             bool stochastic, bool* overflow,
-                                                             Float16*) {
-  return stochastic ? FloatToFloat16Stochastic(value, bits, overflow)
-                    : FloatToFloat16Nearest(value, overflow);
-}
 
 // Row `row` of slot k of a table of width `dim` (SlotRowWidth: dim floats, or one for a row-wise
 // slot).
@@ -275,21 +275,59 @@ __attribute__((always_inline)) inline void AddContribution(const float* gradient
   sum->Add(gradient, gain, dim);
 }
 
+// The RoundingBits words of row `token` of local shard `local_shard` (FillRoundingWords) into
+// `words`.
+template <typename Row, int64_t kDim>
+__attribute__((always_inline)) inline void FillRowRoundingWords(const RowRounding& rounding,
+                                                                int64_t local_shard, int64_t token,
+                                                                int64_t dim, uint64_t* words) {
+  uint64_t seed;
+  const int64_t logical = rounding.LogicalRowInShard(local_shard, token, &seed);
+  FillRoundingWords<Row, kDim>(RowRoundingKey(seed, logical, rounding.step), dim, words);
+}
+
 // The optimizer step of one 16-bit row: the row read into float32, the optimizer applied, the row
-// written back rounded with the bits of (member seed, logical row, column, step). A dry run works
-// on copies of the row and its slot rows and only records whether a value does not fit.
-template <typename Optimizer, typename Row>
-inline void ApplyToNarrowRow(int64_t row, const float* sum, int64_t dim, float learning_rate,
-                             const float* hypers, const Clip& clip, const NarrowRows<Row>& table,
-                             float** slot_rows) {
+// written back rounded with the bits of (member seed, logical row, column, step) (RoundRow) in
+// `words` (FillRowRoundingWords; computed here when null and the rounding is stochastic). A dry
+// run works on copies of the row and its slot rows and only records whether a value does not fit.
+// kDim > 0 fixes the width at compile time (vector_isa.h): the widened row then lives on the stack
+// and the widening, the optimizer and the rounding are loops of whole vectors.
+template <typename Optimizer, int64_t kDim, typename Row>
+__attribute__((always_inline)) inline void ApplyToNarrowRow(
+    int64_t row, const float* sum, int64_t runtime_dim, float learning_rate, const float* hypers,
+    const Clip& clip, const NarrowRows<Row>& table, float** slot_rows, const uint64_t* words) {
   constexpr size_t kNumSlots = Optimizer::kSlots.size();
+  const int64_t dim = kDim > 0 ? kDim : runtime_dim;
   const RowRounding& rounding = *table.rounding;
-  thread_local std::vector<float> wide, slot_copies;
-  wide.resize(dim);
+  float fixed_wide[kDim > 0 ? kDim : 1];
+  Row fixed_rounded[kDim > 0 ? kDim : 1];
+  uint64_t fixed_words[kDim > 0 ? RoundingWords<Row>(kDim) : 1];
+  float* wide = fixed_wide;
+  Row* rounded = fixed_rounded;
+  uint64_t* own_words = fixed_words;
+  if constexpr (kDim == 0) {
+    thread_local std::vector<float> any_wide;
+    thread_local std::vector<Row> any_rounded;
+    thread_local std::vector<uint64_t> any_words;
+    any_wide.resize(dim);
+    any_rounded.resize(dim);
+    any_words.resize(RoundingWords<Row>(dim));
+    wide = any_wide.data();
+    rounded = any_rounded.data();
+    own_words = any_words.data();
+  }
+  if (rounding.stochastic && words == nullptr) {
+    const int64_t local_shard = row / rounding.rows_per_shard;
+    FillRowRoundingWords<Row, kDim>(rounding, local_shard,
+                                    row - local_shard * rounding.rows_per_shard, dim, own_words);
+    words = own_words;
+  }
+  if (!rounding.stochastic) words = nullptr;
   Row* stored = table.data + row * dim;
   for (int64_t j = 0; j < dim; ++j) wide[j] = RowValue(stored + j);
   float* slots_used[kNumSlots + 1];
   if (rounding.dry_run) {
+    thread_local std::vector<float> slot_copies;
     slot_copies.resize(kNumSlots * dim + 1);
     for (size_t k = 0; k < kNumSlots; ++k) {
       const int64_t width = SlotRowWidth(Optimizer::kSlotShapes[k], dim);
@@ -299,23 +337,9 @@ inline void ApplyToNarrowRow(int64_t row, const float* sum, int64_t dim, float l
   } else {
     for (size_t k = 0; k < kNumSlots; ++k) slots_used[k] = slot_rows[k];
   }
-  Optimizer::Apply(hypers, learning_rate, sum, wide.data(), slots_used, dim, clip);
-  uint64_t seed;
-  const int64_t logical = rounding.LogicalRow(row, &seed);
-  bool overflow = false;
-  using Bits = RoundingBitsLayout<Row>;
-  uint64_t word = 0;
-  for (int64_t j = 0; j < dim; ++j) {
-    // ColumnRoundingBits, with each word hashed once for its columns.
-    const int64_t in_word = j % Bits::kColumnsPerWord;
-    if (rounding.stochastic && in_word == 0) {
-      word = RoundingBits(seed, logical, j / Bits::kColumnsPerWord, rounding.step);
-    }
-    const uint64_t bits = rounding.stochastic ? word >> (Bits::kShift * in_word) : 0;
-    const uint16_t value = RoundRowValue(wide[j], bits, rounding.stochastic, &overflow,
-                                         static_cast<Row*>(nullptr));
-    if (!rounding.dry_run) stored[j].bits = value;
-  }
+  Optimizer::Apply(hypers, learning_rate, sum, wide, slots_used, dim, clip);
+  const bool overflow = RoundRow<kDim>(wide, dim, words, rounded);
+  if (!rounding.dry_run) std::memcpy(stored, rounded, dim * sizeof(Row));
   if (overflow && rounding.overflow != nullptr) {
     rounding.overflow->store(true);
     if (rounding.overflow_row != nullptr) rounding.overflow_row->store(row);
@@ -323,11 +347,14 @@ inline void ApplyToNarrowRow(int64_t row, const float* sum, int64_t dim, float l
 }
 
 // Applies the optimizer to table row `row` with its summed gradient; returns 1 if it was skipped.
-template <typename Optimizer, bool kSkipNonFinite, typename Table>
+// kDim and `rounding_words` as in ApplyToNarrowRow (a float32 row needs neither: this is inlined
+// where dim is known).
+template <typename Optimizer, bool kSkipNonFinite, int64_t kDim, typename Table>
 __attribute__((always_inline)) inline int64_t FinishRow(
     int64_t row, const float* sum, bool skip, int64_t dim, float learning_rate,
     const float* hypers, const Clip& clip, const Table& table,
-    const std::array<float*, Optimizer::kSlots.size()>& slots) {
+    const std::array<float*, Optimizer::kSlots.size()>& slots,
+    const uint64_t* rounding_words = nullptr) {
   if (kSkipNonFinite && skip) return 1;
   float* slot_rows[Optimizer::kSlots.size() + 1];
   for (size_t k = 0; k < Optimizer::kSlots.size(); ++k) {
@@ -336,7 +363,8 @@ __attribute__((always_inline)) inline int64_t FinishRow(
   if constexpr (Table::kFloat32) {
     Optimizer::Apply(hypers, learning_rate, sum, table.data + row * dim, slot_rows, dim, clip);
   } else {
-    ApplyToNarrowRow<Optimizer>(row, sum, dim, learning_rate, hypers, clip, table, slot_rows);
+    ApplyToNarrowRow<Optimizer, kDim>(row, sum, dim, learning_rate, hypers, clip, table,
+                                      slot_rows, rounding_words);
   }
   return 0;
 }
@@ -372,6 +400,8 @@ struct RowSumBlock {
   uint8_t* skipped;  // 1: a non-finite contribution (kSkipNonFinite only)
   int64_t capacity;
   ListedContribution* list;  // [kListedContributions]
+  // 16-bit tables with stochastic rounding: [capacity, RoundingWords(dim)], else null.
+  uint64_t* rounding_words;
 };
 constexpr int64_t kRowSumBlockBytes = int64_t{128} << 10;
 
@@ -481,8 +511,11 @@ __attribute__((always_inline)) inline void SumListedRows(const RowSumBlock& bloc
 }
 
 // Applies the optimizer to the first `rows` rows of `block` (table rows shard_row + token) and
-// returns how many it skipped.
-template <typename Optimizer, bool kSkipNonFinite, typename Table>
+// returns how many it skipped. For a 16-bit table with stochastic rounding, the rows' random bits
+// are hashed first, in one loop over the block that knows the shard (no division per row for the
+// logical row); hashing in the row loop with a division per row made the bfloat16 update 2-4%
+// slower (bench/kernel_ab.py --kernel adagrad-bf16; BENCHMARKS.md, "Design measurements").
+template <typename Optimizer, bool kSkipNonFinite, int64_t kDim, typename Table>
 __attribute__((always_inline)) inline int64_t ApplyRowSums(
     const RowSumBlock& block, int64_t rows, int64_t shard_row, int64_t dim, float learning_rate,
     const float* hypers, const Clip& clip, const Table& table,
@@ -490,15 +523,28 @@ __attribute__((always_inline)) inline int64_t ApplyRowSums(
   for (int64_t r = 0; r < std::min(rows, kApplyPrefetchRows); ++r) {
     PrefetchTableRow<Optimizer>(table, slots, shard_row + block.tokens[r], dim);
   }
+  int64_t words_per_row = 0;
+  if constexpr (!Table::kFloat32) {
+    using Row = typename std::remove_pointer<decltype(table.data)>::type;
+    if (block.rounding_words != nullptr) {
+      words_per_row = RoundingWords<Row>(dim);
+      const int64_t local_shard = shard_row / table.rounding->rows_per_shard;
+      for (int64_t r = 0; r < rows; ++r) {
+        FillRowRoundingWords<Row, kDim>(*table.rounding, local_shard, block.tokens[r], dim,
+                                        block.rounding_words + r * words_per_row);
+      }
+    }
+  }
   int64_t skipped = 0;
   for (int64_t r = 0; r < rows; ++r) {
     if (r + kApplyPrefetchRows < rows) {
       PrefetchTableRow<Optimizer>(table, slots, shard_row + block.tokens[r + kApplyPrefetchRows],
                                   dim);
     }
-    skipped += FinishRow<Optimizer, kSkipNonFinite>(
+    skipped += FinishRow<Optimizer, kSkipNonFinite, kDim>(
         shard_row + block.tokens[r], block.sums + r * dim, kSkipNonFinite && block.skipped[r],
-        dim, learning_rate, hypers, clip, table, slots);
+        dim, learning_rate, hypers, clip, table, slots,
+        words_per_row > 0 ? block.rounding_words + r * words_per_row : nullptr);
   }
   return skipped;
 }
@@ -526,7 +572,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromRuns(
     SumListedRows<kDim>(block, listed, continues_row, dim, runtime_sum);
     // A cut row is updated once it is whole: its partial sum and skip flag move to row 0.
     const int64_t whole = row_cut ? rows - 1 : rows;
-    skipped += ApplyRowSums<Optimizer, kSkipNonFinite>(block, whole, shard_row, dim,
+    skipped += ApplyRowSums<Optimizer, kSkipNonFinite, kDim>(block, whole, shard_row, dim,
                                                        learning_rate, hypers, clip, table, slots);
     if (row_cut && whole > 0) {  // (the next ListNextRows writes the token again)
       std::copy(block.sums + whole * dim, block.sums + rows * dim, block.sums);
@@ -577,7 +623,7 @@ __attribute__((always_inline)) inline int64_t UpdateShardFromSortedContributions
                                       dim, entries[i].activation, entries[i].gain,
                                       bad_activation_rows, &row_sum, &skip);
     }
-    skipped += FinishRow<Optimizer, kSkipNonFinite>(shard_row + token, sum, skip, dim,
+    skipped += FinishRow<Optimizer, kSkipNonFinite, 0>(shard_row + token, sum, skip, dim,
                                                     learning_rate, hypers, clip, table, slots);
   }
   return skipped;
@@ -602,34 +648,38 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
   thread_local std::vector<int32_t> block_tokens;
   thread_local std::vector<uint8_t> block_skipped;
   thread_local std::vector<ListedContribution> block_list(kListedContributions);
+  thread_local std::vector<uint64_t> block_rounding_words;
   sum.resize(dim);
   const int64_t block_rows = RowSumBlockRows(dim);
   block_sums.resize(block_rows * dim);  // at most kRowSumBlockBytes, or one row
   block_tokens.resize(block_rows);
   block_skipped.resize(block_rows);
+  uint64_t* rounding_words = nullptr;
+  if constexpr (!Table::kFloat32) {
+    using Row = typename std::remove_pointer<decltype(table.data)>::type;
+    if (table.rounding->stochastic) {
+      block_rounding_words.resize(block_rows * RoundingWords<Row>(dim));
+      rounding_words = block_rounding_words.data();
+    }
+  }
   const RowSumBlock block{block_sums.data(), block_tokens.data(), block_skipped.data(),
-                          block_rows, block_list.data()};
+                          block_rows, block_list.data(), rounding_words};
   int64_t skipped = 0;
   for (int64_t p = p_begin; p < p_end; ++p) {
     const int64_t shard = view.first_local_shard + p;
     const int64_t shard_row = p * view.rows_per_shard();
     if (FindSortedRuns(view, shard, &runs)) {
-      // The common widths get a version with the width fixed at compile time (vector_isa.h);
-      // 16-bit rows, whose conversions dominate, only the version for any width.
+      // The common widths get a version with the width fixed at compile time (vector_isa.h).
 #define SCE_UPDATE_SHARD_FROM_RUNS(kDim)                                                      \
   UpdateShardFromRuns<Optimizer, kSkipNonFinite, kDim>(view, runs.data(), runs.size(),         \
                                                        shard_row, grads, dim, learning_rate,   \
                                                        hypers, clip, table, slots,             \
                                                        bad_activation_rows, sum.data(), block)
-      if constexpr (Table::kFloat32) {
-        switch (RowWidthBuild(dim)) {
-          case 0: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[0]); break;
-          case 1: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[1]); break;
-          case 2: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[2]); break;
-          default: skipped += SCE_UPDATE_SHARD_FROM_RUNS(0); break;
-        }
-      } else {
-        skipped += SCE_UPDATE_SHARD_FROM_RUNS(0);
+      switch (RowWidthBuild(dim)) {
+        case 0: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[0]); break;
+        case 1: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[1]); break;
+        case 2: skipped += SCE_UPDATE_SHARD_FROM_RUNS(kFixedRowWidths[2]); break;
+        default: skipped += SCE_UPDATE_SHARD_FROM_RUNS(0); break;
       }
 #undef SCE_UPDATE_SHARD_FROM_RUNS
     } else {
@@ -741,6 +791,7 @@ int64_t FusedUpdateNarrow(const CsrView& view, const GradientRows& grads, int64_
   rounding.overflow_row = &row;
   rounding.rows_per_shard = view.rows_per_shard();
   rounding.first_local_shard = view.first_local_shard;
+  for (RowRounding::Member& member : rounding.members) member.rotation %= rounding.num_shards;
   if (std::is_same<Row, Float16>::value) {
     rounding.dry_run = true;
     FusedUpdateOf<Optimizer>(view, grads, dim, learning_rate, hypers, clip,

@@ -68,15 +68,6 @@ uint16_t RoundFloat16Magnitude(float magnitude, bool* overflow, RoundUp round_up
 
 }  // namespace
 
-uint64_t RoundingBits(uint64_t seed, int64_t row, int64_t column, int64_t step) {
-  uint64_t z = seed ^ (static_cast<uint64_t>(row) * 0x9e3779b97f4a7c15ull) ^
-               (static_cast<uint64_t>(column) * 0xc2b2ae3d27d4eb4full) ^
-               (static_cast<uint64_t>(step) * 0x165667b19e3779f9ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 float Bfloat16ToFloat(uint16_t value) { return FromBits(static_cast<uint32_t>(value) << 16); }
 
 uint16_t FloatToBfloat16Nearest(float value) {

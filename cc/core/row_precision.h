@@ -25,8 +25,27 @@ struct Float16 {
 
 // 64 well-mixed bits of (seed, row, column, step): SplitMix64's finalizer over a combination of
 // the four inputs, each first multiplied by a distinct odd constant so that neighbouring rows,
-// columns and steps differ in many bits.
-uint64_t RoundingBits(uint64_t seed, int64_t row, int64_t column, int64_t step);
+// columns and steps differ in many bits. The combination is an exclusive or, so the part of one
+// row and step (RowRoundingKey) is computed once per row and each column word adds its own.
+constexpr uint64_t kRoundingRowMultiplier = 0x9e3779b97f4a7c15ull;
+constexpr uint64_t kRoundingColumnMultiplier = 0xc2b2ae3d27d4eb4full;
+constexpr uint64_t kRoundingStepMultiplier = 0x165667b19e3779f9ull;
+
+__attribute__((always_inline)) inline uint64_t RowRoundingKey(uint64_t seed, int64_t row,
+                                                              int64_t step) {
+  return seed ^ (static_cast<uint64_t>(row) * kRoundingRowMultiplier) ^
+         (static_cast<uint64_t>(step) * kRoundingStepMultiplier);
+}
+__attribute__((always_inline)) inline uint64_t ColumnWordRoundingBits(uint64_t row_key,
+                                                                      int64_t column) {
+  uint64_t z = row_key ^ (static_cast<uint64_t>(column) * kRoundingColumnMultiplier);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+inline uint64_t RoundingBits(uint64_t seed, int64_t row, int64_t column, int64_t step) {
+  return ColumnWordRoundingBits(RowRoundingKey(seed, row, step), column);
+}
 
 // bfloat16: the upper 16 bits of a float32 (8 exponent bits, 7 mantissa bits).
 float Bfloat16ToFloat(uint16_t value);
@@ -78,6 +97,72 @@ __attribute__((always_inline)) inline float RowValue(const Bfloat16* p) {
 }
 __attribute__((always_inline)) inline float RowValue(const Float16* p) {
   return Float16ToFloat(p->bits);
+}
+
+// The RoundingBits words of a row of `dim` columns (ColumnWordRoundingBits of words
+// 0 .. RoundingWords<Row>(dim) - 1 for `row_key`, RowRoundingKey). A loop of independent hashes:
+// the fused update computes them for a block of rows before it touches the rows, so that the
+// hashing overlaps nothing it waits for (fused_update.h, ApplyRowSums).
+template <typename Row>
+constexpr int64_t RoundingWords(int64_t dim) {
+  return (dim + RoundingBitsLayout<Row>::kColumnsPerWord - 1) /
+         RoundingBitsLayout<Row>::kColumnsPerWord;
+}
+template <typename Row, int64_t kDim>
+__attribute__((always_inline)) inline void FillRoundingWords(uint64_t row_key, int64_t runtime_dim,
+                                                             uint64_t* words) {
+  const int64_t n = RoundingWords<Row>(kDim > 0 ? kDim : runtime_dim);
+  for (int64_t w = 0; w < n; ++w) words[w] = ColumnWordRoundingBits(row_key, w);
+}
+
+// Rounds a row of float32 values `wide[0:dim]` to bfloat16 into `out[0:dim]`: stochastically with
+// the row's words (FillRoundingWords; column j takes 16 bits of word j / 4, as
+// ColumnRoundingBits<Bfloat16>), or to nearest when `words` is null; the same values as
+// FloatToBfloat16Stochastic / FloatToBfloat16Nearest element by element. Returns whether a finite
+// value became an infinity (stochastic rounding only, as those functions). Branch-free, so the
+// update's row loop vectorizes it. kDim > 0 fixes dim at compile time (vector_isa.h).
+template <int64_t kDim>
+__attribute__((always_inline)) inline bool RoundRow(const float* wide, int64_t runtime_dim,
+                                                    const uint64_t* words, Bfloat16* out) {
+  using L = RoundingBitsLayout<Bfloat16>;
+  static_assert(L::kShift == 16, "a bfloat16 value takes the low 16 bits of its share");
+  const int64_t dim = kDim > 0 ? kDim : runtime_dim;
+  const bool stochastic = words != nullptr;
+  uint32_t overflow = 0;
+  for (int64_t j = 0; j < dim; ++j) {
+    uint32_t bits;
+    __builtin_memcpy(&bits, wide + j, sizeof(bits));
+    const uint32_t special = (bits & 0x7f800000u) == 0x7f800000u;  // NaN or infinity
+    const uint32_t random =
+        stochastic ? static_cast<uint32_t>(words[j / L::kColumnsPerWord] >>
+                                           (L::kShift * (j % L::kColumnsPerWord))) &
+                         0xffffu
+                   : 0x7fffu + ((bits >> 16) & 1u);
+    const uint32_t rounded = (bits + random) >> 16;
+    const uint32_t kept = (bits >> 16) | ((bits & 0x7fffffu) != 0 ? 0x40u : 0u);  // NaN quiet
+    out[j].bits = static_cast<uint16_t>(special ? kept : rounded);
+    overflow |= (special ^ 1u) & static_cast<uint32_t>((rounded & 0x7fffu) == 0x7f80u);
+  }
+  return stochastic && overflow != 0;
+}
+
+// The same for float16 (scalar: FloatToFloat16Stochastic / FloatToFloat16Nearest per value;
+// column j takes 32 bits of word j / 2).
+template <int64_t kDim>
+inline bool RoundRow(const float* wide, int64_t runtime_dim, const uint64_t* words,
+                     Float16* out) {
+  using L = RoundingBitsLayout<Float16>;
+  const int64_t dim = kDim > 0 ? kDim : runtime_dim;
+  bool overflow = false;
+  for (int64_t j = 0; j < dim; ++j) {
+    out[j].bits = words == nullptr
+                      ? FloatToFloat16Nearest(wide[j], &overflow)
+                      : FloatToFloat16Stochastic(
+                            wide[j],
+                            words[j / L::kColumnsPerWord] >> (L::kShift * (j % L::kColumnsPerWord)),
+                            &overflow);
+  }
+  return overflow;
 }
 
 }  // namespace sce

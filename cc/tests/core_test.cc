@@ -2249,7 +2249,7 @@ void TestNarrowRowUpdate() {
     }
   }
   const float none[1] = {0.0f};
-  for (int64_t dim : {8, 5}) {
+  for (int64_t dim : {8, 5, 16, 32, 64, 72}) {  // any width, the fixed-width builds, 64 + 8
     for (uint32_t seed = 0; seed < 3; ++seed) {
       RandomCsr csr(seed, 2, 4, 2, 9, 7);
       const int64_t rows = csr.view.table_rows;
@@ -2882,6 +2882,69 @@ __attribute__((target("f16c"))) float F16cRound(float value) {
   return _cvtsh_ss(_cvtss_sh(value, 0));
 }
 
+// RoundRow's builds for each instruction set, as the update loops compile it.
+#define SCE_DEFINE_ROUND_ROW(name, target)                                                   \
+  template <int64_t kDim>                                                                    \
+  target bool name(const float* wide, int64_t dim, uint64_t key, bool stochastic,            \
+                   sce::Bfloat16* out) {                                                     \
+    std::vector<uint64_t> words(sce::RoundingWords<sce::Bfloat16>(dim));                     \
+    sce::FillRoundingWords<sce::Bfloat16, kDim>(key, dim, words.data());                     \
+    return sce::RoundRow<kDim>(wide, dim, stochastic ? words.data() : nullptr, out);         \
+  }
+SCE_DEFINE_ROUND_ROW(RoundRowAvx512, SCE_TARGET_AVX512)
+SCE_DEFINE_ROUND_ROW(RoundRowAvx2, SCE_TARGET_AVX2)
+SCE_DEFINE_ROUND_ROW(RoundRowBaseline, )
+#undef SCE_DEFINE_ROUND_ROW
+
+void TestRoundRowIsElementWise() {
+  g_test = "16-bit rows: a row rounded at once (every width build and ISA) is each value rounded "
+           "alone with its ColumnRoundingBits, NaN, infinities and overflow included";
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
+  const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 3.3895e38f, -3.3895e38f,
+                            std::numeric_limits<float>::max(), 1e-40f, -1e-40f};
+  using RoundFn = bool (*)(const float*, int64_t, uint64_t, bool, sce::Bfloat16*);
+  for (sce::VectorIsa isa : SupportedIsas()) {
+    for (int64_t dim : {1, 5, 16, 32, 64, 72, 130}) {
+      RoundFn round = nullptr;
+      const int build = sce::RowWidthBuild(dim);
+#define SCE_PICK(kDim)                                                          \
+  (isa == sce::VectorIsa::kAvx512 ? &RoundRowAvx512<kDim>                        \
+   : isa == sce::VectorIsa::kAvx2 ? &RoundRowAvx2<kDim>                          \
+                                  : &RoundRowBaseline<kDim>)
+      round = build == 0   ? SCE_PICK(16)
+              : build == 1 ? SCE_PICK(32)
+              : build == 2 ? SCE_PICK(64)
+                           : SCE_PICK(0);
+#undef SCE_PICK
+      for (int trial = 0; trial < 200; ++trial) {
+        std::vector<float> wide(dim);
+        for (int64_t j = 0; j < dim; ++j) {
+          wide[j] = (rng() % 4 == 0) ? specials[rng() % std::size(specials)] : uniform(rng);
+        }
+        const uint64_t seed = rng(), step = rng() % 1000;
+        const int64_t row = rng() % 100000;
+        for (bool stochastic : {true, false}) {
+          std::vector<sce::Bfloat16> got(dim);
+          const bool overflow =
+              round(wide.data(), dim, sce::RowRoundingKey(seed, row, step), stochastic, got.data());
+          bool want_overflow = false;
+          for (int64_t j = 0; j < dim; ++j) {
+            const uint16_t want =
+                stochastic ? sce::FloatToBfloat16Stochastic(
+                                 wide[j],
+                                 sce::ColumnRoundingBits<sce::Bfloat16>(seed, row, j, step),
+                                 &want_overflow)
+                           : sce::FloatToBfloat16Nearest(wide[j]);
+            CHECK_EQ(got[j].bits, want);
+          }
+          CHECK_EQ(overflow, want_overflow);
+        }
+      }
+    }
+  }
+}
+
 void TestRowPrecisionConversions() {
   g_test = "16-bit rows: float16 round trip of every pattern, nearest rounding like the "
            "CPU's F16C conversion, bfloat16 ties to even, overflow flagged";
@@ -2996,7 +3059,7 @@ int main() {
       TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks, TestIdRouting,
       TestIdRoutingPartitionMaxima, TestOwnerCsr, TestFeatureRowTables,
       TestRowPrecisionConversions, TestStochasticRoundingIsUnbiased, TestLookupOf16BitRows,
-      TestNarrowRowUpdate,
+      TestNarrowRowUpdate, TestRoundRowIsElementWise,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
