@@ -2255,9 +2255,10 @@ void TestNarrowRowUpdate() {
       const int64_t rows = csr.view.table_rows;
       FloatVec grads(csr.view.input_size * dim);
       for (size_t i = 0; i < grads.size(); ++i) grads[i] = std::sin(0.37f * i + seed) * 0.5f;
-      sce::RowRounding rounding;
-      rounding.members = {{0, 1, 77}};
+      sce::RowRounding rounding;  // three member tables of 4, 3 and 2 rows per shard
+      rounding.members = {{0, 1, 77}, {4, 3, 99}, {7, 0, 5}};
       rounding.num_shards = csr.view.num_shards();
+      CHECK_EQ(csr.view.rows_per_shard(), int64_t{9});
       rounding.rows_per_shard = csr.view.rows_per_shard();  // (FusedUpdateNarrow sets its own)
       rounding.step = 5 + seed;
       for (bool stochastic : {true, false}) {
