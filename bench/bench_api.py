@@ -247,6 +247,9 @@ def compare_at_cap(cap, args):
     functions["embedding_lookup, bfloat16 rows"] = bf16["embedding_lookup"]
     functions["dequeue, bfloat16 rows"] = bf16["dequeue"]
     functions["step, fused Adagrad, bfloat16 rows"] = bf16["step"]
+    functions["step, fused row-wise Adagrad, bfloat16 rows"] = our_functions(
+        vocab, args.dim, args.batch, args.combiner, sce.RowWiseAdagrad(learning_rate=LEARNING_RATE),
+        pool, phases=False, table_dtype="bfloat16")["step"]
     functions["TF step (embedding_lookup_sparse + tf.compat.v1 Adagrad)"] = tensorflow_step(
         vocab, args.dim, args.combiner, pool)
     medians = interleaved(functions, args.rounds)
@@ -272,8 +275,10 @@ def compare_at_cap(cap, args):
         step16 = result["step, fused Adagrad, bfloat16 rows"]
         dequeue32 = result["dequeue (lookup of an enqueued batch)"]
         dequeue16 = result["dequeue, bfloat16 rows"]
+        row_wise16 = result["step, fused row-wise Adagrad, bfloat16 rows"]
         print(f"float32 / bfloat16 rows, {label}: embedding_lookup {lookup32[0] / lookup16[0]:.2f}x,"
               f" dequeue {dequeue32[0] / dequeue16[0]:.2f}x, Adagrad step {ours[0] / step16[0]:.2f}x"
+              f", row-wise Adagrad step {row_wise[0] / row_wise16[0]:.2f}x"
               " (wall; above 1: bfloat16 faster)")
 
 
