@@ -180,6 +180,7 @@ struct RowRounding {
 template <typename Row>
 struct NarrowRows {
   static constexpr bool kFloat32 = false;
+  using Element = Row;
   Row* data;
   const RowRounding* rounding;
   const void* RowAddress(int64_t row, int64_t dim) const { return data + row * dim; }
@@ -525,7 +526,7 @@ __attribute__((always_inline)) inline int64_t ApplyRowSums(
   }
   int64_t words_per_row = 0;
   if constexpr (!Table::kFloat32) {
-    using Row = typename std::remove_pointer<decltype(table.data)>::type;
+    using Row = typename Table::Element;
     if (block.rounding_words != nullptr) {
       words_per_row = RoundingWords<Row>(dim);
       const int64_t local_shard = shard_row / table.rounding->rows_per_shard;
@@ -656,7 +657,7 @@ __attribute__((always_inline)) inline int64_t UpdateShards(
   block_skipped.resize(block_rows);
   uint64_t* rounding_words = nullptr;
   if constexpr (!Table::kFloat32) {
-    using Row = typename std::remove_pointer<decltype(table.data)>::type;
+    using Row = typename Table::Element;
     if (table.rounding->stochastic) {
       block_rounding_words.resize(block_rows * RoundingWords<Row>(dim));
       rounding_words = block_rounding_words.data();

@@ -72,19 +72,17 @@ float Bfloat16ToFloat(uint16_t value) { return FromBits(static_cast<uint32_t>(va
 
 uint16_t FloatToBfloat16Nearest(float value) {
   const uint32_t bits = Bits(value);
-  if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  const uint32_t lsb = (bits >> 16) & 1u;
-  return static_cast<uint16_t>((bits + 0x7fffu + lsb) >> 16);
+  uint32_t unused = 0;  // a finite value past bfloat16's range rounds to infinity, unflagged
+  return RoundBfloat16Bits(bits, NearestBfloat16Addend(bits), &unused);
 }
 
 uint16_t FloatToBfloat16Stochastic(float value, uint64_t random_bits, bool* overflow) {
-  const uint32_t bits = Bits(value);
-  if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  if (std::isinf(value)) return static_cast<uint16_t>(bits >> 16);
   // Sign and magnitude: adding r in [0, 2^16) to the magnitude's low 16 bits carries into the
   // kept bits with probability (low bits) / 2^16, which is (x - lo) / (hi - lo) in every binade.
-  const uint16_t out = static_cast<uint16_t>((bits + (random_bits & 0xffffu)) >> 16);
-  if ((out & 0x7fffu) == 0x7f80u) *overflow = true;
+  uint32_t overflowed = 0;
+  const uint16_t out =
+      RoundBfloat16Bits(Bits(value), static_cast<uint32_t>(random_bits & 0xffffu), &overflowed);
+  if (overflowed != 0) *overflow = true;
   return out;
 }
 

@@ -49,6 +49,21 @@ inline uint64_t RoundingBits(uint64_t seed, int64_t row, int64_t column, int64_t
 
 // bfloat16: the upper 16 bits of a float32 (8 exponent bits, 7 mantissa bits).
 float Bfloat16ToFloat(uint16_t value);
+// The one bfloat16 rounding rule, branch-free so that row loops vectorize it: float32 bits `bits`
+// plus `addend` below the kept 16 bits (a uniform 16-bit number: stochastic rounding; 0x7fff plus
+// the kept part's lowest bit: to nearest, ties to even), then truncated. NaN stays NaN (quiet) and
+// infinities stay infinities. Sets *overflow (to 1) when a finite value becomes an infinity.
+__attribute__((always_inline)) inline uint16_t RoundBfloat16Bits(uint32_t bits, uint32_t addend,
+                                                                 uint32_t* overflow) {
+  const uint32_t special = (bits & 0x7f800000u) == 0x7f800000u;  // NaN or infinity
+  const uint32_t rounded = (bits + addend) >> 16;
+  const uint32_t kept = (bits >> 16) | ((bits & 0x7fffffu) != 0 ? 0x40u : 0u);  // NaN quiet
+  *overflow |= (special ^ 1u) & static_cast<uint32_t>((rounded & 0x7fffu) == 0x7f80u);
+  return static_cast<uint16_t>(special ? kept : rounded);
+}
+__attribute__((always_inline)) inline uint32_t NearestBfloat16Addend(uint32_t bits) {
+  return 0x7fffu + ((bits >> 16) & 1u);
+}
 // Round to nearest, ties to even; NaN stays NaN (quiet), infinities stay infinities.
 uint16_t FloatToBfloat16Nearest(float value);
 // Stochastic rounding with the low 16 of `random_bits`; NaN and infinities as above. A finite
@@ -100,9 +115,8 @@ __attribute__((always_inline)) inline float RowValue(const Float16* p) {
 }
 
 // The RoundingBits words of a row of `dim` columns (ColumnWordRoundingBits of words
-// 0 .. RoundingWords<Row>(dim) - 1 for `row_key`, RowRoundingKey). A loop of independent hashes:
-// the fused update computes them for a block of rows before it touches the rows, so that the
-// hashing overlaps nothing it waits for (fused_update.h, ApplyRowSums).
+// 0 .. RoundingWords<Row>(dim) - 1 for `row_key`, RowRoundingKey): a loop of independent hashes,
+// which the fused update runs for a block of rows at once (fused_update.h, ApplyRowSums).
 template <typename Row>
 constexpr int64_t RoundingWords(int64_t dim) {
   return (dim + RoundingBitsLayout<Row>::kColumnsPerWord - 1) /
@@ -115,12 +129,11 @@ __attribute__((always_inline)) inline void FillRoundingWords(uint64_t row_key, i
   for (int64_t w = 0; w < n; ++w) words[w] = ColumnWordRoundingBits(row_key, w);
 }
 
-// Rounds a row of float32 values `wide[0:dim]` to bfloat16 into `out[0:dim]`: stochastically with
-// the row's words (FillRoundingWords; column j takes 16 bits of word j / 4, as
-// ColumnRoundingBits<Bfloat16>), or to nearest when `words` is null; the same values as
-// FloatToBfloat16Stochastic / FloatToBfloat16Nearest element by element. Returns whether a finite
-// value became an infinity (stochastic rounding only, as those functions). Branch-free, so the
-// update's row loop vectorizes it. kDim > 0 fixes dim at compile time (vector_isa.h).
+// Rounds a row of float32 values `wide[0:dim]` to bfloat16 into `out[0:dim]` (RoundBfloat16Bits):
+// stochastically with the row's words (FillRoundingWords; column j takes 16 bits of word j / 4,
+// as ColumnRoundingBits<Bfloat16>), or to nearest when `words` is null. Returns whether a finite
+// value became an infinity (stochastic rounding only, as FloatToBfloat16Stochastic). kDim > 0
+// fixes dim at compile time (vector_isa.h).
 template <int64_t kDim>
 __attribute__((always_inline)) inline bool RoundRow(const float* wide, int64_t runtime_dim,
                                                     const uint64_t* words, Bfloat16* out) {
@@ -132,16 +145,12 @@ __attribute__((always_inline)) inline bool RoundRow(const float* wide, int64_t r
   for (int64_t j = 0; j < dim; ++j) {
     uint32_t bits;
     __builtin_memcpy(&bits, wide + j, sizeof(bits));
-    const uint32_t special = (bits & 0x7f800000u) == 0x7f800000u;  // NaN or infinity
-    const uint32_t random =
+    const uint32_t addend =
         stochastic ? static_cast<uint32_t>(words[j / L::kColumnsPerWord] >>
                                            (L::kShift * (j % L::kColumnsPerWord))) &
                          0xffffu
-                   : 0x7fffu + ((bits >> 16) & 1u);
-    const uint32_t rounded = (bits + random) >> 16;
-    const uint32_t kept = (bits >> 16) | ((bits & 0x7fffffu) != 0 ? 0x40u : 0u);  // NaN quiet
-    out[j].bits = static_cast<uint16_t>(special ? kept : rounded);
-    overflow |= (special ^ 1u) & static_cast<uint32_t>((rounded & 0x7fffu) == 0x7f80u);
+                   : NearestBfloat16Addend(bits);
+    out[j].bits = RoundBfloat16Bits(bits, addend, &overflow);
   }
   return stochastic && overflow != 0;
 }
