@@ -33,6 +33,7 @@
 #include "cc/core/gradient_check.h"
 #include "cc/core/huge_pages.h"
 #include "cc/core/id_routing.h"
+#include "cc/core/key_row_map.h"
 #include "cc/core/lookup.h"
 #include "cc/core/layout.h"
 #include "cc/core/minibatch_splits.h"
@@ -47,6 +48,7 @@
 #include "cc/core/stacked_splits.h"
 #include "cc/core/status.h"
 #include "cc/tests/fused_update_reference.h"
+#include "cc/tests/key_row_map_reference.h"
 
 namespace {
 
@@ -1418,6 +1420,234 @@ void TestRaisePartitionLimits() {
   CHECK(limits == (std::vector<int32_t>{6, 4, 8, 9}));  // nothing written
   CHECK_ERROR(sce::RaisePartitionLimits(limits.data(), limits.data(), 3, {"a", "b"}, &changes),
               "2 entries per stacked table");
+}
+
+
+// ---- Open vocabularies: the key-to-row map (docs/dynamic_vocabulary.md) -------------------------
+
+struct MappedStep {
+  std::vector<int32_t> rows;
+  std::vector<uint64_t> new_keys;
+  std::vector<int32_t> new_rows;
+  sce::KeyRowMapStepStats stats;
+};
+
+MappedStep MapKeys(sce::KeyRowMap* map, int64_t step, const std::vector<int64_t>& keys) {
+  MappedStep out;
+  std::vector<uint64_t> words(keys.begin(), keys.end());
+  out.rows.assign(keys.size(), 99);
+  CHECK_OK(map->MapStep(step, words.data(), static_cast<int64_t>(words.size()), out.rows.data(),
+                        &out.new_keys, &out.new_rows, &out.stats));
+  return out;
+}
+
+std::unique_ptr<sce::KeyRowMap> NewKeyRowMap(int64_t capacity, int64_t threshold,
+                                             int64_t steps_to_live, int64_t pending_capacity = 8) {
+  sce::KeyRowMapConfig config;
+  config.capacity = capacity;
+  config.admission_threshold = threshold;
+  config.steps_to_live = steps_to_live;
+  config.pending_capacity = pending_capacity;
+  std::unique_ptr<sce::KeyRowMap> map;
+  CHECK_OK(sce::KeyRowMap::Create("table 'users'", config, &map));
+  return map;
+}
+
+void TestKeyRowMapAdmission() {
+  g_test = "key map: threshold 1 admits on first sight, in batch order; a full map refuses";
+  auto map = NewKeyRowMap(3, 1, 0);
+  MappedStep s0 = MapKeys(map.get(), 0, {5, -3, 5, 7});
+  CHECK(s0.rows == (std::vector<int32_t>{0, 1, 0, 2}));
+  CHECK(s0.new_keys == (std::vector<uint64_t>{5, static_cast<uint64_t>(-3), 7}));
+  CHECK(s0.new_rows == (std::vector<int32_t>{0, 1, 2}));
+  CHECK_EQ(s0.stats.admitted_keys, int64_t{3});
+  MappedStep s1 = MapKeys(map.get(), 1, {8, 7, 8});
+  CHECK(s1.rows == (std::vector<int32_t>{sce::kNoRow, 2, sce::kNoRow}));
+  CHECK_EQ(s1.stats.refused_keys, int64_t{1});
+  CHECK_EQ(s1.stats.unadmitted_ids, int64_t{2});
+  CHECK(s1.new_keys.empty());
+  const sce::KeyRowMapState state = map->Export();
+  CHECK(state.keys == (std::vector<uint64_t>{static_cast<uint64_t>(-3), 5, 7}));  // signed order
+  CHECK(state.rows == (std::vector<int32_t>{1, 0, 2}));
+  CHECK(state.last_seen == (std::vector<int32_t>{0, 0, 1}));
+
+  g_test = "key map: the occurrence reaching the threshold admits; earlier ones in its step read "
+           "the row too";
+  auto counted = NewKeyRowMap(4, 3, 0);
+  MappedStep c0 = MapKeys(counted.get(), 0, {9, 9, 4});
+  CHECK(c0.rows == (std::vector<int32_t>{sce::kNoRow, sce::kNoRow, sce::kNoRow}));
+  CHECK_EQ(c0.stats.unadmitted_ids, int64_t{3});
+  MappedStep c1 = MapKeys(counted.get(), 1, {4, 9, 1, 1, 9, 1});
+  CHECK(c1.rows == (std::vector<int32_t>{sce::kNoRow, 0, 1, 1, 0, 1}));
+  CHECK(c1.new_keys == (std::vector<uint64_t>{9, 1}));
+  CHECK_EQ(c1.stats.unadmitted_ids, int64_t{1});
+  const sce::KeyRowMapState pending = counted->Export();
+  CHECK(pending.pending_keys == (std::vector<uint64_t>{4}));
+  CHECK(pending.pending_counts == (std::vector<int32_t>{2}));
+  CHECK(pending.pending_last_seen == (std::vector<int32_t>{1}));
+}
+
+void TestKeyRowMapEviction() {
+  g_test = "key map: steps_to_live takes rows back lazily; taken-back rows are reused";
+  auto map = NewKeyRowMap(2, 1, 2);
+  MapKeys(map.get(), 0, {100});
+  MapKeys(map.get(), 1, {200});
+  // Step 3: key 100 (last seen 0) has been unseen for 3 > 2 steps: it is admitted afresh.
+  MappedStep s3 = MapKeys(map.get(), 3, {100, 300});
+  CHECK(s3.new_keys == (std::vector<uint64_t>{100}));
+  CHECK_EQ(s3.rows[0], 0);
+  CHECK_EQ(s3.stats.evicted_keys, int64_t{1});
+  CHECK_EQ(s3.rows[1], sce::kNoRow);  // 200 (last seen 1) still holds its row
+  CHECK_EQ(s3.stats.refused_keys, int64_t{1});
+  MappedStep s4 = MapKeys(map.get(), 4, {300});  // 200 expires: the sweep frees its row
+  CHECK_EQ(s4.rows[0], 1);
+  CHECK(s4.new_rows == (std::vector<int32_t>{1}));
+  CHECK_EQ(s4.stats.evicted_keys, int64_t{1});
+  const sce::KeyRowMapState state = map->Export();
+  CHECK(state.keys == (std::vector<uint64_t>{100, 300}));
+  // Export leaves out keys that have lost their rows by the last step, swept or not.
+  MapKeys(map.get(), 7, {});
+  CHECK(map->Export().keys.empty());
+  CHECK_EQ(map->size(), int64_t{2});
+
+  g_test = "key map: a full pending table forgets keys not seen in the step, then stops counting";
+  auto counted = NewKeyRowMap(4, 5, 0, 2);
+  MapKeys(counted.get(), 0, {1, 2});
+  MappedStep c1 = MapKeys(counted.get(), 1, {3, 4, 5});
+  CHECK_EQ(c1.stats.untracked_ids, int64_t{1});
+  CHECK_EQ(c1.stats.unadmitted_ids, int64_t{3});
+  CHECK(counted->Export().pending_keys == (std::vector<uint64_t>{3, 4}));
+}
+
+void TestKeyRowMapStateAndErrors() {
+  g_test = "key map: Import gives key i row i and continues like the exported map";
+  auto map = NewKeyRowMap(6, 2, 3);
+  MapKeys(map.get(), 0, {10, -20, 10, 30});
+  MapKeys(map.get(), 2, {30, 40, 40, -20});
+  sce::KeyRowMapState state = map->Export();
+  CHECK(state.keys == (std::vector<uint64_t>{static_cast<uint64_t>(-20), 10, 30, 40}));
+  CHECK(state.pending_keys.empty());
+  auto restored = NewKeyRowMap(6, 2, 3);
+  CHECK_OK(restored->Import(state));
+  CHECK(restored->Export().rows == (std::vector<int32_t>{0, 1, 2, 3}));
+  const std::vector<int64_t> next = {10, 50, 50, 60, -20, 30};
+  MappedStep a = MapKeys(map.get(), 4, next);
+  MappedStep b = MapKeys(restored.get(), 4, next);
+  CHECK(a.new_keys == b.new_keys);
+  for (size_t i = 0; i < next.size(); ++i) CHECK_EQ(a.rows[i] == sce::kNoRow, b.rows[i] == sce::kNoRow);
+  sce::KeyRowMapState after_a = map->Export(), after_b = restored->Export();
+  CHECK(after_a.keys == after_b.keys && after_a.last_seen == after_b.last_seen);
+  CHECK(after_a.pending_keys == after_b.pending_keys);
+  CHECK(after_a.pending_counts == after_b.pending_counts);
+
+  g_test = "key map: bad arguments fail naming the table and change nothing";
+  sce::KeyRowMapConfig bad;
+  bad.capacity = 0;
+  std::unique_ptr<sce::KeyRowMap> none;
+  CHECK_ERROR(sce::KeyRowMap::Create("table 'users'", bad, &none), "table 'users': capacity");
+  bad.capacity = 4;
+  bad.admission_threshold = 0;
+  CHECK_ERROR(sce::KeyRowMap::Create("table 'users'", bad, &none), "admission_threshold");
+  bad.admission_threshold = 1;
+  bad.steps_to_live = -1;
+  CHECK_ERROR(sce::KeyRowMap::Create("table 'users'", bad, &none), "steps_to_live");
+  const sce::KeyRowMapState before = map->Export();
+  std::vector<int32_t> rows(1);
+  std::vector<uint64_t> keys = {10}, new_keys;
+  std::vector<int32_t> new_rows;
+  sce::KeyRowMapStepStats stats;
+  CHECK_ERROR(map->MapStep(3, keys.data(), 1, rows.data(), &new_keys, &new_rows, &stats),
+              "step 3 comes before the last mapped step 4");
+  CHECK_ERROR(map->MapStep(int64_t{1} << 31, keys.data(), 1, rows.data(), &new_keys, &new_rows,
+                           &stats),
+              "table 'users': step must be in [0, 2147483647]");
+  sce::KeyRowMapState too_many = before;
+  too_many.keys = {1, 2, 3, 4, 5, 6, 7};
+  too_many.last_seen.assign(7, 0);
+  CHECK_ERROR(map->Import(too_many), "holds 7 keys, more than the capacity of 6 rows");
+  sce::KeyRowMapState unsorted = before;
+  std::swap(unsorted.keys[0], unsorted.keys[1]);
+  CHECK_ERROR(map->Import(unsorted), "strictly ascending");
+  sce::KeyRowMapState future = before;
+  future.last_seen[0] = 9;
+  CHECK_ERROR(map->Import(future), "last-seen step 9 is outside [0, 4]");
+  sce::KeyRowMapState both = before;
+  both.pending_keys = {before.keys[1]};
+  both.pending_counts = {1};
+  both.pending_last_seen = {0};
+  CHECK_ERROR(map->Import(both), "is both held and pending");
+  const sce::KeyRowMapState after = map->Export();
+  CHECK(after.keys == before.keys && after.rows == before.rows &&
+        after.last_seen == before.last_seen && after.last_step == before.last_step);
+}
+
+void TestKeyRowMapMatchesReference() {
+  g_test = "key map: random steps agree with the reference model; rows stay consistent";
+  std::mt19937_64 rng(20261127);
+  for (int trial = 0; trial < 300; ++trial) {
+    sce::KeyRowMapConfig config;
+    config.capacity = 1 + static_cast<int64_t>(rng() % 40);
+    config.admission_threshold = 1 + static_cast<int64_t>(rng() % 3);
+    config.steps_to_live = static_cast<int64_t>(rng() % 4);
+    config.pending_capacity = 1 + static_cast<int64_t>(rng() % 30);
+    std::unique_ptr<sce::KeyRowMap> map;
+    CHECK_OK(sce::KeyRowMap::Create("t", config, &map));
+    sce_testing::ReferenceKeyRowMap reference(config);
+    const uint64_t universe = 1 + rng() % 80;
+    std::map<uint64_t, int32_t> row_of;  // the rows held after the previous step
+    int64_t step = 0;
+    bool agree = true, consistent = true;
+    for (int s = 0; s < 25; ++s) {
+      step += static_cast<int64_t>(rng() % 3);
+      std::vector<uint64_t> keys(rng() % 30);
+      for (uint64_t& k : keys) k = (rng() % universe) * 0x9e3779b97f4a7c15ULL;
+      std::vector<int32_t> rows(keys.size());
+      std::vector<uint64_t> new_keys, expected_new;
+      std::vector<int32_t> new_rows;
+      sce::KeyRowMapStepStats stats, expected_stats;
+      CHECK_OK(map->MapStep(step, keys.data(), static_cast<int64_t>(keys.size()), rows.data(),
+                            &new_keys, &new_rows, &stats));
+      const std::vector<bool> has_row = reference.MapStep(step, keys, &expected_new, &expected_stats);
+      agree = agree && new_keys == expected_new && stats.admitted_keys == expected_stats.admitted_keys &&
+              stats.refused_keys == expected_stats.refused_keys &&
+              stats.unadmitted_ids == expected_stats.unadmitted_ids &&
+              stats.untracked_ids == expected_stats.untracked_ids;
+      std::map<uint64_t, int32_t> step_rows;
+      std::set<uint64_t> admitted(new_keys.begin(), new_keys.end());
+      for (size_t i = 0; i < keys.size(); ++i) {
+        agree = agree && (rows[i] != sce::kNoRow) == has_row[i];
+        if (rows[i] == sce::kNoRow) continue;
+        consistent = consistent && rows[i] >= 0 && rows[i] < config.capacity;
+        auto [it, inserted] = step_rows.emplace(keys[i], rows[i]);
+        consistent = consistent && it->second == rows[i];  // one row per key in a step
+        if (!admitted.count(keys[i]) && row_of.count(keys[i])) {
+          consistent = consistent && row_of[keys[i]] == rows[i];  // kept from the last step
+        }
+      }
+      const sce::KeyRowMapState state = map->Export(), expected = reference.Export();
+      agree = agree && state.keys == expected.keys && state.last_seen == expected.last_seen &&
+              state.pending_keys == expected.pending_keys &&
+              state.pending_counts == expected.pending_counts &&
+              state.pending_last_seen == expected.pending_last_seen;
+      std::set<int32_t> distinct(state.rows.begin(), state.rows.end());
+      consistent = consistent && distinct.size() == state.rows.size();  // never shared
+      row_of.clear();
+      for (size_t k = 0; k < state.keys.size(); ++k) row_of[state.keys[k]] = state.rows[k];
+    }
+    CHECK(agree);
+    CHECK(consistent);
+  }
+
+  g_test = "key map: owner shards are a fixed function of the key, spread evenly";
+  std::vector<int> per_shard(4, 0);
+  for (int64_t key = -2000; key < 2000; ++key) {
+    const int32_t shard = sce::KeyOwnerShard(static_cast<uint64_t>(key), 4);
+    CHECK(shard >= 0 && shard < 4);
+    CHECK_EQ(shard, sce::KeyOwnerShard(static_cast<uint64_t>(key), 4));
+    ++per_shard[shard];
+  }
+  for (int count : per_shard) CHECK(count > 900 && count < 1100);
+  CHECK_EQ(sce::KeyOwnerShard(12345, 1), 0);
 }
 
 }  // namespace
@@ -3060,7 +3290,8 @@ int main() {
       TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks, TestIdRouting,
       TestIdRoutingPartitionMaxima, TestOwnerCsr, TestFeatureRowTables,
       TestRowPrecisionConversions, TestStochasticRoundingIsUnbiased, TestLookupOf16BitRows,
-      TestNarrowRowUpdate, TestRoundRowIsElementWise,
+      TestNarrowRowUpdate, TestRoundRowIsElementWise, TestKeyRowMapAdmission,
+      TestKeyRowMapEviction, TestKeyRowMapStateAndErrors, TestKeyRowMapMatchesReference,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

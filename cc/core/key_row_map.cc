@@ -1,0 +1,450 @@
+// Open addressing with linear probing over two tables: the key map (12-byte slots, load <= 3/4)
+// and the pending counts (16-byte slots, load <= 3/4). Deletion shifts later entries of the
+// probe run back (no tombstones), so lookups never slow down as keys come and go.
+#include "cc/core/key_row_map.h"
+
+#include <algorithm>
+#include <new>
+#include <utility>
+
+namespace sce {
+namespace {
+
+// MurmurHash3's 64-bit finalizer: every input bit affects every output bit.
+inline uint64_t Mix64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+
+// The high word of a * b: maps a uniform 64-bit hash onto [0, b) without a division.
+inline uint64_t MultiplyHigh(uint64_t a, uint64_t b) {
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(a) * b) >> 64);
+}
+
+// The owner hash and the slot hash must be independent: a shard's keys share their owner hash
+// range, and the slot hash must still spread them over all of the shard's slots.
+constexpr uint64_t kOwnerSalt = 0x9e3779b97f4a7c15ULL;
+constexpr uint64_t kPendingSalt = 0x632be59bd9b4e019ULL;
+
+// Slots for `entries` at a load of at most 3/4, and always one more than `entries` so a probe
+// for an absent key ends at an empty slot.
+int64_t SlotsFor(int64_t entries) { return entries + (entries + 2) / 3 + 1; }
+
+inline uint64_t KeyOf(const KeyRowMap::Slot& slot) {
+  return (static_cast<uint64_t>(slot.key_high) << 32) | slot.key_low;
+}
+
+inline bool KeyLess(uint64_t a, uint64_t b) {
+  return static_cast<int64_t>(a) < static_cast<int64_t>(b);
+}
+
+// "The key's empty slot is not known": Admit finds it.
+constexpr int64_t kUnknownSlot = -1;
+
+// Whether `home` lies cyclically in (hole, slot]: then the entry at `slot` cannot move to `hole`.
+inline bool HomeBetween(int64_t hole, int64_t home, int64_t slot) {
+  return hole <= slot ? (hole < home && home <= slot) : (hole < home || home <= slot);
+}
+
+}  // namespace
+
+Status ValidateKeyRowMapConfig(const std::string& where, const KeyRowMapConfig& config) {
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "capacity", config.capacity, 1, kMaxKeyRowMapCapacity));
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "admission_threshold", config.admission_threshold, 1,
+                                   kMaxInt32));
+  SCE_RETURN_IF_ERROR(
+      CheckInRange(where, "steps_to_live", config.steps_to_live, 0, kMaxKeyRowMapStep));
+  SCE_RETURN_IF_ERROR(CheckInRange(where, "pending_capacity", config.pending_capacity, 1,
+                                   kMaxKeyRowMapCapacity));
+  return Status::Ok();
+}
+
+int32_t KeyOwnerShard(uint64_t key, int32_t num_shards) {
+  if (num_shards <= 1) return 0;
+  return static_cast<int32_t>(MultiplyHigh(Mix64(key ^ kOwnerSalt), num_shards));
+}
+
+KeyRowMap::KeyRowMap(const std::string& where, const KeyRowMapConfig& config)
+    : where_(where), config_(config) {}
+
+Status KeyRowMap::Create(const std::string& where, const KeyRowMapConfig& config,
+                         std::unique_ptr<KeyRowMap>* map) {
+  SCE_RETURN_IF_ERROR(ValidateKeyRowMapConfig(where, config));
+  std::unique_ptr<KeyRowMap> created(new KeyRowMap(where, config));
+  SCE_RETURN_IF_ERROR(created->Allocate());
+  *map = std::move(created);
+  return Status::Ok();
+}
+
+Status KeyRowMap::Allocate() {
+  num_slots_ = SlotsFor(config_.capacity);
+  num_pending_slots_ = config_.admission_threshold > 1 ? SlotsFor(config_.pending_capacity) : 0;
+  try {
+    slots_.assign(num_slots_, Slot{0, 0, kNoRow});
+    pending_.assign(num_pending_slots_, PendingSlot{0, 0, 0});
+    row_slot_.assign(config_.capacity, kNoRow);
+    row_last_seen_.assign(config_.capacity, -1);
+  } catch (const std::bad_alloc&) {
+    return InvalidArgument(where_, ": cannot allocate the key map for capacity ",
+                           config_.capacity, " and pending_capacity ", config_.pending_capacity);
+  }
+  return Status::Ok();
+}
+
+void KeyRowMap::ClearAll() {
+  std::fill(slots_.begin(), slots_.end(), Slot{0, 0, kNoRow});
+  std::fill(pending_.begin(), pending_.end(), PendingSlot{0, 0, 0});
+  std::fill(row_slot_.begin(), row_slot_.end(), kNoRow);
+  std::fill(row_last_seen_.begin(), row_last_seen_.end(), -1);
+  free_head_ = kNoRow;
+  next_unused_ = 0;
+  oldest_last_seen_ = 0;
+  size_ = 0;
+  pending_size_ = 0;
+  last_step_ = -1;
+  swept_step_ = -1;
+  pending_cleaned_step_ = -1;
+}
+
+// ---- The two hash tables -------------------------------------------------------------------
+
+int64_t KeyRowMap::FindSlot(uint64_t key) const {
+  int64_t slot = static_cast<int64_t>(MultiplyHigh(Mix64(key), num_slots_));
+  while (true) {
+    const Slot& s = slots_[slot];
+    if (s.row == kNoRow || KeyOf(s) == key) return slot;
+    if (++slot == num_slots_) slot = 0;
+  }
+}
+
+int64_t KeyRowMap::FindPendingSlot(uint64_t key) const {
+  int64_t slot = static_cast<int64_t>(MultiplyHigh(Mix64(key ^ kPendingSalt), num_pending_slots_));
+  while (true) {
+    const PendingSlot& s = pending_[slot];
+    if (s.count == 0 || s.key == key) return slot;
+    if (++slot == num_pending_slots_) slot = 0;
+  }
+}
+
+void KeyRowMap::EraseSlot(int64_t hole) {
+  int64_t slot = hole;
+  while (true) {
+    if (++slot == num_slots_) slot = 0;
+    const Slot& s = slots_[slot];
+    if (s.row == kNoRow) break;
+    const int64_t home = static_cast<int64_t>(MultiplyHigh(Mix64(KeyOf(s)), num_slots_));
+    if (HomeBetween(hole, home, slot)) continue;
+    slots_[hole] = s;
+    row_slot_[s.row] = static_cast<int32_t>(hole);
+    hole = slot;
+  }
+  slots_[hole] = Slot{0, 0, kNoRow};
+}
+
+void KeyRowMap::ErasePendingSlot(int64_t hole) {
+  int64_t slot = hole;
+  while (true) {
+    if (++slot == num_pending_slots_) slot = 0;
+    const PendingSlot& s = pending_[slot];
+    if (s.count == 0) break;
+    const int64_t home =
+        static_cast<int64_t>(MultiplyHigh(Mix64(s.key ^ kPendingSalt), num_pending_slots_));
+    if (HomeBetween(hole, home, slot)) continue;
+    pending_[hole] = s;
+    hole = slot;
+  }
+  pending_[hole] = PendingSlot{0, 0, 0};
+  --pending_size_;
+}
+
+// ---- Rows ----------------------------------------------------------------------------------
+
+bool KeyRowMap::Expired(int32_t last_seen, int64_t step) const {
+  return config_.steps_to_live > 0 && step - last_seen > config_.steps_to_live;
+}
+
+void KeyRowMap::TakeRowBack(int32_t row, KeyRowMapStepStats* stats) {
+  EraseSlot(row_slot_[row]);
+  row_last_seen_[row] = -1;
+  row_slot_[row] = free_head_;
+  free_head_ = row;
+  --size_;
+  ++stats->evicted_keys;
+}
+
+// Every held row whose key has expired goes back to the free list, in row order. Runs at most
+// once per step (a row seen in this step cannot expire in it) and only when the oldest held row
+// may have expired.
+void KeyRowMap::SweepExpiredRows(int64_t step, KeyRowMapStepStats* stats) {
+  swept_step_ = step;
+  int64_t oldest = step;
+  for (int64_t row = 0; row < next_unused_; ++row) {
+    const int32_t last_seen = row_last_seen_[row];
+    if (last_seen < 0) continue;
+    if (Expired(last_seen, step)) {
+      TakeRowBack(static_cast<int32_t>(row), stats);
+    } else {
+      oldest = std::min<int64_t>(oldest, last_seen);
+    }
+  }
+  oldest_last_seen_ = oldest;
+}
+
+int32_t KeyRowMap::TakeFreeRow(int64_t step, KeyRowMapStepStats* stats) {
+  if (free_head_ == kNoRow && next_unused_ == config_.capacity && config_.steps_to_live > 0 &&
+      swept_step_ != step && Expired(static_cast<int32_t>(oldest_last_seen_), step)) {
+    SweepExpiredRows(step, stats);
+  }
+  if (free_head_ != kNoRow) {
+    const int32_t row = free_head_;
+    free_head_ = row_slot_[row];
+    return row;
+  }
+  if (next_unused_ < config_.capacity) return static_cast<int32_t>(next_unused_++);
+  return kNoRow;
+}
+
+int32_t KeyRowMap::Admit(uint64_t key, int64_t empty_slot, int64_t step,
+                         std::vector<uint64_t>* new_keys, std::vector<int32_t>* new_rows,
+                         KeyRowMapStepStats* stats) {
+  const int64_t swept_before = swept_step_;
+  const int32_t row = TakeFreeRow(step, stats);
+  if (row == kNoRow) {
+    refused_.push_back(key);
+    return kNoRow;
+  }
+  // A sweep moves entries: then the key's empty slot is found again.
+  const int64_t slot =
+      empty_slot == kUnknownSlot || swept_step_ != swept_before ? FindSlot(key) : empty_slot;
+  slots_[slot] = Slot{static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32), row};
+  row_slot_[row] = static_cast<int32_t>(slot);
+  row_last_seen_[row] = static_cast<int32_t>(step);
+  ++size_;
+  ++stats->admitted_keys;
+  new_keys->push_back(key);
+  new_rows->push_back(row);
+  return row;
+}
+
+// ---- Pending counts ------------------------------------------------------------------------
+
+// Forgets every pending key not seen in `step`; at most once per step.
+void KeyRowMap::ForgetStalePending(int64_t step) {
+  pending_cleaned_step_ = step;
+  std::vector<PendingSlot> kept;
+  for (const PendingSlot& s : pending_) {
+    if (s.count != 0 && s.last_seen == step) kept.push_back(s);
+  }
+  std::fill(pending_.begin(), pending_.end(), PendingSlot{0, 0, 0});
+  pending_size_ = 0;
+  for (const PendingSlot& s : kept) {
+    pending_[FindPendingSlot(s.key)] = s;
+    ++pending_size_;
+  }
+}
+
+// An occurrence of a key that holds no row. Returns its row if this occurrence admits it;
+// otherwise kNoRow, with *deferred set when the key may still be admitted later in this step.
+int32_t KeyRowMap::CountMissedKey(uint64_t key, int64_t empty_slot, int64_t step, bool* deferred,
+                                  std::vector<uint64_t>* new_keys,
+                                  std::vector<int32_t>* new_rows, KeyRowMapStepStats* stats) {
+  *deferred = false;
+  if (config_.admission_threshold == 1) {
+    return Admit(key, empty_slot, step, new_keys, new_rows, stats);
+  }
+  int64_t slot = FindPendingSlot(key);
+  if (pending_[slot].count == 0) {
+    if (pending_size_ >= config_.pending_capacity) {
+      if (pending_cleaned_step_ != step) ForgetStalePending(step);
+      if (pending_size_ >= config_.pending_capacity) {
+        ++stats->untracked_ids;
+        return kNoRow;
+      }
+      slot = FindPendingSlot(key);
+    }
+    pending_[slot] = PendingSlot{key, 0, static_cast<int32_t>(step)};
+    ++pending_size_;
+  }
+  PendingSlot& entry = pending_[slot];
+  if (Expired(entry.last_seen, step)) entry.count = 0;
+  entry.last_seen = static_cast<int32_t>(step);
+  if (entry.count < config_.admission_threshold) ++entry.count;
+  if (entry.count < config_.admission_threshold) {
+    *deferred = true;
+    return kNoRow;
+  }
+  const int32_t row = Admit(key, empty_slot, step, new_keys, new_rows, stats);
+  if (row != kNoRow) ErasePendingSlot(slot);
+  return row;
+}
+
+// ---- Steps ---------------------------------------------------------------------------------
+
+Status KeyRowMap::MapStep(int64_t step, const uint64_t* keys, int64_t num_keys, int32_t* rows,
+                          std::vector<uint64_t>* new_keys, std::vector<int32_t>* new_rows,
+                          KeyRowMapStepStats* stats) {
+  SCE_RETURN_IF_ERROR(CheckInRange(where_, "step", step, 0, kMaxKeyRowMapStep));
+  if (step < last_step_) {
+    return InvalidArgument(where_, ": step ", step, " comes before the last mapped step ",
+                           last_step_, "; steps of an open vocabulary never go back");
+  }
+  if (num_keys < 0 || (num_keys > 0 && (keys == nullptr || rows == nullptr)) ||
+      new_keys == nullptr || new_rows == nullptr || stats == nullptr) {
+    return InvalidArgument(where_, ": bad key map arguments (", num_keys, " keys)");
+  }
+  *stats = KeyRowMapStepStats();
+  new_keys->clear();
+  new_rows->clear();
+  refused_.clear();
+  deferred_.clear();
+  last_step_ = step;
+  const int32_t now = static_cast<int32_t>(step);
+  // Slots are prefetched this many keys ahead: a map larger than the caches costs one miss per
+  // key, and the misses of a window overlap.
+  constexpr int64_t kAhead = 16;
+  for (int64_t i = 0; i < num_keys; ++i) {
+    if (i + kAhead < num_keys) {
+      __builtin_prefetch(&slots_[MultiplyHigh(Mix64(keys[i + kAhead]), num_slots_)]);
+    }
+    const uint64_t key = keys[i];
+    const int64_t slot = FindSlot(key);
+    const int32_t held = slots_[slot].row;
+    if (held != kNoRow) {
+      if (!Expired(row_last_seen_[held], step)) {
+        row_last_seen_[held] = now;
+        rows[i] = held;
+        continue;
+      }
+      TakeRowBack(held, stats);
+    }
+    bool deferred = false;
+    rows[i] = CountMissedKey(key, held == kNoRow ? slot : kUnknownSlot, step, &deferred,
+                             new_keys, new_rows, stats);
+    if (deferred) {
+      deferred_.push_back(i);
+    } else if (rows[i] == kNoRow) {
+      ++stats->unadmitted_ids;
+    }
+  }
+  // Occurrences counted before their key was admitted later in this step read its row too.
+  for (int64_t i : deferred_) {
+    rows[i] = slots_[FindSlot(keys[i])].row;
+    if (rows[i] == kNoRow) ++stats->unadmitted_ids;
+  }
+  std::sort(refused_.begin(), refused_.end());
+  stats->refused_keys =
+      std::unique(refused_.begin(), refused_.end()) - refused_.begin();
+  return Status::Ok();
+}
+
+// ---- Logical state -------------------------------------------------------------------------
+
+KeyRowMapState KeyRowMap::Export() const {
+  KeyRowMapState state;
+  state.last_step = last_step_;
+  std::vector<std::pair<uint64_t, int32_t>> held;  // (key, row)
+  for (int64_t row = 0; row < next_unused_; ++row) {
+    const int32_t last_seen = row_last_seen_[row];
+    if (last_seen < 0 || Expired(last_seen, last_step_)) continue;
+    held.emplace_back(KeyOf(slots_[row_slot_[row]]), static_cast<int32_t>(row));
+  }
+  std::sort(held.begin(), held.end(),
+            [](const auto& a, const auto& b) { return KeyLess(a.first, b.first); });
+  for (const auto& [key, row] : held) {
+    state.keys.push_back(key);
+    state.rows.push_back(row);
+    state.last_seen.push_back(row_last_seen_[row]);
+  }
+  std::vector<PendingSlot> pending;
+  for (const PendingSlot& s : pending_) {
+    if (s.count != 0) pending.push_back(s);
+  }
+  std::sort(pending.begin(), pending.end(),
+            [](const PendingSlot& a, const PendingSlot& b) { return KeyLess(a.key, b.key); });
+  for (const PendingSlot& s : pending) {
+    state.pending_keys.push_back(s.key);
+    state.pending_counts.push_back(s.count);
+    state.pending_last_seen.push_back(s.last_seen);
+  }
+  return state;
+}
+
+Status KeyRowMap::Import(const KeyRowMapState& state) {
+  const int64_t n = static_cast<int64_t>(state.keys.size());
+  const int64_t p = static_cast<int64_t>(state.pending_keys.size());
+  SCE_RETURN_IF_ERROR(CheckInRange(where_, "last_step", state.last_step, -1, kMaxKeyRowMapStep));
+  if (n > config_.capacity) {
+    return InvalidArgument(where_, ": the saved state holds ", n,
+                           " keys, more than the capacity of ", config_.capacity, " rows");
+  }
+  if (state.last_seen.size() != state.keys.size() ||
+      state.pending_counts.size() != state.pending_keys.size() ||
+      state.pending_last_seen.size() != state.pending_keys.size()) {
+    return InvalidArgument(where_, ": the saved keys, counts and last-seen steps differ in size");
+  }
+  if (p > 0 && config_.admission_threshold == 1) {
+    return InvalidArgument(where_, ": the saved state has ", p,
+                           " pending keys, but an admission_threshold of 1 keeps none");
+  }
+  if (p > config_.pending_capacity) {
+    return InvalidArgument(where_, ": the saved state has ", p,
+                           " pending keys, more than the pending_capacity of ",
+                           config_.pending_capacity);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (i > 0 && !KeyLess(state.keys[i - 1], state.keys[i])) {
+      return InvalidArgument(where_, ": saved keys must be strictly ascending (entry ", i, ")");
+    }
+    if (state.last_seen[i] < 0 || state.last_seen[i] > state.last_step) {
+      return InvalidArgument(where_, ": saved last-seen step ", state.last_seen[i],
+                             " is outside [0, ", state.last_step, "] (entry ", i, ")");
+    }
+  }
+  for (int64_t i = 0; i < p; ++i) {
+    if (i > 0 && !KeyLess(state.pending_keys[i - 1], state.pending_keys[i])) {
+      return InvalidArgument(where_, ": saved pending keys must be strictly ascending (entry ", i,
+                             ")");
+    }
+    if (state.pending_counts[i] < 1) {
+      return InvalidArgument(where_, ": saved pending count ", state.pending_counts[i],
+                             " must be >= 1 (entry ", i, ")");
+    }
+    if (state.pending_last_seen[i] < 0 || state.pending_last_seen[i] > state.last_step) {
+      return InvalidArgument(where_, ": saved pending last-seen step ",
+                             state.pending_last_seen[i], " is outside [0, ", state.last_step,
+                             "] (entry ", i, ")");
+    }
+    if (std::binary_search(state.keys.begin(), state.keys.end(), state.pending_keys[i],
+                           KeyLess)) {
+      return InvalidArgument(where_, ": saved key ", static_cast<int64_t>(state.pending_keys[i]),
+                             " is both held and pending");
+    }
+  }
+  ClearAll();
+  last_step_ = state.last_step;
+  int64_t oldest = std::max<int64_t>(state.last_step, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t key = state.keys[i];
+    const int64_t slot = FindSlot(key);
+    slots_[slot] = Slot{static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32),
+                        static_cast<int32_t>(i)};
+    row_slot_[i] = static_cast<int32_t>(slot);
+    row_last_seen_[i] = state.last_seen[i];
+    oldest = std::min<int64_t>(oldest, state.last_seen[i]);
+  }
+  next_unused_ = n;
+  size_ = n;
+  oldest_last_seen_ = oldest;
+  for (int64_t i = 0; i < p; ++i) {
+    pending_[FindPendingSlot(state.pending_keys[i])] =
+        PendingSlot{state.pending_keys[i], state.pending_counts[i], state.pending_last_seen[i]};
+  }
+  pending_size_ = p;
+  return Status::Ok();
+}
+
+}  // namespace sce

@@ -1,0 +1,173 @@
+// The key-to-row map of one shard of an open-vocabulary table (docs/dynamic_vocabulary.md).
+//
+// An open vocabulary has no vocabulary size: its ids are arbitrary 64-bit keys. Each owner shard
+// holds `capacity` rows and a map from the keys it owns to those rows. A step hands the map every
+// occurrence of its keys (from every replica, in batch order); the map counts them, admits keys
+// whose count reaches the admission threshold, takes rows back from keys not seen for
+// `steps_to_live` steps, and answers each occurrence with a row or with kNoRow (the occurrence
+// reads zeros and trains nothing).
+//
+// Everything here is deterministic: the answer is a function of the configuration and of the
+// sequence of (step, keys) calls only. Which physical row a key gets is an internal detail; the
+// logical state (which keys hold rows, their last-seen steps, the pending counts) is what
+// Export() returns and Import() takes, independent of any topology.
+#ifndef SCE_CORE_KEY_ROW_MAP_H_
+#define SCE_CORE_KEY_ROW_MAP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cc/core/checked_math.h"
+#include "cc/core/status.h"
+
+namespace sce {
+
+// The answer for an occurrence whose key holds no row.
+constexpr int32_t kNoRow = -1;
+// Rows (and pending keys) one shard's map may hold: 2^28, about 6 GiB of map at the largest.
+constexpr int64_t kMaxKeyRowMapCapacity = kMaxAllocationElements;
+// Steps are stored as int32 last-seen steps.
+constexpr int64_t kMaxKeyRowMapStep = kMaxInt32;
+
+struct KeyRowMapConfig {
+  int64_t capacity = 1;             // rows of this shard, in [1, kMaxKeyRowMapCapacity]
+  int64_t admission_threshold = 1;  // occurrences (in all steps so far) that earn a row, >= 1
+  int64_t steps_to_live = 0;        // 0: rows are kept; T >= 1: lost after T steps unseen
+  // Keys below the threshold whose counts are kept at once (unused with threshold 1), in
+  // [1, kMaxKeyRowMapCapacity]. See KeyRowMap::MapStep for what happens when it is full.
+  int64_t pending_capacity = 1;
+};
+
+// Checks every field; `where` names the table in the message.
+Status ValidateKeyRowMapConfig(const std::string& where, const KeyRowMapConfig& config);
+
+// The owner shard of a key, in [0, num_shards) (num_shards >= 1): a fixed function of the key,
+// from a 64-bit mix, so every key's owner is known without any table and keys spread evenly.
+int32_t KeyOwnerShard(uint64_t key, int32_t num_shards);
+
+// What one MapStep call did. "ids" count occurrences, "keys" count distinct keys.
+struct KeyRowMapStepStats {
+  int64_t admitted_keys = 0;   // keys given a row in this step
+  int64_t evicted_keys = 0;    // keys whose rows were taken back in this step
+  int64_t refused_keys = 0;    // keys that reached the threshold while every row was taken
+  int64_t unadmitted_ids = 0;  // occurrences answered with kNoRow
+  int64_t untracked_ids = 0;   // occurrences of new keys not counted: pending table full
+};
+
+// The logical state of a map. Keys are ascending as signed int64 in both lists.
+struct KeyRowMapState {
+  int64_t last_step = -1;                  // the last step mapped; -1 before the first
+  std::vector<uint64_t> keys;              // keys holding rows
+  std::vector<int32_t> last_seen;          // their last-seen steps
+  std::vector<int32_t> rows;               // their rows (Export only; Import assigns 0..n-1)
+  std::vector<uint64_t> pending_keys;      // keys counted but below the threshold
+  std::vector<int32_t> pending_counts;     // their counts, >= 1
+  std::vector<int32_t> pending_last_seen;  // their last-seen steps
+};
+
+class KeyRowMap {
+ public:
+  // Validates `config` (naming `where`) and allocates the map for its capacities.
+  static Status Create(const std::string& where, const KeyRowMapConfig& config,
+                       std::unique_ptr<KeyRowMap>* map);
+
+  // Maps one step's `num_keys` occurrences: rows[i] becomes keys[i]'s row or kNoRow. Steps
+  // never decrease and lie in [0, kMaxKeyRowMapStep]; on a bad argument nothing changes.
+  //
+  // Rules, in batch order:
+  // - With steps_to_live = T, a key last seen at step s0 has lost its row at step s when
+  //   s - s0 > T (lazily: when it shows up again, or when a new key needs a row).
+  // - A key without a row adds its occurrence to its count; the occurrence that brings the
+  //   count to the threshold gives the key a row, and every occurrence of it in this step reads
+  //   that row. A count is forgotten when its key gets a row, and (with T) after T steps unseen.
+  // - A row comes from rows never used, then from rows taken back; with every row held, the key
+  //   is refused (it stays pending and tries again when seen).
+  // - When a new key finds `pending_capacity` keys pending, the pending keys not seen in this
+  //   step are forgotten first; if the table is still full the occurrence is not counted.
+  //
+  // `new_keys` / `new_rows` receive the keys given a row in this step and their rows, in
+  // admission order: their table values and optimizer slots must be (re)initialized before the
+  // rows are read. `stats` describes the step.
+  Status MapStep(int64_t step, const uint64_t* keys, int64_t num_keys, int32_t* rows,
+                 std::vector<uint64_t>* new_keys, std::vector<int32_t>* new_rows,
+                 KeyRowMapStepStats* stats);
+
+  // The logical state after the last step. Keys that have lost their rows by then are left out;
+  // every pending key is kept (a stale count is reset when its key shows up again, and stale keys
+  // still take room in the pending table until a clean-up), so an imported state continues
+  // exactly like the exported one.
+  KeyRowMapState Export() const;
+
+  // Replaces the whole state with `state` (its `rows` are ignored): the key state.keys[i] gets
+  // row i, so a caller writes the saved values of key i into row i. Checks everything first
+  // (sizes against the capacities, keys strictly ascending and distinct from pending keys,
+  // counts >= 1, steps in range and not after last_step); on error nothing changes.
+  Status Import(const KeyRowMapState& state);
+
+  int64_t size() const { return size_; }                  // keys holding rows (live or not swept)
+  int64_t pending_size() const { return pending_size_; }  // keys counted below the threshold
+  int64_t last_step() const { return last_step_; }
+  const KeyRowMapConfig& config() const { return config_; }
+
+  // One slot of the key map: 12 bytes, so the map costs 16 bytes per key at its 3/4 load.
+  struct Slot {
+    uint32_t key_low;
+    uint32_t key_high;
+    int32_t row;  // kNoRow: empty
+  };
+  // One slot of the pending counts.
+  struct PendingSlot {
+    uint64_t key;
+    int32_t count;  // 0: empty
+    int32_t last_seen;
+  };
+
+ private:
+  KeyRowMap(const std::string& where, const KeyRowMapConfig& config);
+  Status Allocate();
+
+  int64_t FindSlot(uint64_t key) const;
+  int64_t FindPendingSlot(uint64_t key) const;
+  void EraseSlot(int64_t slot);
+  void ErasePendingSlot(int64_t slot);
+  bool Expired(int32_t last_seen, int64_t step) const;
+  void TakeRowBack(int32_t row, KeyRowMapStepStats* stats);
+  int32_t TakeFreeRow(int64_t step, KeyRowMapStepStats* stats);
+  void SweepExpiredRows(int64_t step, KeyRowMapStepStats* stats);
+  // `empty_slot`: the empty slot where the key would go, or -1 when not known.
+  int32_t Admit(uint64_t key, int64_t empty_slot, int64_t step, std::vector<uint64_t>* new_keys,
+                std::vector<int32_t>* new_rows, KeyRowMapStepStats* stats);
+  int32_t CountMissedKey(uint64_t key, int64_t empty_slot, int64_t step, bool* deferred,
+                         std::vector<uint64_t>* new_keys, std::vector<int32_t>* new_rows,
+                         KeyRowMapStepStats* stats);
+  void ForgetStalePending(int64_t step);
+  void ClearAll();
+
+  std::string where_;
+  KeyRowMapConfig config_;
+  int64_t num_slots_ = 0;
+  int64_t num_pending_slots_ = 0;
+  std::vector<Slot> slots_;
+  std::vector<PendingSlot> pending_;
+  // Per row: the slot of its key (a held row) or the next free row (a free row), and the step
+  // its key was last seen (-1: free). 8 bytes per row.
+  std::vector<int32_t> row_slot_;
+  std::vector<int32_t> row_last_seen_;
+  int32_t free_head_ = kNoRow;    // taken-back rows, last taken back first
+  int64_t next_unused_ = 0;       // rows [next_unused_, capacity) were never used
+  int64_t oldest_last_seen_ = 0;  // no held row was last seen before this step
+  int64_t size_ = 0;
+  int64_t pending_size_ = 0;
+  int64_t last_step_ = -1;
+  // Per-step memory: the step of the last sweep / pending clean-up, and refused keys.
+  int64_t swept_step_ = -1;
+  int64_t pending_cleaned_step_ = -1;
+  std::vector<uint64_t> refused_;
+  std::vector<int64_t> deferred_;
+};
+
+}  // namespace sce
+
+#endif  // SCE_CORE_KEY_ROW_MAP_H_
