@@ -31,7 +31,7 @@ PAD = 2**31 - 1
 OPS = ("coo", "list_of_coo", "sort", "stats", "splits", "csr_wrapped", "minibatches_in_csr",
        "lookup", "update", "update_in_place", "stacker", "finite_check", "raise_limits", "stacked_coo",
        "stacked_splits", "gathered_segment_sum", "replica_chunks",
-       "id_routing", "owner_csr")
+       "id_routing", "owner_csr", "key_row_map")
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
 
 
@@ -256,6 +256,23 @@ def make_case(seed, index):
         case.update(tables=tables, limits=[[attr(rng, 300) for _ in range(2)]
                                            for _ in range(max(rows, 0))],
                     observed=[[attr(rng, 300) for _ in range(2)] for _ in range(max(rows, 0))])
+    elif op == "key_row_map":
+        def capacity():
+            value = a(rng.randint(1, 12), 24)
+            # Valid capacities above 2^16 would allocate up to 6 GiB: only the bound is probed.
+            return 2**28 + 1 if 2**16 < value <= 2**28 else value
+        universe = [rng.randint(-I64 - 1, I64) for _ in range(rng.randint(1, 12))]
+        case.update(capacity=capacity(), threshold=a(rng.randint(1, 3), 3),
+                    ttl=a(rng.randint(0, 3), 3), pending=capacity(), rank=a.choice(1, [0, 2]),
+                    steps=[[a(i, 2**31 + 5, -1) if rng.random() < 0.2 else i,
+                            [rng.choice(universe) for _ in range(rng.randint(0, 12))]]
+                           for i in range(rng.randint(1, 5))],
+                    state=[int_list(rng, rng.randint(0, 6), 2**40) for _ in range(5)],
+                    last_step=attr(rng, 6))
+        if rng.random() < 0.5:  # a consistent state (unless mutated), so an import can succeed
+            keys = sorted(set(case["state"][0]))
+            case["state"] = [keys, [rng.randint(0, 3) for _ in keys], [], [], []]
+            case["last_step"] = a(3, 6)
     elif op == "gathered_segment_sum":
         num_rows, width, n = a(6, 12, 0), rng.randint(0, 9), rng.randint(0, 12)
         case.update(rows=[float_list(rng, width) for _ in range(max(min(num_rows, 64), 0))],
@@ -447,6 +464,24 @@ def run_case(case):
             limits = tf.Variable(i32(case["limits"]).reshape(shape))
             return raise_sparse_core_limits(limits, i32(case["observed"]).reshape(shape),
                                             [f"t{k}" for k in range(case["tables"])])
+        if op == "key_row_map":
+            from tf_sc_embedding.ops import key_row_map  # noqa: PLC0415
+            m = key_row_map.KeyRowMap(T, case["capacity"], case["threshold"], case["ttl"],
+                                      case["pending"])
+            outputs = []
+            for step, keys in case["steps"]:
+                keys = np.array(keys, np.int64)
+                if case["rank"] != 1:
+                    keys = keys.reshape([1] * case["rank"]) if keys.size == 1 else \
+                        keys.reshape([-1, 1])
+                outputs.append(tuple(m.map_step(keys, np.int64(step))))
+            keys, last_seen, pending_keys, counts, pending_seen = case["state"]
+            m.import_state(key_row_map.KeyRowMapState(
+                np.int64(case["last_step"]), np.array(keys, np.int64), None,
+                np.array(last_seen, np.int64).astype(np.int32),
+                np.array(pending_keys, np.int64), np.array(counts, np.int64).astype(np.int32),
+                np.array(pending_seen, np.int64).astype(np.int32)))
+            return outputs, tuple(m.export())
         if op == "gathered_segment_sum":
             from tf_sc_embedding.ops.segment_sum import gathered_segment_sum  # noqa: PLC0415
             rows = f32(case["rows"]).reshape([len(case["rows"]), case["width"]])

@@ -1,0 +1,104 @@
+// Registration of the key-to-row map of an open-vocabulary table (docs/dynamic_vocabulary.md): a
+// resource holding one shard's sce::KeyRowMap, and the ops that map a step's keys, export its
+// logical state and import one. All of them are stateful: TensorFlow never prunes, dedups or
+// reorders them apart from their handle's order.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace {
+
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+absl::Status VectorOutputs(InferenceContext* c, int first, int count) {
+  for (int i = first; i < first + count; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
+  return absl::OkStatus();
+}
+
+// The handle of one shard's map, created on first use from the attributes. A second op naming
+// the same (container, shared_name) must give the same configuration.
+REGISTER_OP("SceKeyRowMap")
+    .Output("handle: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string")
+    .Attr("table_name: string")
+    .Attr("capacity: int")
+    .Attr("admission_threshold: int = 1")
+    .Attr("steps_to_live: int = 0")
+    .Attr("pending_capacity: int = 1")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape);
+
+// Maps one step's keys (int64, any values): rows[i] is keys[i]'s row or -1 (no row: the
+// occurrence reads zeros and trains nothing). new_keys / new_rows: the keys given a row in this
+// step and their rows, whose table values and slots the caller initializes before reading them.
+// stats: admitted keys, evicted keys, refused keys, unadmitted ids, untracked ids.
+REGISTER_OP("SceKeyRowMapStep")
+    .Input("handle: resource")
+    .Input("keys: int64")
+    .Input("step: int64")
+    .Output("rows: int32")
+    .Output("new_keys: int64")
+    .Output("new_rows: int32")
+    .Output("stats: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle keys, step;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 0, &step));
+      c->set_output(0, keys);
+      TF_RETURN_IF_ERROR(VectorOutputs(c, 1, 2));
+      c->set_output(3, c->Vector(5));
+      return absl::OkStatus();
+    });
+
+// The logical state (docs/dynamic_vocabulary.md#checkpoints): keys holding rows in ascending
+// order with their rows and last-seen steps, the pending keys with their counts and last-seen
+// steps, and the last mapped step.
+REGISTER_OP("SceKeyRowMapExport")
+    .Input("handle: resource")
+    .Output("last_step: int64")
+    .Output("keys: int64")
+    .Output("rows: int32")
+    .Output("last_seen: int32")
+    .Output("pending_keys: int64")
+    .Output("pending_counts: int32")
+    .Output("pending_last_seen: int32")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return VectorOutputs(c, 1, 6);
+    });
+
+// Replaces the state with a logical one (as exported); keys[i] gets row i. Everything is checked
+// first; on error the map is unchanged.
+REGISTER_OP("SceKeyRowMapImport")
+    .Input("handle: resource")
+    .Input("last_step: int64")
+    .Input("keys: int64")
+    .Input("last_seen: int32")
+    .Input("pending_keys: int64")
+    .Input("pending_counts: int32")
+    .Input("pending_last_seen: int32")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &unused));
+      for (int i = 2; i < 7; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &unused));
+      return absl::OkStatus();
+    });
+
+// [keys holding rows (swept or not), pending keys, last mapped step].
+REGISTER_OP("SceKeyRowMapSize")
+    .Input("handle: resource")
+    .Output("sizes: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(3));
+      return absl::OkStatus();
+    });
+
+}  // namespace
+}  // namespace tensorflow

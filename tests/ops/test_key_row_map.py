@@ -1,0 +1,160 @@
+"""The key-to-row map ops of open vocabularies (docs/dynamic_vocabulary.md) against the Python
+reference of their semantics (tests/reference/key_row_map.py): worked examples, a property test
+over random configurations and step sequences, the logical state's round trip, and bad input."""
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tests.reference.key_row_map import ReferenceKeyRowMap
+from tf_sc_embedding.ops.key_row_map import STEP_STATS, KeyRowMap, KeyRowMapState
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                      HealthCheck.data_too_large])
+
+
+def _keys(values):
+    return tf.constant(values, tf.int64)
+
+
+def test_worked_example_threshold_one():
+    m = KeyRowMap("users", capacity=3)
+    out = m.map_step(_keys([5, -3, 5, 7]), 0)
+    np.testing.assert_array_equal(out.rows, [0, 1, 0, 2])
+    np.testing.assert_array_equal(out.new_keys, [5, -3, 7])
+    np.testing.assert_array_equal(out.new_rows, [0, 1, 2])
+    out = m.map_step(_keys([8, 7, 8]), 1)
+    np.testing.assert_array_equal(out.rows, [-1, 2, -1])
+    stats = dict(zip(STEP_STATS, out.stats.numpy()))
+    assert stats["refused_keys"] == 1 and stats["unadmitted_ids"] == 2
+    state = m.export()
+    assert int(state.last_step) == 1
+    np.testing.assert_array_equal(state.keys, [-3, 5, 7])
+    np.testing.assert_array_equal(state.last_seen, [0, 0, 1])
+    np.testing.assert_array_equal(m.sizes(), [3, 0, 1])
+
+
+def test_admission_threshold_reads_the_row_in_the_admitting_step():
+    m = KeyRowMap("users", capacity=4, admission_threshold=3)
+    np.testing.assert_array_equal(m.map_step(_keys([9, 9, 4]), 0).rows, [-1, -1, -1])
+    out = m.map_step(_keys([4, 9, 1, 1, 9, 1]), 1)
+    np.testing.assert_array_equal(out.rows, [-1, 0, 1, 1, 0, 1])
+    state = m.export()
+    np.testing.assert_array_equal(state.pending_keys, [4])
+    np.testing.assert_array_equal(state.pending_counts, [2])
+
+
+def test_extreme_keys_are_distinct():
+    keys = [np.iinfo(np.int64).min, -1, 0, 1, np.iinfo(np.int64).max]
+    m = KeyRowMap("users", capacity=8)
+    out = m.map_step(_keys(keys), 0)
+    assert len(set(out.rows.numpy().tolist())) == 5
+    np.testing.assert_array_equal(m.export().keys, sorted(keys))
+
+
+def test_works_inside_tf_function():
+    m = KeyRowMap("users", capacity=16, admission_threshold=2)
+
+    @tf.function
+    def step(keys, s):
+        return m.map_step(keys, s).rows
+
+    np.testing.assert_array_equal(step(_keys([3, 3, 4]), tf.constant(0, tf.int64)), [0, 0, -1])
+    np.testing.assert_array_equal(step(_keys([4]), tf.constant(1, tf.int64)), [1])
+
+
+@st.composite
+def map_cases(draw):
+    config = dict(capacity=draw(st.integers(1, 24)),
+                  admission_threshold=draw(st.integers(1, 3)),
+                  steps_to_live=draw(st.integers(0, 3)),
+                  pending_capacity=draw(st.integers(1, 16)))
+    universe = draw(st.lists(st.integers(-2**63, 2**63 - 1), min_size=1, max_size=40,
+                             unique=True))
+    steps, step = [], 0
+    for _ in range(draw(st.integers(1, 12))):
+        step += draw(st.integers(0, 3))
+        steps.append((step, draw(st.lists(st.sampled_from(universe), max_size=30))))
+    return config, steps
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(case=map_cases())
+def test_map_matches_reference(case):
+    config, steps = case
+    m = KeyRowMap("t", **config)
+    reference = ReferenceKeyRowMap(**config)
+    held_rows = {}
+    for step, keys in steps:
+        out = m.map_step(tf.constant(keys, tf.int64, shape=[len(keys)]), step)
+        has_row, admitted, stats = reference.map_step(keys, step)
+        rows = out.rows.numpy()
+        np.testing.assert_array_equal(rows != -1, has_row)
+        assert out.new_keys.numpy().tolist() == admitted
+        got = dict(zip(STEP_STATS, out.stats.numpy().tolist()))
+        for name, value in stats.items():
+            assert got[name] == value, name
+        step_rows = {}
+        for key, row in zip(keys, rows):
+            if row == -1:
+                continue
+            assert 0 <= row < config["capacity"]
+            assert step_rows.setdefault(key, row) == row
+            if key not in admitted and key in held_rows:
+                assert held_rows[key] == row
+        state = m.export()
+        expected = reference.export()
+        got_state = (int(state.last_step), state.keys.numpy().tolist(),
+                     state.last_seen.numpy().tolist(), state.pending_keys.numpy().tolist(),
+                     state.pending_counts.numpy().tolist(),
+                     state.pending_last_seen.numpy().tolist())
+        assert got_state == expected
+        assert len(set(state.rows.numpy().tolist())) == len(state.rows.numpy())
+        held_rows = dict(zip(state.keys.numpy().tolist(), state.rows.numpy().tolist()))
+
+
+def test_import_continues_like_the_exported_map():
+    config = dict(capacity=6, admission_threshold=2, steps_to_live=3)
+    m = KeyRowMap("users", **config)
+    m.map_step(_keys([10, -20, 10, 30]), 0)
+    m.map_step(_keys([30, 40, 40, -20]), 2)
+    restored = KeyRowMap("users", **config)
+    restored.import_state(m.export())
+    np.testing.assert_array_equal(restored.export().rows, [0, 1, 2, 3])
+    nxt = _keys([10, 50, 50, 60, -20, 30])
+    a, b = m.map_step(nxt, 4), restored.map_step(nxt, 4)
+    np.testing.assert_array_equal(a.rows.numpy() == -1, b.rows.numpy() == -1)
+    np.testing.assert_array_equal(a.new_keys, b.new_keys)
+    sa, sb = m.export(), restored.export()
+    for field in ("last_step", "keys", "last_seen", "pending_keys", "pending_counts",
+                  "pending_last_seen"):
+        np.testing.assert_array_equal(getattr(sa, field), getattr(sb, field), err_msg=field)
+
+
+def test_bad_input_names_the_table_and_changes_nothing():
+    for bad in (dict(capacity=0), dict(capacity=4, admission_threshold=0),
+                dict(capacity=4, steps_to_live=-1), dict(capacity=4, pending_capacity=0)):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="table 'users'"):
+            KeyRowMap("users", **bad)
+    m = KeyRowMap("users", capacity=2)
+    m.map_step(_keys([1, 2]), 5)
+    before = m.export()
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="table 'users': step 4 comes before the last mapped step 5"):
+        m.map_step(_keys([3]), 4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="table 'users': keys must be a"):
+        m.map_step(tf.constant([[1]], tf.int64), 6)
+    too_many = before._replace(keys=_keys([1, 2, 3]),
+                               last_seen=tf.constant([0, 0, 0], tf.int32))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="table 'users': the saved state holds 3 keys, more than the "
+                             "capacity of 2 rows"):
+        m.import_state(too_many)
+    unsorted = before._replace(keys=_keys([2, 1]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="strictly ascending"):
+        m.import_state(unsorted)
+    after = m.export()
+    for field in KeyRowMapState._fields:
+        np.testing.assert_array_equal(getattr(before, field), getattr(after, field))
+    # The failed calls left the map working.
+    np.testing.assert_array_equal(m.map_step(_keys([2, 1]), 6).rows, [1, 0])
