@@ -55,6 +55,7 @@ def attr(rng, small_max=8, minimum=None):
     return value
 
 
+LIVE_MAPS = []  # the key-to-row map of the case being run (see run_case)
 NOISE = {"value": 0.15}  # per-element probability of an out-of-range value (set per case)
 
 
@@ -268,7 +269,7 @@ def make_case(seed, index):
                             [rng.choice(universe) for _ in range(rng.randint(0, 12))]]
                            for i in range(rng.randint(1, 5))],
                     state=[int_list(rng, rng.randint(0, 6), 2**40) for _ in range(5)],
-                    last_step=attr(rng, 6))
+                    last_step=attr(rng, 6), strings=rng.random() < 0.3)
         if rng.random() < 0.5:  # a consistent state (unless mutated), so an import can succeed
             keys = sorted(set(case["state"][0]))
             case["state"] = [keys, [rng.randint(0, 3) for _ in keys], [], [], []]
@@ -466,21 +467,33 @@ def run_case(case):
                                             [f"t{k}" for k in range(case["tables"])])
         if op == "key_row_map":
             from tf_sc_embedding.ops import key_row_map  # noqa: PLC0415
+            strings = case.get("strings", False)
             m = key_row_map.KeyRowMap(T, case["capacity"], case["threshold"], case["ttl"],
-                                      case["pending"])
+                                      case["pending"], key_dtype=tf.string if strings else tf.int64)
+            # A traced function only captures the handle; the map lives as long as its object.
+            LIVE_MAPS[:] = [m]
             outputs = []
             for step, keys in case["steps"]:
-                keys = np.array(keys, np.int64)
+                keys = np.array([str(k).encode() for k in keys] if strings else keys,
+                                object if strings else np.int64)
                 if case["rank"] != 1:
                     keys = keys.reshape([1] * case["rank"]) if keys.size == 1 else \
                         keys.reshape([-1, 1])
                 outputs.append(tuple(m.map_step(keys, np.int64(step))))
             keys, last_seen, pending_keys, counts, pending_seen = case["state"]
-            m.import_state(key_row_map.KeyRowMapState(
-                np.int64(case["last_step"]), np.array(keys, np.int64), None,
-                np.array(last_seen, np.int64).astype(np.int32),
-                np.array(pending_keys, np.int64), np.array(counts, np.int64).astype(np.int32),
-                np.array(pending_seen, np.int64).astype(np.int32)))
+            last_seen, pending_keys, counts, pending_seen = (
+                np.array(last_seen, np.int64).astype(np.int32), np.array(pending_keys, np.int64),
+                np.array(counts, np.int64).astype(np.int32),
+                np.array(pending_seen, np.int64).astype(np.int32))
+            if strings:
+                m.import_state(key_row_map.StringKeyRowMapState(
+                    np.int64(case["last_step"]), np.array([str(k).encode() for k in keys],
+                                                          object), None, None, last_seen,
+                    pending_keys, counts, pending_seen))
+            else:
+                m.import_state(key_row_map.KeyRowMapState(
+                    np.int64(case["last_step"]), np.array(keys, np.int64), None, last_seen,
+                    pending_keys, counts, pending_seen))
             return outputs, tuple(m.export())
         if op == "gathered_segment_sum":
             from tf_sc_embedding.ops.segment_sum import gathered_segment_sum  # noqa: PLC0415

@@ -1,11 +1,13 @@
 // Kernels of the key-to-row map ops (cc/ops/key_row_map_ops.cc): a ResourceBase that owns one
-// shard's sce::KeyRowMap behind a mutex, and thin adapters that check tensor shapes and hand the
-// buffers to the core.
+// shard's map (int64 or string keys) behind a mutex, and thin adapters that check tensor shapes
+// and hand the buffers to the core.
 #include <memory>
+#include <string_view>
 #include <string>
 #include <vector>
 
 #include "cc/core/key_row_map.h"
+#include "cc/core/string_key_row_map.h"
 #include "cc/kernels/kernel_utils.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -17,30 +19,46 @@ namespace {
 
 std::string Where(const std::string& table_name) { return "table '" + table_name + "'"; }
 
-class KeyRowMapResource : public ResourceBase {
+// One shard's map (sce::KeyRowMap for int64 keys, sce::StringKeyRowMap for strings) behind a
+// mutex.
+template <typename Map>
+class MapResource : public ResourceBase {
  public:
-  KeyRowMapResource(std::string table_name, std::unique_ptr<sce::KeyRowMap> map)
+  MapResource(std::string table_name, std::unique_ptr<Map> map)
       : table_name_(std::move(table_name)), map_(std::move(map)) {}
 
   std::string DebugString() const override {
     return "key-to-row map of " + Where(table_name_);
   }
   int64_t MemoryUsed() const override {
-    const sce::KeyRowMapConfig& c = map_->config();
+    const sce::KeyRowMapConfig& c = config();
     return c.capacity * (16 + 8) + (c.admission_threshold > 1 ? c.pending_capacity * 22 : 0);
   }
 
   mutex* mu() { return &mu_; }
   const std::string& table_name() const { return table_name_; }
-  sce::KeyRowMap* map() { return map_.get(); }
+  Map* map() { return map_.get(); }
+  const sce::KeyRowMapConfig& config() const { return KeyMap().config(); }
+  const sce::KeyRowMap& KeyMap() const;
 
  private:
   const std::string table_name_;
   mutex mu_;
-  std::unique_ptr<sce::KeyRowMap> map_;
+  std::unique_ptr<Map> map_;
 };
 
-absl::Status LookupMap(OpKernelContext* ctx, core::RefCountPtr<KeyRowMapResource>* map) {
+template <>
+const sce::KeyRowMap& MapResource<sce::KeyRowMap>::KeyMap() const { return *map_; }
+template <>
+const sce::KeyRowMap& MapResource<sce::StringKeyRowMap>::KeyMap() const {
+  return map_->key_map();
+}
+
+using KeyRowMapResource = MapResource<sce::KeyRowMap>;
+using StringKeyRowMapResource = MapResource<sce::StringKeyRowMap>;
+
+template <typename Map>
+absl::Status LookupMap(OpKernelContext* ctx, core::RefCountPtr<MapResource<Map>>* map) {
   return LookupResource(ctx, HandleFromInput(ctx, 0), map);
 }
 
@@ -49,6 +67,7 @@ bool SameConfig(const sce::KeyRowMapConfig& a, const sce::KeyRowMapConfig& b) {
          a.steps_to_live == b.steps_to_live && a.pending_capacity == b.pending_capacity;
 }
 
+template <typename Map>
 class KeyRowMapOp : public OpKernel {
  public:
   explicit KeyRowMapOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -67,20 +86,20 @@ class KeyRowMapOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const std::string container =
         container_.empty() ? ctx->resource_manager()->default_container() : container_;
-    KeyRowMapResource* resource = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->resource_manager()->LookupOrCreate<KeyRowMapResource>(
+    MapResource<Map>* resource = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->resource_manager()->LookupOrCreate<MapResource<Map>>(
                             container, shared_name_, &resource,
-                            [this](KeyRowMapResource** created) -> absl::Status {
-                              std::unique_ptr<sce::KeyRowMap> map;
-                              TF_RETURN_IF_ERROR(ToTf(
-                                  sce::KeyRowMap::Create(Where(table_name_), config_, &map)));
-                              *created = new KeyRowMapResource(table_name_, std::move(map));
+                            [this](MapResource<Map>** created) -> absl::Status {
+                              std::unique_ptr<Map> map;
+                              TF_RETURN_IF_ERROR(
+                                  ToTf(Map::Create(Where(table_name_), config_, &map)));
+                              *created = new MapResource<Map>(table_name_, std::move(map));
                               return absl::OkStatus();
                             }));
     core::ScopedUnref unref(resource);
     OP_REQUIRES(ctx,
                 resource->table_name() == table_name_ &&
-                    SameConfig(resource->map()->config(), config_),
+                    SameConfig(resource->config(), config_),
                 absl::InvalidArgumentError(absl::StrCat(
                     Where(table_name_), ": the key map '", shared_name_,
                     "' already exists with another table or configuration")));
@@ -89,7 +108,7 @@ class KeyRowMapOp : public OpKernel {
     host.set_on_host(true);
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle, host));
     handle->scalar<ResourceHandle>()() =
-        MakeResourceHandle<KeyRowMapResource>(ctx, container, shared_name_);
+        MakeResourceHandle<MapResource<Map>>(ctx, container, shared_name_);
   }
 
  private:
@@ -103,7 +122,7 @@ class KeyRowMapStepOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<KeyRowMapResource> resource;
-    OP_REQUIRES_OK(ctx, LookupMap(ctx, &resource));
+    OP_REQUIRES_OK(ctx, LookupMap<sce::KeyRowMap>(ctx, &resource));
     const Tensor& keys = ctx->input(1);
     const Tensor& step = ctx->input(2);
     const std::string where = Where(resource->table_name());
@@ -153,7 +172,7 @@ class KeyRowMapExportOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<KeyRowMapResource> resource;
-    OP_REQUIRES_OK(ctx, LookupMap(ctx, &resource));
+    OP_REQUIRES_OK(ctx, LookupMap<sce::KeyRowMap>(ctx, &resource));
     sce::KeyRowMapState state;
     {
       mutex_lock lock(*resource->mu());
@@ -189,7 +208,7 @@ class KeyRowMapImportOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<KeyRowMapResource> resource;
-    OP_REQUIRES_OK(ctx, LookupMap(ctx, &resource));
+    OP_REQUIRES_OK(ctx, LookupMap<sce::KeyRowMap>(ctx, &resource));
     const std::string where = Where(resource->table_name());
     OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(ctx->input(1).shape()),
                 absl::InvalidArgumentError(where + ": last_step must be a scalar"));
@@ -209,25 +228,159 @@ class KeyRowMapImportOp : public OpKernel {
   }
 };
 
+template <typename Map>
 class KeyRowMapSizeOp : public OpKernel {
  public:
   explicit KeyRowMapSizeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<KeyRowMapResource> resource;
-    OP_REQUIRES_OK(ctx, LookupMap(ctx, &resource));
+    core::RefCountPtr<MapResource<Map>> resource;
+    OP_REQUIRES_OK(ctx, LookupMap<Map>(ctx, &resource));
     mutex_lock lock(*resource->mu());
-    const sce::KeyRowMap& map = *resource->map();
+    const sce::KeyRowMap& map = resource->KeyMap();
     OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, std::vector<int64_t>{map.size(), map.pending_size(),
                                                                    map.last_step()}));
   }
 };
 
-REGISTER_KERNEL_BUILDER(Name("SceKeyRowMap").Device(DEVICE_CPU), KeyRowMapOp);
+// ---- String keys -------------------------------------------------------------------------
+
+class StringKeyRowMapStepOp : public OpKernel {
+ public:
+  explicit StringKeyRowMapStepOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<StringKeyRowMapResource> resource;
+    OP_REQUIRES_OK(ctx, LookupMap<sce::StringKeyRowMap>(ctx, &resource));
+    const Tensor& keys = ctx->input(1);
+    const Tensor& fingerprints = ctx->input(2);
+    const Tensor& step = ctx->input(3);
+    const std::string where = Where(resource->table_name());
+    OP_REQUIRES(ctx,
+                TensorShapeUtils::IsVector(keys.shape()) && fingerprints.shape() == keys.shape(),
+                absl::InvalidArgumentError(absl::StrCat(
+                    where, ": keys and fingerprints must be vectors of one length, got ",
+                    keys.shape().DebugString(), " and ", fingerprints.shape().DebugString())));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step.shape()),
+                absl::InvalidArgumentError(absl::StrCat(where, ": step must be a scalar, got ",
+                                                        step.shape().DebugString())));
+    const auto key_strings = keys.flat<tstring>();
+    std::vector<std::string_view> views(key_strings.size());
+    for (int64_t i = 0; i < key_strings.size(); ++i) {
+      views[i] = std::string_view(key_strings(i).data(), key_strings(i).size());
+    }
+    Tensor* rows = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &rows));
+    std::vector<int32_t> new_rows;
+    std::vector<std::string> new_keys;
+    sce::KeyRowMapStepStats stats;
+    int64_t collided = 0;
+    {
+      mutex_lock lock(*resource->mu());
+      OP_REQUIRES_OK(
+          ctx, ToTf(resource->map()->MapStep(
+                   step.scalar<int64_t>()(), views.data(),
+                   reinterpret_cast<const uint64_t*>(fingerprints.flat<int64_t>().data()),
+                   keys.NumElements(), rows->flat<int32_t>().data(), &new_rows, &stats,
+                   &collided)));
+      for (int32_t row : new_rows) new_keys.push_back(resource->map()->row_key(row));
+    }
+    Tensor* new_keys_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            1, TensorShape({static_cast<int64_t>(new_keys.size())}), &new_keys_out));
+    for (size_t i = 0; i < new_keys.size(); ++i) new_keys_out->flat<tstring>()(i) = new_keys[i];
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 2, new_rows));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 3, std::vector<int64_t>{
+                                                 stats.admitted_keys, stats.evicted_keys,
+                                                 stats.refused_keys, stats.unadmitted_ids,
+                                                 stats.untracked_ids, collided}));
+  }
+};
+
+absl::Status OutputStrings(OpKernelContext* ctx, int index, const std::vector<std::string>& keys) {
+  Tensor* out = nullptr;
+  TF_RETURN_IF_ERROR(
+      ctx->allocate_output(index, TensorShape({static_cast<int64_t>(keys.size())}), &out));
+  for (size_t i = 0; i < keys.size(); ++i) out->flat<tstring>()(i) = keys[i];
+  return absl::OkStatus();
+}
+
+class StringKeyRowMapExportOp : public OpKernel {
+ public:
+  explicit StringKeyRowMapExportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<StringKeyRowMapResource> resource;
+    OP_REQUIRES_OK(ctx, LookupMap<sce::StringKeyRowMap>(ctx, &resource));
+    sce::StringKeyRowMapState state;
+    {
+      mutex_lock lock(*resource->mu());
+      state = resource->map()->Export();
+    }
+    Tensor* last_step = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &last_step));
+    last_step->scalar<int64_t>()() = state.last_step;
+    OP_REQUIRES_OK(ctx, OutputStrings(ctx, 1, state.keys));
+    OP_REQUIRES_OK(ctx, OutputKeys(ctx, 2, state.fingerprints));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 3, state.rows));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 4, state.last_seen));
+    OP_REQUIRES_OK(ctx, OutputKeys(ctx, 5, state.pending_fingerprints));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 6, state.pending_counts));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 7, state.pending_last_seen));
+  }
+};
+
+class StringKeyRowMapImportOp : public OpKernel {
+ public:
+  explicit StringKeyRowMapImportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<StringKeyRowMapResource> resource;
+    OP_REQUIRES_OK(ctx, LookupMap<sce::StringKeyRowMap>(ctx, &resource));
+    const std::string where = Where(resource->table_name());
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(ctx->input(1).shape()),
+                absl::InvalidArgumentError(where + ": last_step must be a scalar"));
+    sce::StringKeyRowMapState state;
+    state.last_step = ctx->input(1).scalar<int64_t>()();
+    const Tensor& keys = ctx->input(2);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(keys.shape()),
+                absl::InvalidArgumentError(where + ": keys must be a vector"));
+    for (int64_t i = 0; i < keys.NumElements(); ++i) {
+      const tstring& key = keys.flat<tstring>()(i);
+      state.keys.emplace_back(key.data(), key.size());
+    }
+    OP_REQUIRES_OK(ctx, (ReadVector<int64_t, uint64_t>(ctx->input(3), where, "fingerprints",
+                                                       &state.fingerprints)));
+    OP_REQUIRES_OK(ctx, (ReadVector<int32_t, int32_t>(ctx->input(4), where, "last_seen",
+                                                      &state.last_seen)));
+    OP_REQUIRES_OK(ctx, (ReadVector<int64_t, uint64_t>(ctx->input(5), where,
+                                                       "pending_fingerprints",
+                                                       &state.pending_fingerprints)));
+    OP_REQUIRES_OK(ctx, (ReadVector<int32_t, int32_t>(ctx->input(6), where, "pending_counts",
+                                                      &state.pending_counts)));
+    OP_REQUIRES_OK(ctx, (ReadVector<int32_t, int32_t>(ctx->input(7), where, "pending_last_seen",
+                                                      &state.pending_last_seen)));
+    mutex_lock lock(*resource->mu());
+    OP_REQUIRES_OK(ctx, ToTf(resource->map()->Import(state)));
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("SceKeyRowMap").Device(DEVICE_CPU), KeyRowMapOp<sce::KeyRowMap>);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapStep").Device(DEVICE_CPU), KeyRowMapStepOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapExport").Device(DEVICE_CPU), KeyRowMapExportOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapImport").Device(DEVICE_CPU), KeyRowMapImportOp);
-REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapSize").Device(DEVICE_CPU), KeyRowMapSizeOp);
+REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapSize").Device(DEVICE_CPU),
+                        KeyRowMapSizeOp<sce::KeyRowMap>);
+REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMap").Device(DEVICE_CPU),
+                        KeyRowMapOp<sce::StringKeyRowMap>);
+REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMapStep").Device(DEVICE_CPU),
+                        StringKeyRowMapStepOp);
+REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMapExport").Device(DEVICE_CPU),
+                        StringKeyRowMapExportOp);
+REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMapImport").Device(DEVICE_CPU),
+                        StringKeyRowMapImportOp);
+REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMapSize").Device(DEVICE_CPU),
+                        KeyRowMapSizeOp<sce::StringKeyRowMap>);
 
 }  // namespace
 }  // namespace sce_kernels

@@ -100,5 +100,89 @@ REGISTER_OP("SceKeyRowMapSize")
       return absl::OkStatus();
     });
 
+// ---- String keys (docs/dynamic_vocabulary.md#string-keys) ------------------------------------
+
+// As SceKeyRowMap, for string keys.
+REGISTER_OP("SceStringKeyRowMap")
+    .Output("handle: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string")
+    .Attr("table_name: string")
+    .Attr("capacity: int")
+    .Attr("admission_threshold: int = 1")
+    .Attr("steps_to_live: int = 0")
+    .Attr("pending_capacity: int = 1")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape);
+
+// As SceKeyRowMapStep, for string keys with their 64-bit fingerprints (tf.fingerprint). stats
+// has a sixth entry: occurrences refused because another string holds their fingerprint's row.
+REGISTER_OP("SceStringKeyRowMapStep")
+    .Input("handle: resource")
+    .Input("keys: string")
+    .Input("fingerprints: int64")
+    .Input("step: int64")
+    .Output("rows: int32")
+    .Output("new_keys: string")
+    .Output("new_rows: int32")
+    .Output("stats: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle keys, fingerprints, step;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &fingerprints));
+      TF_RETURN_IF_ERROR(c->Merge(keys, fingerprints, &keys));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &step));
+      c->set_output(0, keys);
+      TF_RETURN_IF_ERROR(VectorOutputs(c, 1, 2));
+      c->set_output(3, c->Vector(6));
+      return absl::OkStatus();
+    });
+
+// The logical state: held keys ascending by bytes with their fingerprints, rows and last-seen
+// steps; pending counts per fingerprint.
+REGISTER_OP("SceStringKeyRowMapExport")
+    .Input("handle: resource")
+    .Output("last_step: int64")
+    .Output("keys: string")
+    .Output("fingerprints: int64")
+    .Output("rows: int32")
+    .Output("last_seen: int32")
+    .Output("pending_fingerprints: int64")
+    .Output("pending_counts: int32")
+    .Output("pending_last_seen: int32")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return VectorOutputs(c, 1, 7);
+    });
+
+// Replaces the state; the key with the i-th smallest fingerprint gets row i.
+REGISTER_OP("SceStringKeyRowMapImport")
+    .Input("handle: resource")
+    .Input("last_step: int64")
+    .Input("keys: string")
+    .Input("fingerprints: int64")
+    .Input("last_seen: int32")
+    .Input("pending_fingerprints: int64")
+    .Input("pending_counts: int32")
+    .Input("pending_last_seen: int32")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &unused));
+      for (int i = 2; i < 8; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &unused));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("SceStringKeyRowMapSize")
+    .Input("handle: resource")
+    .Output("sizes: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(3));
+      return absl::OkStatus();
+    });
+
 }  // namespace
 }  // namespace tensorflow

@@ -34,6 +34,7 @@
 #include "cc/core/huge_pages.h"
 #include "cc/core/id_routing.h"
 #include "cc/core/key_row_map.h"
+#include "cc/core/string_key_row_map.h"
 #include "cc/core/lookup.h"
 #include "cc/core/layout.h"
 #include "cc/core/minibatch_splits.h"
@@ -1648,6 +1649,57 @@ void TestKeyRowMapMatchesReference() {
   }
   for (int count : per_shard) CHECK(count > 900 && count < 1100);
   CHECK_EQ(sce::KeyOwnerShard(12345, 1), 0);
+}
+
+
+void TestStringKeyRowMap() {
+  g_test = "string keys: a fingerprint's row belongs to one string; the other one is refused";
+  sce::KeyRowMapConfig config;
+  config.capacity = 1;
+  config.steps_to_live = 1;
+  std::unique_ptr<sce::StringKeyRowMap> map;
+  CHECK_OK(sce::StringKeyRowMap::Create("table 'words'", config, &map));
+  auto step = [&](int64_t s, const std::vector<std::string>& keys,
+                  const std::vector<uint64_t>& fingerprints, int64_t* collided) {
+    std::vector<std::string_view> views(keys.begin(), keys.end());
+    std::vector<int32_t> rows(keys.size(), 99), new_rows;
+    sce::KeyRowMapStepStats stats;
+    CHECK_OK(map->MapStep(s, views.data(), fingerprints.data(), static_cast<int64_t>(keys.size()),
+                          rows.data(), &new_rows, &stats, collided));
+    return rows;
+  };
+  int64_t collided = -1;
+  CHECK(step(0, {"b", "a", "b"}, {7, 7, 7}, &collided) == (std::vector<int32_t>{0, sce::kNoRow, 0}));
+  CHECK_EQ(collided, int64_t{1});
+  sce::StringKeyRowMapState state = map->Export();
+  CHECK(state.keys == (std::vector<std::string>{"b"}));
+  CHECK(state.fingerprints == (std::vector<uint64_t>{7}));
+  // Step 2: "b" (last seen 0) has expired; "c" takes its row, which forgets "b".
+  CHECK(step(2, {"c", "b"}, {8, 7}, &collided) == (std::vector<int32_t>{0, sce::kNoRow}));
+  CHECK(map->Export().keys == (std::vector<std::string>{"c"}));
+
+  g_test = "string keys: Import gives rows in fingerprint order and rejects repeats and collisions";
+  config.capacity = 4;
+  CHECK_OK(sce::StringKeyRowMap::Create("table 'words'", config, &map));
+  sce::StringKeyRowMapState saved;
+  saved.last_step = 3;
+  saved.keys = {"x", "y"};
+  saved.fingerprints = {5, static_cast<uint64_t>(-3)};
+  saved.last_seen = {3, 2};
+  CHECK_OK(map->Import(saved));
+  state = map->Export();
+  CHECK(state.keys == (std::vector<std::string>{"x", "y"}));
+  CHECK(state.rows == (std::vector<int32_t>{1, 0}));
+  CHECK(state.last_seen == (std::vector<int32_t>{3, 2}));
+  sce::StringKeyRowMapState clash = saved;
+  clash.keys = {"x", "z"};
+  clash.fingerprints = {5, 5};
+  CHECK_ERROR(map->Import(clash), "table 'words': the saved keys 'x' and 'z' have the same fingerprint");
+  clash.keys = {"x", "x"};
+  CHECK_ERROR(map->Import(clash), "the saved key 'x' appears twice");
+  CHECK(map->Export().keys == state.keys);
+  CHECK(step(4, {"y", "x", "w"}, {static_cast<uint64_t>(-3), 5, 9}, &collided) ==
+        (std::vector<int32_t>{0, 1, 2}));
 }
 
 }  // namespace
@@ -3292,6 +3344,7 @@ int main() {
       TestRowPrecisionConversions, TestStochasticRoundingIsUnbiased, TestLookupOf16BitRows,
       TestNarrowRowUpdate, TestRoundRowIsElementWise, TestKeyRowMapAdmission,
       TestKeyRowMapEviction, TestKeyRowMapStateAndErrors, TestKeyRowMapMatchesReference,
+      TestStringKeyRowMap,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

@@ -7,7 +7,8 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests.reference.key_row_map import ReferenceKeyRowMap
-from tf_sc_embedding.ops.key_row_map import STEP_STATS, KeyRowMap, KeyRowMapState
+from tf_sc_embedding.ops.key_row_map import (STEP_STATS, STRING_STEP_STATS, KeyRowMap,
+                                             KeyRowMapState, key_fingerprints)
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                       HealthCheck.data_too_large])
@@ -158,3 +159,78 @@ def test_bad_input_names_the_table_and_changes_nothing():
         np.testing.assert_array_equal(getattr(before, field), getattr(after, field))
     # The failed calls left the map working.
     np.testing.assert_array_equal(m.map_step(_keys([2, 1]), 6).rows, [1, 0])
+
+
+# ---------------------------------------------------------------------------- string keys
+
+def test_string_keys_follow_the_same_rules():
+    m = KeyRowMap("words", capacity=3, admission_threshold=2, key_dtype=tf.string)
+    np.testing.assert_array_equal(m.map_step(["b", "a", "b"], 0).rows, [0, -1, 0])
+    out = m.map_step(tf.constant(["a", "c", "zz", "c"]), 1)
+    np.testing.assert_array_equal(out.rows, [1, 2, -1, 2])
+    assert out.new_keys.numpy().tolist() == [b"a", b"c"]
+    np.testing.assert_array_equal(out.new_rows, [1, 2])
+    stats = dict(zip(STRING_STEP_STATS, out.stats.numpy()))
+    assert stats["admitted_keys"] == 2 and stats["collided_ids"] == 0
+    state = m.export()
+    assert state.keys.numpy().tolist() == [b"a", b"b", b"c"]
+    np.testing.assert_array_equal(state.fingerprints, key_fingerprints(["a", "b", "c"]))
+    np.testing.assert_array_equal(state.pending_fingerprints, key_fingerprints(["zz"]))
+
+
+def test_string_state_round_trip_and_errors():
+    m = KeyRowMap("words", capacity=4, steps_to_live=2, key_dtype=tf.string)
+    m.map_step(["x", "", "héllo", "x"], 0)
+    m.map_step(["y"], 1)
+    restored = KeyRowMap("words", capacity=4, steps_to_live=2, key_dtype=tf.string)
+    restored.import_state(m.export())
+    a, b = m.export(), restored.export()
+    assert a.keys.numpy().tolist() == b.keys.numpy().tolist() == [b"", b"h\xc3\xa9llo", b"x",
+                                                                 b"y"]
+    np.testing.assert_array_equal(a.last_seen, b.last_seen)
+    nxt = ["y", "new", "x"]
+    np.testing.assert_array_equal(m.map_step(nxt, 3).rows == -1,
+                                  restored.map_step(nxt, 3).rows == -1)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="table 'words': the saved key 'x' appears twice"):
+        restored.import_state(b._replace(keys=tf.constant(["x", "x", "y", "z"])))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="table 'words': the saved state "
+                                                             "holds 5 keys"):
+        restored.import_state(b._replace(keys=tf.constant(["p", "q", "r", "s", "t"]),
+                                         last_seen=tf.zeros([5], tf.int32)))
+    with pytest.raises(ValueError, match="table 'words': key_dtype must be tf.int64 or "
+                                         "tf.string, got int32"):
+        KeyRowMap("words", capacity=4, key_dtype=tf.int32)
+    from tf_sc_embedding._library import library  # noqa: PLC0415
+    with pytest.raises(tf.errors.InvalidArgumentError, match="table 'words': keys and "
+                                                             "fingerprints must be vectors"):
+        library.sce_string_key_row_map_step(handle=m.resource_handle, keys=["a", "b"],
+                                            fingerprints=tf.constant([1], tf.int64),
+                                            step=tf.constant(9, tf.int64))
+
+
+def test_a_map_dropped_while_a_function_is_traced_is_destroyed_at_once():
+    """The destroy op runs eagerly wherever the last reference dies; added to the graph being
+    traced (or to the dead graph the map was made in), it would never run, or wait for that
+    graph's lock (a hang the op fuzzer found)."""
+    import gc  # noqa: PLC0415
+    from tf_sc_embedding._library import library  # noqa: PLC0415
+    holder = []
+
+    @tf.function
+    def make():
+        holder.append(KeyRowMap("t", capacity=4))
+        return holder[-1].map_step(tf.constant([5], tf.int64), 0).rows
+
+    np.testing.assert_array_equal(make(), [0])
+    handle = holder[0].resource_handle
+
+    @tf.function
+    def drop(x):
+        holder.clear()
+        gc.collect()
+        return x + 1
+
+    assert int(drop(tf.constant(1))) == 2
+    with pytest.raises(tf.errors.NotFoundError):
+        library.sce_key_row_map_size(handle=handle)

@@ -1,11 +1,12 @@
 """The key-to-row map of one shard of an open-vocabulary table (docs/dynamic_vocabulary.md), as a
 TensorFlow resource.
 
-An open vocabulary's ids are arbitrary int64 keys. The map answers each occurrence of a key with a
-row of the shard's table, or with -1 while the key holds no row (below its admission threshold,
-refused at capacity). It decides admissions, takes rows back from keys unseen for `steps_to_live`
+An open vocabulary's ids are arbitrary int64 or string keys. The map answers each occurrence of a
+key with a row of the shard's table, or with -1 while the key holds no row (below its admission
+threshold, refused at capacity). It decides admissions, takes rows back from keys unseen for `steps_to_live`
 steps, and exports / imports its logical state, which depends on no topology. The rules live in
-the C++ core (cc/core/key_row_map.h); this module only wraps the ops.
+the C++ core (cc/core/key_row_map.h, cc/core/string_key_row_map.h); this module only wraps the
+ops.
 """
 import collections
 import itertools
@@ -19,6 +20,8 @@ from tf_sc_embedding._library import library as _lib
 # are read; stats [5] int64 in the order of STEP_STATS.
 MappedKeys = collections.namedtuple("MappedKeys", ["rows", "new_keys", "new_rows", "stats"])
 STEP_STATS = ("admitted_keys", "evicted_keys", "refused_keys", "unadmitted_ids", "untracked_ids")
+# String keys add the occurrences refused because another string holds their fingerprint's row.
+STRING_STEP_STATS = STEP_STATS + ("collided_ids",)
 
 # The logical state: keys holding rows (ascending) with their rows and last-seen steps, pending
 # keys (ascending) with their counts and last-seen steps, and the last mapped step (-1: none).
@@ -27,20 +30,38 @@ KeyRowMapState = collections.namedtuple(
     ["last_step", "keys", "rows", "last_seen", "pending_keys", "pending_counts",
      "pending_last_seen"])
 
+# String keys: held keys ascending by bytes with their fingerprints; pending counts are kept per
+# fingerprint.
+StringKeyRowMapState = collections.namedtuple(
+    "StringKeyRowMapState",
+    ["last_step", "keys", "fingerprints", "rows", "last_seen", "pending_fingerprints",
+     "pending_counts", "pending_last_seen"])
+
 _map_ids = itertools.count()
+
+
+def key_fingerprints(keys):
+    """int64 [n]: the 64-bit fingerprint (`tf.fingerprint`) of each string in `keys` ([n])."""
+    return tf.reshape(tf.bitcast(tf.fingerprint(keys), tf.int64), [-1])
 
 
 class KeyRowMap(tf.saved_model.experimental.TrackableResource):
     """One shard's map, created on the device in scope when it is built (a CPU).
 
     Args: the table's name (for error messages), its `capacity` in rows, the
-    `admission_threshold` (occurrences that earn a row), `steps_to_live` (0: rows are kept) and
-    `pending_capacity` (keys counted below the threshold at once; default: the capacity). Every
-    value is checked by the op, which fails with InvalidArgument naming the table.
+    `admission_threshold` (occurrences that earn a row), `steps_to_live` (0: rows are kept),
+    `pending_capacity` (keys counted below the threshold at once; default: the capacity) and
+    `key_dtype` (tf.int64 or tf.string). Every value is checked by the op, which fails with
+    InvalidArgument naming the table.
     """
 
     def __init__(self, table_name, capacity, admission_threshold=1, steps_to_live=0,
-                 pending_capacity=None):
+                 pending_capacity=None, key_dtype=tf.int64):
+        key_dtype = tf.as_dtype(key_dtype)
+        if key_dtype not in (tf.int64, tf.string):
+            raise ValueError(f"table '{table_name}': key_dtype must be tf.int64 or tf.string, "
+                             f"got {key_dtype.name}")
+        self._key_dtype = key_dtype
         self._table_name = table_name
         self._config = dict(
             table_name=table_name, capacity=int(capacity),
@@ -62,33 +83,69 @@ class KeyRowMap(tf.saved_model.experimental.TrackableResource):
     def config(self):
         return dict(self._config)
 
+    @property
+    def key_dtype(self):
+        return self._key_dtype
+
+    @property
+    def _strings(self):
+        return self._key_dtype == tf.string
+
     def _create_resource(self):
-        return _lib.sce_key_row_map(shared_name=self._shared_name, **self._config)
+        create = _lib.sce_string_key_row_map if self._strings else _lib.sce_key_row_map
+        return create(shared_name=self._shared_name, **self._config)
 
     def _destroy_resource(self):
-        tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
+        # Eagerly, wherever the last reference dies: the map was created outside any traced
+        # function, and a garbage collection in the middle of a trace must not add this op to
+        # the graph being traced (or wait for that graph's lock).
+        with tf.init_scope():
+            tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
 
     def map_step(self, keys, step, name=None):
-        """MappedKeys of one step's keys (int64 [n], every occurrence, in batch order)."""
-        rows, new_keys, new_rows, stats = _lib.sce_key_row_map_step(
-            handle=self.resource_handle, keys=keys, step=tf.cast(step, tf.int64), name=name)
-        return MappedKeys(rows, new_keys, new_rows, stats)
+        """MappedKeys of one step's keys ([n] of key_dtype, every occurrence, in batch order);
+        stats in the order of STEP_STATS (STRING_STEP_STATS for string keys)."""
+        step = tf.cast(step, tf.int64)
+        if self._strings:
+            keys = tf.convert_to_tensor(keys, tf.string)
+            outputs = _lib.sce_string_key_row_map_step(
+                handle=self.resource_handle, keys=keys, fingerprints=key_fingerprints(keys),
+                step=step, name=name)
+        else:
+            outputs = _lib.sce_key_row_map_step(handle=self.resource_handle, keys=keys,
+                                                step=step, name=name)
+        return MappedKeys(*outputs)
 
     def export(self, name=None):
-        """The KeyRowMapState after the last step."""
+        """The state after the last step: a KeyRowMapState, or a StringKeyRowMapState."""
+        if self._strings:
+            return StringKeyRowMapState(*_lib.sce_string_key_row_map_export(
+                handle=self.resource_handle, name=name))
         return KeyRowMapState(*_lib.sce_key_row_map_export(handle=self.resource_handle,
                                                            name=name))
 
     def import_state(self, state, name=None):
-        """Replaces the state with `state` (a KeyRowMapState; `rows` is ignored): keys[i] gets
-        row i. Fails naming the table, with nothing changed, when the state does not fit."""
+        """Replaces the state with `state` (as `export` returns it; `rows` is ignored, and string
+        keys are fingerprinted again). Int64 keys: keys[i] gets row i; string keys: the key with
+        the i-th smallest fingerprint. Fails naming the table, with nothing changed, when the
+        state does not fit."""
+        last_step = tf.cast(state.last_step, tf.int64)
+        if self._strings:
+            keys = tf.convert_to_tensor(state.keys, tf.string)
+            return _lib.sce_string_key_row_map_import(
+                handle=self.resource_handle, last_step=last_step, keys=keys,
+                fingerprints=key_fingerprints(keys), last_seen=state.last_seen,
+                pending_fingerprints=state.pending_fingerprints,
+                pending_counts=state.pending_counts, pending_last_seen=state.pending_last_seen,
+                name=name)
         return _lib.sce_key_row_map_import(
-            handle=self.resource_handle, last_step=tf.cast(state.last_step, tf.int64),
-            keys=state.keys, last_seen=state.last_seen, pending_keys=state.pending_keys,
+            handle=self.resource_handle, last_step=last_step, keys=state.keys,
+            last_seen=state.last_seen, pending_keys=state.pending_keys,
             pending_counts=state.pending_counts, pending_last_seen=state.pending_last_seen,
             name=name)
 
     def sizes(self, name=None):
         """int64 [3]: keys holding rows (including expired ones not yet swept), pending keys and
         the last mapped step."""
-        return _lib.sce_key_row_map_size(handle=self.resource_handle, name=name)
+        size = _lib.sce_string_key_row_map_size if self._strings else _lib.sce_key_row_map_size
+        return size(handle=self.resource_handle, name=name)

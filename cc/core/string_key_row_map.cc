@@ -1,0 +1,122 @@
+#include "cc/core/string_key_row_map.h"
+
+#include <algorithm>
+#include <new>
+#include <numeric>
+#include <utility>
+
+namespace sce {
+namespace {
+
+bool SignedLess(uint64_t a, uint64_t b) {
+  return static_cast<int64_t>(a) < static_cast<int64_t>(b);
+}
+
+}  // namespace
+
+StringKeyRowMap::StringKeyRowMap(std::string where, std::unique_ptr<KeyRowMap> map)
+    : where_(std::move(where)), map_(std::move(map)) {}
+
+Status StringKeyRowMap::Create(const std::string& where, const KeyRowMapConfig& config,
+                               std::unique_ptr<StringKeyRowMap>* map) {
+  std::unique_ptr<KeyRowMap> key_map;
+  SCE_RETURN_IF_ERROR(KeyRowMap::Create(where, config, &key_map));
+  std::unique_ptr<StringKeyRowMap> created(new StringKeyRowMap(where, std::move(key_map)));
+  try {
+    created->row_keys_.resize(config.capacity);
+  } catch (const std::bad_alloc&) {
+    return InvalidArgument(where, ": cannot allocate the key strings for capacity ",
+                           config.capacity);
+  }
+  *map = std::move(created);
+  return Status::Ok();
+}
+
+Status StringKeyRowMap::MapStep(int64_t step, const std::string_view* keys,
+                                const uint64_t* fingerprints, int64_t num_keys, int32_t* rows,
+                                std::vector<int32_t>* new_rows, KeyRowMapStepStats* stats,
+                                int64_t* collided_ids) {
+  if (num_keys > 0 && keys == nullptr) {
+    return InvalidArgument(where_, ": bad string key map arguments (", num_keys, " keys)");
+  }
+  if (collided_ids == nullptr) return InvalidArgument(where_, ": no collided_ids output");
+  SCE_RETURN_IF_ERROR(map_->MapStep(step, fingerprints, num_keys, rows, &new_fingerprints_,
+                                    new_rows, stats));
+  *collided_ids = 0;
+  // A row given out in this step belongs to the first string that reads it in batch order; the
+  // marks live in the rows' own strings until then (a new row's old string is stale anyway).
+  std::vector<bool> is_new(new_rows->empty() ? 0 : row_keys_.size(), false);
+  for (int32_t row : *new_rows) is_new[row] = true;
+  for (int64_t i = 0; i < num_keys; ++i) {
+    const int32_t row = rows[i];
+    if (row == kNoRow) continue;
+    if (!is_new.empty() && is_new[row]) {
+      row_keys_[row].assign(keys[i].data(), keys[i].size());
+      is_new[row] = false;
+      continue;
+    }
+    if (row_keys_[row] != keys[i]) {
+      rows[i] = kNoRow;
+      ++*collided_ids;
+      ++stats->unadmitted_ids;
+    }
+  }
+  return Status::Ok();
+}
+
+StringKeyRowMapState StringKeyRowMap::Export() const {
+  const KeyRowMapState inner = map_->Export();
+  std::vector<int64_t> order(inner.keys.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return row_keys_[inner.rows[a]] < row_keys_[inner.rows[b]];
+  });
+  StringKeyRowMapState state;
+  state.last_step = inner.last_step;
+  for (int64_t i : order) {
+    state.keys.push_back(row_keys_[inner.rows[i]]);
+    state.fingerprints.push_back(inner.keys[i]);
+    state.last_seen.push_back(inner.last_seen[i]);
+    state.rows.push_back(inner.rows[i]);
+  }
+  state.pending_fingerprints = inner.pending_keys;
+  state.pending_counts = inner.pending_counts;
+  state.pending_last_seen = inner.pending_last_seen;
+  return state;
+}
+
+Status StringKeyRowMap::Import(const StringKeyRowMapState& state) {
+  const size_t n = state.keys.size();
+  if (state.fingerprints.size() != n || state.last_seen.size() != n) {
+    return InvalidArgument(where_, ": the saved keys, fingerprints and last-seen steps differ in "
+                           "size");
+  }
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return SignedLess(state.fingerprints[a], state.fingerprints[b]);
+  });
+  KeyRowMapState inner;
+  inner.last_step = state.last_step;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t k = order[i];
+    if (i > 0 && state.fingerprints[order[i - 1]] == state.fingerprints[k]) {
+      const std::string& other = state.keys[order[i - 1]];
+      if (other == state.keys[k]) {
+        return InvalidArgument(where_, ": the saved key '", other, "' appears twice");
+      }
+      return InvalidArgument(where_, ": the saved keys '", other, "' and '", state.keys[k],
+                             "' have the same fingerprint");
+    }
+    inner.keys.push_back(state.fingerprints[k]);
+    inner.last_seen.push_back(state.last_seen[k]);
+  }
+  inner.pending_keys = state.pending_fingerprints;
+  inner.pending_counts = state.pending_counts;
+  inner.pending_last_seen = state.pending_last_seen;
+  SCE_RETURN_IF_ERROR(map_->Import(inner));
+  for (size_t i = 0; i < n; ++i) row_keys_[i] = state.keys[order[i]];
+  return Status::Ok();
+}
+
+}  // namespace sce
