@@ -54,7 +54,7 @@ REGISTER_OP("SceKeyRowMapStep")
       return absl::OkStatus();
     });
 
-// The logical state (docs/dynamic_vocabulary.md#checkpoints): keys holding rows in ascending
+// The logical state (docs/dynamic_vocabulary.md#logical-state): keys holding rows in ascending
 // order with their rows and last-seen steps, the pending keys with their counts and last-seen
 // steps, and the last mapped step.
 REGISTER_OP("SceKeyRowMapExport")
