@@ -108,6 +108,12 @@ Status KeyRowMap::Allocate() {
   return Status::Ok();
 }
 
+int64_t KeyRowMap::MemoryBytes() const {
+  return num_slots_ * static_cast<int64_t>(sizeof(Slot)) +
+         num_pending_slots_ * static_cast<int64_t>(sizeof(PendingSlot)) +
+         config_.capacity * static_cast<int64_t>(sizeof(int32_t) + sizeof(int32_t));
+}
+
 void KeyRowMap::ClearAll() {
   std::fill(slots_.begin(), slots_.end(), Slot{0, 0, kNoRow});
   std::fill(pending_.begin(), pending_.end(), PendingSlot{0, 0, 0});

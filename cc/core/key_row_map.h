@@ -109,6 +109,8 @@ class KeyRowMap {
   int64_t size() const { return size_; }                  // keys holding rows (live or not swept)
   int64_t pending_size() const { return pending_size_; }  // keys counted below the threshold
   int64_t last_step() const { return last_step_; }
+  // Bytes of the map's buffers (slots, pending slots, per-row metadata).
+  int64_t MemoryBytes() const;
   const KeyRowMapConfig& config() const { return config_; }
 
   // One slot of the key map: 12 bytes, so the map costs 16 bytes per key at its 3/4 load.

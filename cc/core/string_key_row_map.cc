@@ -24,6 +24,7 @@ Status StringKeyRowMap::Create(const std::string& where, const KeyRowMapConfig& 
   std::unique_ptr<StringKeyRowMap> created(new StringKeyRowMap(where, std::move(key_map)));
   try {
     created->row_keys_.resize(config.capacity);
+    created->row_is_new_.assign(config.capacity, false);
   } catch (const std::bad_alloc&) {
     return InvalidArgument(where, ": cannot allocate the key strings for capacity ",
                            config.capacity);
@@ -43,16 +44,14 @@ Status StringKeyRowMap::MapStep(int64_t step, const std::string_view* keys,
   SCE_RETURN_IF_ERROR(map_->MapStep(step, fingerprints, num_keys, rows, &new_fingerprints_,
                                     new_rows, stats));
   *collided_ids = 0;
-  // A row given out in this step belongs to the first string that reads it in batch order; the
-  // marks live in the rows' own strings until then (a new row's old string is stale anyway).
-  std::vector<bool> is_new(new_rows->empty() ? 0 : row_keys_.size(), false);
-  for (int32_t row : *new_rows) is_new[row] = true;
+  // A row given out in this step belongs to the first string that reads it in batch order.
+  for (int32_t row : *new_rows) row_is_new_[row] = true;
   for (int64_t i = 0; i < num_keys; ++i) {
     const int32_t row = rows[i];
     if (row == kNoRow) continue;
-    if (!is_new.empty() && is_new[row]) {
+    if (row_is_new_[row]) {
       row_keys_[row].assign(keys[i].data(), keys[i].size());
-      is_new[row] = false;
+      row_is_new_[row] = false;
       continue;
     }
     if (row_keys_[row] != keys[i]) {

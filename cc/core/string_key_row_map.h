@@ -56,6 +56,10 @@ class StringKeyRowMap {
   Status Import(const StringKeyRowMapState& state);
 
   const KeyRowMap& key_map() const { return *map_; }
+  // The key map's bytes plus the rows' strings (their heap characters not counted).
+  int64_t MemoryBytes() const {
+    return map_->MemoryBytes() + static_cast<int64_t>(row_keys_.size() * sizeof(std::string));
+  }
   // The string a row was last given to (the keys of MapStep's new_rows, once it returned).
   const std::string& row_key(int32_t row) const { return row_keys_[row]; }
 
@@ -65,6 +69,9 @@ class StringKeyRowMap {
   std::string where_;
   std::unique_ptr<KeyRowMap> map_;
   std::vector<std::string> row_keys_;  // the string each row was last given to
+  // Rows given out in the current step whose first reader is not met yet (all clear between
+  // steps: every new row has a reader, the occurrence that admitted its key).
+  std::vector<bool> row_is_new_;
   std::vector<uint64_t> fingerprint_scratch_;
   std::vector<uint64_t> new_fingerprints_;
 };

@@ -30,10 +30,7 @@ class MapResource : public ResourceBase {
   std::string DebugString() const override {
     return "key-to-row map of " + Where(table_name_);
   }
-  int64_t MemoryUsed() const override {
-    const sce::KeyRowMapConfig& c = config();
-    return c.capacity * (16 + 8) + (c.admission_threshold > 1 ? c.pending_capacity * 22 : 0);
-  }
+  int64_t MemoryUsed() const override { return map_->MemoryBytes(); }
 
   mutex* mu() { return &mu_; }
   const std::string& table_name() const { return table_name_; }
