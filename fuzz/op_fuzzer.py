@@ -31,7 +31,7 @@ PAD = 2**31 - 1
 OPS = ("coo", "list_of_coo", "sort", "stats", "splits", "csr_wrapped", "minibatches_in_csr",
        "lookup", "update", "update_in_place", "stacker", "finite_check", "raise_limits", "stacked_coo",
        "stacked_splits", "gathered_segment_sum", "replica_chunks",
-       "id_routing", "owner_csr", "key_row_map")
+       "id_routing", "owner_csr", "key_row_map", "assign_rows")
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
 
 
@@ -274,6 +274,14 @@ def make_case(seed, index):
             keys = sorted(set(case["state"][0]))
             case["state"] = [keys, [rng.randint(0, 3) for _ in keys], [], [], []]
             case["last_step"] = a(3, 6)
+    elif op == "assign_rows":
+        # The variable is small (its size is no argument of the op); rows and widths are probed.
+        height, width, n = min(max(a(5, 9, 0), 0), 64), min(max(a(3, 6, 0), 0), 64), \
+            rng.randint(0, 6)
+        case.update(height=height, width=width, rows=int_list(rng, n, max(height, 1)),
+                    values=[float_list(rng, min(max(a(width, 8, 0), 0), 70))
+                            for _ in range(n + a.choice(0, [0, 1]))],
+                    dtype=rng.choice(["float32", "bfloat16", "float16", "float64"]))
     elif op == "gathered_segment_sum":
         num_rows, width, n = a(6, 12, 0), rng.randint(0, 9), rng.randint(0, 12)
         case.update(rows=[float_list(rng, width) for _ in range(max(min(num_rows, 64), 0))],
@@ -495,6 +503,16 @@ def run_case(case):
                     np.int64(case["last_step"]), np.array(keys, np.int64), None, last_seen,
                     pending_keys, counts, pending_seen))
             return outputs, tuple(m.export())
+        if op == "assign_rows":
+            from tf_sc_embedding.ops.assign_rows import assign_rows  # noqa: PLC0415
+            variable = tf.Variable(tf.zeros([case["height"], case["width"]], case["dtype"]))
+            widths = {len(v) for v in case["values"]}
+            values = (f32(case["values"]) if len(widths) == 1 else
+                      np.zeros([len(case["values"]), 1], np.float32))
+            values = values.reshape([len(case["values"]), -1]) if values.size else \
+                np.zeros([len(case["values"]), 0], np.float32)
+            assign_rows(variable, i32(case["rows"]), values, T)
+            return variable.read_value()
         if op == "gathered_segment_sum":
             from tf_sc_embedding.ops.segment_sum import gathered_segment_sum  # noqa: PLC0415
             rows = f32(case["rows"]).reshape([len(case["rows"]), case["width"]])

@@ -1,10 +1,11 @@
 """tf_sc_embedding: TPUEmbeddingV2-style sharded embeddings whose SparseCore ops run on CPU."""
 from tf_sc_embedding import layout, ops
+from tf_sc_embedding.dynamic_vocabulary import DynamicVocabulary
 from tf_sc_embedding.embedding import TPUEmbeddingV2
 from tf_sc_embedding.options import EmbeddingOptions
 from tf_sc_embedding.row_wise_adagrad import RowWiseAdagrad
 
-__all__ = ["EmbeddingLayer", "EmbeddingOptions", "RowWiseAdagrad", "TPUEmbeddingV2", "layout",
+__all__ = ["DynamicVocabulary", "EmbeddingLayer", "EmbeddingOptions", "RowWiseAdagrad", "TPUEmbeddingV2", "layout",
            "ops"]
 __version__ = "0.1.0"
 

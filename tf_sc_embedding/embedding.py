@@ -18,6 +18,8 @@ import tensorflow as tf
 
 from tf_sc_embedding import checkpointing
 from tf_sc_embedding import collectives
+from tf_sc_embedding import dynamic_tables as dynamic_lib
+from tf_sc_embedding import dynamic_vocabulary
 from tf_sc_embedding import exchanges as exchanges_lib
 from tf_sc_embedding import feature_shapes
 from tf_sc_embedding import private_tf
@@ -55,24 +57,47 @@ class TPUEmbeddingV2(tf.Module):
         self._exchange = exchanges_lib.choose(self._options.exchange, self._group.num_replicas,
                                               sparse_core_embedding_config)
         self._flat_paths = flat_feature_paths(feature_config)
-        self._replicated = self._options.replicated_tables(table_names(feature_config),
+        tables_by_name = table_names(feature_config)
+        self._replicated = self._options.replicated_tables(tables_by_name,
                                                            self._group.num_replicas)
-        self._dtypes = self._options.storage_dtypes(table_names(feature_config))
+        self._dtypes = self._options.storage_dtypes(tables_by_name)
+        vocabularies = self._options.dynamic_tables(tables_by_name)
+        self._check_dynamic_supported(vocabularies)
+        # The layout sees each dynamic table as its rows plus a scratch row (dynamic_vocabulary).
+        self._laid_out_features = dynamic_vocabulary.laid_out_features(
+            feature_config, set(vocabularies), tables_by_name)
         self._build_lock = threading.Lock()
         self._step = None
         # Fail fast on bad configs (optimizers, combiners, names) before any input is seen.
         config_plan = self._make_plan({p: (self._options.sparse_cores_per_replica,)
                                        for p in self._flat_paths})
-        self._tables = LogicalTables({t.name: (t.config, t.optimizer)
-                                      for s in config_plan.stacked_tables.values()
-                                      for t in s.tables})
+        placements = {t.name: t for s in config_plan.stacked_tables.values() for t in s.tables}
+        self._tables = LogicalTables({name: (t.config, t.optimizer)
+                                      for name, t in placements.items()})
+        self._dynamic = dynamic_lib.DynamicTables(
+            vocabularies, tables_by_name,
+            {name: placements[name].optimizer for name in vocabularies}, self._tables)
         # Checkpoint nodes, one per user table, named by table (checkpointing.py); they exist
         # before build() so that a checkpoint restored early is consumed by build().
         self._update_step_node = (checkpointing.UpdateStepNode(self)
                                   if set(self._dtypes.values()) != {"float32"} else None)
         self._pending_update_step = None
         self._logical_nodes = {name: checkpointing.LogicalTable(self, name)
-                               for name in self._tables.names}
+                               for name in self._tables.names if name not in vocabularies}
+        self._dynamic_nodes = {name: dynamic_lib.DynamicTableNode(self._dynamic, name)
+                               for name in self._dynamic.names}
+
+    def _check_dynamic_supported(self, vocabularies):
+        if not vocabularies:
+            return
+        if self._group.num_replicas > 1:
+            raise ValueError(f"dynamic_vocabularies (tables {sorted(vocabularies)}) need one "
+                             f"replica for now; this strategy has {self._group.num_replicas} "
+                             "(docs/dynamic_vocabulary.md#what-is-not-there-yet)")
+        if self._pipelining:
+            raise ValueError("dynamic_vocabularies cannot be combined with "
+                             "pipeline_execution_with_tensor_core=True: a row given to a new key "
+                             "would receive the previous step's update of its old key")
 
     def _make_plan(self, shapes):
         config = self._sparse_core_config
@@ -81,10 +106,14 @@ class TPUEmbeddingV2(tf.Module):
             # without limits (the same result); the configured values start the online limits.
             config = dataclasses.replace(config, max_ids_per_table=None,
                                          max_unique_ids_per_table=None)
-        return EmbeddingPlan(self._feature_config, self._optimizer, self._group.num_replicas,
+        return EmbeddingPlan(self._laid_out_features, self._optimizer, self._group.num_replicas,
                              self._options.sparse_cores_per_replica, shapes, config,
                              replicated=self._replicated, dtypes=self._dtypes,
-                             rounding=self._options.table_rounding)
+                             rounding=self._options.table_rounding,
+                             dynamic=frozenset(self._dynamic_names()))
+
+    def _dynamic_names(self):
+        return self._options.dynamic_vocabularies.keys()
 
     def build(self, per_replica_batch_size=None, output_shapes=None):
         """Lays out and creates the tables for a per-replica batch size (or per-feature shapes)."""
@@ -119,7 +148,8 @@ class TPUEmbeddingV2(tf.Module):
                             self._pending_update_step)
                 self._step = EmbeddingStep(
                     plan, storage, exchanges_lib.build(plan, self._exchange, self._group,
-                                                       self._sparse_core_config),
+                                                       self._sparse_core_config, self._dynamic,
+                                                       storage),
                     self._group, self._options, self._sparse_core_config, self._pipelining)
                 # Tracked as attributes so that tf.Module finds the table variables.
                 self._variables = storage.stacked_variables()
@@ -187,7 +217,11 @@ class TPUEmbeddingV2(tf.Module):
         """The user's TableConfig -> its logical [vocabulary_size, dim] table (numpy array).
         With several worker processes this is a collective read: call it on every worker."""
         self._require_built("embedding_tables")
-        return {self._tables.config(name): self._tables.read(name) for name in self._tables.names}
+        return {self._tables.config(name): self._tables.read(name) for name in self._fixed_names()}
+
+    def _fixed_names(self):
+        """The tables with a fixed vocabulary (the others: export_dynamic_table)."""
+        return [name for name in self._tables.names if name not in self._dynamic.names]
 
     @property
     def embedding_table_shards(self):
@@ -210,7 +244,7 @@ class TPUEmbeddingV2(tf.Module):
         self._require_built("logical_tables")
         convert = (lambda v: v) if as_numpy else as_tensor_zero_copy
         result = {}
-        for name in self._tables.names:
+        for name in self._fixed_names():
             kinds = self._tables.kinds(name) if include_slots else (PARAMETERS,)
             values = {kind: convert(self._tables.read(name, kind)) for kind in kinds}
             result[name] = values if include_slots else values[PARAMETERS]
@@ -222,16 +256,41 @@ class TPUEmbeddingV2(tf.Module):
         from tf_sc_embedding import serving  # pylint: disable=import-outside-toplevel
         return serving.export_serving(self, export_dir, **kwargs)
 
+    # ----------------------------------------------------------------------------- dynamic tables
+    def export_dynamic_table(self, table):
+        """(keys, values) of an open-vocabulary table (a name or its TableConfig): numpy, the keys
+        holding rows in ascending order ([n]; bytes for string keys) and their rows ([n, dim])."""
+        name = table.name if isinstance(table, tf.tpu.experimental.embedding.TableConfig) else table
+        return self._dynamic.export(name)
+
+    @property
+    def dynamic_tables(self):
+        """The open-vocabulary tables (dynamic_tables.DynamicTables)."""
+        return self._dynamic
+
+    def num_unadmitted_ids(self):
+        """Occurrences of keys that held no row (below the admission threshold, refused, or a
+        string whose fingerprint another string holds): they read zeros and trained nothing."""
+        return self._dynamic.counter("unadmitted_ids")
+
+    def num_refused_keys(self):
+        """Admissions refused because every row of the table was held."""
+        return self._dynamic.counter("refused_keys")
+
     # ----------------------------------------------------------------------------- checkpoints
     _sce_checkpoint_writer = True   # saved by checkpointing's registered saver
 
     def _trackable_children(self, save_type=None, **kwargs):
         # Only the per-table logical nodes: the per-replica variables depend on the topology.
-        return checkpointing.trackable_children(self._logical_nodes, self._update_step_node)
+        children = checkpointing.trackable_children(self._logical_nodes, self._update_step_node)
+        children.update(self._dynamic_nodes)
+        return children
 
     def _lookup_dependency(self, name, cached_dependencies=None):
         if name == checkpointing.UPDATE_STEP and self.__dict__.get("_update_step_node"):
             return self._update_step_node
+        if name in self.__dict__.get("_dynamic_nodes", {}):
+            return self._dynamic_nodes[name]
         node = checkpointing.lookup_dependency(self.__dict__.get("_logical_nodes", {}), name)
         return node if node is not None else super()._lookup_dependency(name, cached_dependencies)
 

@@ -28,11 +28,15 @@ PreprocessedCoo = collections.namedtuple("PreprocessedCoo", ["row_ids", "col_ids
 _INT32_MAX = 2 ** 31 - 1
 
 
-def _ids_as_int32(values, path):
+def _ids_as_int32(values, path, table_name=None):
     if values.dtype == tf.int32:
         return values
     if values.dtype != tf.int64:
-        raise ValueError(f"feature '{path}': ids must be int32 or int64, got {values.dtype.name}")
+        table = "" if table_name is None else (
+            f" (table '{table_name}' has a fixed vocabulary; string and other open-ended keys "
+            "need dynamic_vocabularies)")
+        raise ValueError(f"feature '{path}': ids must be int32 or int64, got "
+                         f"{values.dtype.name}{table}")
     checks = [
         tf.debugging.assert_less_equal(
             values, tf.constant(_INT32_MAX, tf.int64),
@@ -56,22 +60,23 @@ def _weights_values(weights, kind, path):
     raise ValueError(f"feature '{path}': weights must have the same kind as the ids ({kind})")
 
 
-def feature_as_id_input(ids, weights, path):
-    """(indices_or_row_splits, values, weights, kind) of one feature's input."""
+def feature_as_id_input(ids, weights, path, table_name=None):
+    """(indices_or_row_splits, values, weights, kind) of one feature's input (table_name: its
+    table, for errors)."""
     if isinstance(ids, tf.RaggedTensor):
         if ids.ragged_rank != 1 or ids.shape.rank != 2:
             raise ValueError(f"feature '{path}': ragged ids must have shape [batch, None], got "
                              f"{ids.shape}")
-        return (tf.cast(ids.row_splits, tf.int32), _ids_as_int32(ids.values, path),
+        return (tf.cast(ids.row_splits, tf.int32), _ids_as_int32(ids.values, path, table_name),
                 _weights_values(weights, "ragged", path), "ragged")
     if isinstance(ids, tf.SparseTensor):
         if ids.shape.rank != 2:
             raise ValueError(f"feature '{path}': sparse ids must have rank 2, got {ids.shape}")
-        return (tf.cast(ids.indices, tf.int32), _ids_as_int32(ids.values, path),
+        return (tf.cast(ids.indices, tf.int32), _ids_as_int32(ids.values, path, table_name),
                 _weights_values(weights, "sparse", path), "sparse")
     if isinstance(ids, (tf.Tensor, tf.Variable)) or hasattr(ids, "dtype"):
         ids = tf.convert_to_tensor(ids)
-        return (tf.zeros([0], tf.int32), _ids_as_int32(tf.reshape(ids, [-1]), path),
+        return (tf.zeros([0], tf.int32), _ids_as_int32(tf.reshape(ids, [-1]), path, table_name),
                 _weights_values(weights, "dense", path), "dense")
     raise ValueError(f"feature '{path}': expected a tf.Tensor, tf.SparseTensor or "
                      f"tf.RaggedTensor, got {type(ids).__name__}")
@@ -86,7 +91,8 @@ def feature_coo_lists(layout, flat_features, flat_weights):
     S = layout.sparse_cores_per_replica
     lists = {}
     for placement, ids, weights in zip(layout.features, flat_features, flat_weights):
-        indices, values, gains, _ = feature_as_id_input(ids, weights, placement.path)
+        indices, values, gains, _ = feature_as_id_input(ids, weights, placement.path,
+                                                      placement.table.name)
         table = placement.table
         stacked = layout.stacked_tables[table.layout.stacked_table_name]
         per_sc = ops.convert_to_list_of_sparse_core_coo_tensors(
@@ -106,7 +112,8 @@ def _stacked_table_inputs(layout, flat_features, flat_weights):
     of a stacked table: the input lists and the per-feature attributes, in feature order."""
     inputs = {}
     for placement, ids, weights in zip(layout.features, flat_features, flat_weights):
-        indices, values, gains, _ = feature_as_id_input(ids, weights, placement.path)
+        indices, values, gains, _ = feature_as_id_input(ids, weights, placement.path,
+                                                      placement.table.name)
         inputs.setdefault(placement.table.layout.stacked_table_name, []).append(
             (placement, indices, values, gains))
     result = {}

@@ -276,27 +276,34 @@ class EmbeddingPlan:
     """Where every table lives: mod-sharded over all replicas, or held whole by every replica.
 
     `sharded` is the layout of the sharded tables over all replicas, `replicated` the layout of
-    the replicated ones as if there were one replica (each replica holds all S shards of them);
-    either is None when it has no table. Replication only exists with several replicas.
+    the replicated ones as if there were one replica (each replica holds all S shards of them),
+    `dynamic` the layout of the open-vocabulary tables (docs/dynamic_vocabulary.md), stacked only
+    with each other; each is None when it has no table. Replication only exists with several
+    replicas.
     """
 
     def __init__(self, feature_config, optimizer, num_replicas, sparse_cores_per_replica,
                  output_shapes, sparse_core_embedding_config=None, replicated=frozenset(),
-                 dtypes=None, rounding="stochastic"):
+                 dtypes=None, rounding="stochastic", dynamic=frozenset()):
         names = table_names(feature_config)
-        replicated = frozenset(replicated) if num_replicas > 1 else frozenset()
-        unknown = replicated - set(names)
+        dynamic = frozenset(dynamic)
+        replicated = frozenset(replicated) - dynamic if num_replicas > 1 else frozenset()
+        unknown = (replicated | dynamic) - set(names)
         if unknown:
             raise ValueError(f"table_placement names unknown tables {sorted(unknown)}; the "
                              f"tables are {sorted(names)}")
         self.placement = {n: REPLICATED if n in replicated else SHARDED for n in names}
         args = (feature_config, optimizer)
         config = sparse_core_embedding_config
-        sharded = frozenset(set(names) - replicated)
+        sharded = frozenset(set(names) - replicated - dynamic)
         self.sharded = (EmbeddingLayout(*args, num_replicas, sparse_cores_per_replica,
                                         output_shapes, config, tables=sharded, dtypes=dtypes,
                                         rounding=rounding)
                         if sharded or not names else None)
+        self.dynamic = (EmbeddingLayout(*args, num_replicas, sparse_cores_per_replica,
+                                        output_shapes, config, tables=dynamic, dtypes=dtypes,
+                                        rounding=rounding)
+                        if dynamic else None)
         self.replicated = (EmbeddingLayout(*args, 1, sparse_cores_per_replica, output_shapes,
                                            config, tables=replicated, dtypes=dtypes,
                                            rounding=rounding)
@@ -309,7 +316,8 @@ class EmbeddingPlan:
                                for name, stacked in layout.stacked_tables.items()}
 
     def parts(self):
-        return [layout for layout in (self.sharded, self.replicated) if layout is not None]
+        return [layout for layout in (self.sharded, self.dynamic, self.replicated)
+                if layout is not None]
 
     def table_layouts(self) -> Dict[str, TableLayout]:
         """Layout of every user table, by table name."""

@@ -5,6 +5,7 @@ They are the one home of the extra options: their defaults, their validation and
 them here, and the Keras config stores `to_config()`; adding an option is one field below.
 """
 import dataclasses
+import json
 import numbers
 import types
 from typing import Any, Mapping
@@ -13,6 +14,7 @@ import tensorflow as tf
 
 from tf_sc_embedding import collectives
 from tf_sc_embedding import layout
+from tf_sc_embedding.dynamic_vocabulary import DynamicVocabulary
 from tf_sc_embedding.layout import DEFAULT_SPARSE_CORES_PER_REPLICA, REPLICATED, SHARDED
 
 EXCHANGES = ("auto", "all_to_all", "all_gather")
@@ -107,6 +109,9 @@ class EmbeddingOptions:
     table_rounding: how the update writes 16-bit rows back: "stochastic" (the default; unbiased,
       reproducible on any topology) or "nearest" (round to nearest even; updates smaller than
       half a step are lost, kept for comparison).
+    dynamic_vocabularies: {table name or TableConfig: DynamicVocabulary}, the tables whose ids
+      are open-ended int64 or string keys, mapped to rows as they arrive; such a table's
+      vocabulary_size is the number of rows it holds (docs/dynamic_vocabulary.md).
     """
     sparse_cores_per_replica: int = DEFAULT_SPARSE_CORES_PER_REPLICA
     exchange: str = "auto"
@@ -118,12 +123,17 @@ class EmbeddingOptions:
     adapt_sparse_core_limits: bool = False
     table_dtypes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     table_rounding: str = "stochastic"
+    dynamic_vocabularies: Mapping[str, DynamicVocabulary] = dataclasses.field(
+        default_factory=dict)
 
     def __post_init__(self):
         object.__setattr__(self, "table_placement", _by_table_name(
             "table_placement", self.table_placement, f"'{SHARDED}' | '{REPLICATED}'", _placement))
         object.__setattr__(self, "table_dtypes", _by_table_name(
             "table_dtypes", self.table_dtypes, " | ".join(TABLE_DTYPES), _dtype_name))
+        object.__setattr__(self, "dynamic_vocabularies", _by_table_name(
+            "dynamic_vocabularies", self.dynamic_vocabularies, "DynamicVocabulary",
+            DynamicVocabulary.of))
         layout.check_sparse_cores_per_replica(self.sparse_cores_per_replica)
         _require_int("replication_threshold_bytes", self.replication_threshold_bytes, minimum=0)
         _require_choice("exchange", self.exchange, EXCHANGES)
@@ -142,8 +152,7 @@ class EmbeddingOptions:
                              "limits are raised to the measured statistics)")
 
     def __hash__(self):
-        return hash(tuple((name, tuple(value.items()) if isinstance(value, dict) else value)
-                          for name, value in self.to_config().items()))
+        return hash(json.dumps(self.to_config(), sort_keys=True))
 
     def __reduce__(self):   # the read-only mapping does not pickle; the config does
         return (type(self).from_config, (self.to_config(),))
@@ -186,6 +195,8 @@ class EmbeddingOptions:
         config = {name: getattr(self, name) for name in self.field_names()}
         config["table_placement"] = dict(self.table_placement)
         config["table_dtypes"] = dict(self.table_dtypes)
+        config["dynamic_vocabularies"] = {name: vocabulary.to_config() for name, vocabulary
+                                          in self.dynamic_vocabularies.items()}
         return config
 
     @classmethod
@@ -198,6 +209,12 @@ class EmbeddingOptions:
         a table_dtypes key naming no table fails."""
         _check_known("table_dtypes", self.table_dtypes, tables_by_name)
         return {name: self.table_dtypes.get(name, "float32") for name in tables_by_name}
+
+    def dynamic_tables(self, tables_by_name):
+        """{table name: DynamicVocabulary} of the open-vocabulary tables; a dynamic_vocabularies
+        key naming no table fails."""
+        _check_known("dynamic_vocabularies", self.dynamic_vocabularies, tables_by_name)
+        return dict(self.dynamic_vocabularies)
 
     def replicated_tables(self, tables_by_name, num_replicas):
         """Names of the tables held whole by every replica: only with several replicas; a table

@@ -405,6 +405,18 @@ class TableStorage:
         self._place(views, table_name, first_row, np.asarray(values), width=width)
         del views
 
+    def storage_rows(self, table_name, logical_rows):
+        """(replica, row in that replica's variable) of each logical row (int32 tensors), in a
+        step: where the ops that write single rows (an open vocabulary's new rows) find them.
+        A replicated table's rows are on every replica: the replica given is 0."""
+        blocks = self._blocks[table_name]
+        starts = tf.constant([start for _, _, start, _ in blocks.blocks], tf.int32)
+        replicas = tf.constant([replica for _, replica, _, _ in blocks.blocks], tf.int32)
+        logical_rows = tf.convert_to_tensor(logical_rows, tf.int32)
+        residue = logical_rows % blocks.n
+        return (tf.gather(replicas, residue),
+                tf.gather(starts, residue) + logical_rows // blocks.n)
+
     def write_logical(self, table_name, kind, reader_or_value):
         """Writes a whole logical table: a numpy array, or a chunk reader (first, stop) -> rows."""
         if callable(reader_or_value):

@@ -59,7 +59,8 @@ def test_field_names_are_the_dataclass_fields():
     assert EmbeddingOptions.field_names() == (
         "sparse_cores_per_replica", "exchange", "collective_timeout_seconds",
         "replication_threshold_bytes", "table_placement", "track_sparse_core_stats",
-        "non_finite_gradients", "adapt_sparse_core_limits", "table_dtypes", "table_rounding")
+        "non_finite_gradients", "adapt_sparse_core_limits", "table_dtypes", "table_rounding",
+        "dynamic_vocabularies")
     assert EmbeddingOptions.field_names() == tuple(
         f.name for f in dataclasses.fields(EmbeddingOptions))
 

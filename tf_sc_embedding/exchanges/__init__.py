@@ -3,13 +3,15 @@
 * all_to_all.AllToAllExchange: sharded tables over several replicas (the default);
 * all_gather.AllGatherExchange: sharded tables over one replica, or over several with
   `exchange="all_gather"` (SparseCore's per-partition limits);
-* replicated.ReplicatedExchange: tables held whole by every replica.
+* replicated.ReplicatedExchange: tables held whole by every replica;
+* dynamic.DynamicExchange: open-vocabulary tables, their keys mapped to rows in the step.
 """
 from absl import logging
 
 from tf_sc_embedding.exchanges.all_gather import AllGatherExchange
 from tf_sc_embedding.exchanges.all_to_all import AllToAllExchange
 from tf_sc_embedding.exchanges.base import Exchange
+from tf_sc_embedding.exchanges.dynamic import DynamicExchange
 from tf_sc_embedding.exchanges.replicated import ReplicatedExchange
 
 SINGLE = "single"   # one replica: no exchange of ids or rows
@@ -35,18 +37,23 @@ def choose(exchange, num_replicas, sparse_core_config):
     return "all_to_all"
 
 
-def build(plan, chosen, group, sparse_core_config):
-    """The exchanges of a plan, sharded tables first (the order every replica runs them in)."""
+def build(plan, chosen, group, sparse_core_config, dynamic_tables=None, storage=None):
+    """The exchanges of a plan, sharded tables first (the order every replica runs them in).
+    dynamic_tables (dynamic_tables.DynamicTables) and storage: those of the plan's dynamic
+    tables."""
     exchanges = []
     if plan.sharded is not None:
         if chosen == "all_to_all":
             exchanges.append(AllToAllExchange(plan.sharded, group))
         else:
             exchanges.append(AllGatherExchange(plan.sharded, group, sparse_core_config))
+    if plan.dynamic is not None:
+        exchanges.append(DynamicExchange(plan.dynamic, group, dynamic_tables, storage))
     if plan.replicated is not None:
         exchanges.append(ReplicatedExchange(plan.replicated, group))
     return exchanges
 
 
-__all__ = ["Exchange", "AllToAllExchange", "AllGatherExchange", "ReplicatedExchange", "choose",
+__all__ = ["Exchange", "AllToAllExchange", "AllGatherExchange", "DynamicExchange",
+           "ReplicatedExchange", "choose",
            "build", "SINGLE"]

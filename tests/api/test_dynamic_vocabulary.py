@@ -1,0 +1,362 @@
+"""TPUEmbeddingV2 with open vocabularies (docs/dynamic_vocabulary.md): int64 and string keys,
+admission, eviction and capacity through the class, against a fixed-vocabulary twin (bit for bit)
+and against the numpy reference of whole steps (tests/reference/dynamic_training.py)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import tf_sc_embedding as sce
+from tests.api import parity_helpers as ph
+from tests.api import reference_training as ref
+from tests.reference.dynamic_training import ReferenceDynamicTable
+
+E = tf.tpu.experimental.embedding
+DIM = 4
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                      HealthCheck.data_too_large])
+# dA = LOSS_SCALE * a + OFFSETS[feature]: exact in float32 in TensorFlow and numpy alike.
+OFFSETS = {"f1": np.float32(0.25), "f2": np.float32(-0.125)}
+
+
+def ids_tensor(samples, kind, dtype):
+    """One feature's batch (a list of samples, each a list of keys) as a dense, ragged or sparse
+    tensor of `dtype`."""
+    ragged = tf.ragged.constant(samples, dtype=dtype, ragged_rank=1)
+    if kind == "dense":
+        return ragged.to_tensor()
+    if kind == "sparse":
+        return ragged.to_sparse()
+    return ragged
+
+
+def make_embedding(table, optimizer, names=("f1", "f2"), **options):
+    features = {name: E.FeatureConfig(table=table, name=name) for name in names}
+    return sce.TPUEmbeddingV2(features, optimizer=optimizer, **options)
+
+
+def train(embedding, batches, kind, dtype, strategy=None):
+    """Trains one step per batch ({feature: samples}); returns each step's activations (numpy).
+    With a strategy of R replicas, replica r takes the r-th of R equal slices of each batch."""
+    def replica_step(features):
+        activations, preserved = embedding(features)
+        gradients = {k: ph.LOSS_SCALE * a + OFFSETS[k] for k, a in activations.items()}
+        with tf.control_dependencies(embedding.apply_gradients(gradients, preserved)):
+            return {k: tf.identity(a) for k, a in activations.items()}
+
+    if strategy is None:
+        step = tf.function(replica_step)
+        return [{k: v.numpy() for k, v in step({k: ids_tensor(s, kind, dtype)
+                                                 for k, s in batch.items()}).items()}
+                for batch in batches]
+    step = tf.function(lambda features: strategy.run(replica_step, args=(features,)))
+    replicas = strategy.num_replicas_in_sync
+    results = []
+    for batch in batches:
+        size = len(next(iter(batch.values()))) // replicas
+        per_replica = [{k: ids_tensor(s[r * size:(r + 1) * size], kind, dtype)
+                        for k, s in batch.items()} for r in range(replicas)]
+        outputs = step(strategy.experimental_distribute_values_from_function(
+            lambda context: per_replica[context.replica_id_in_sync_group]))
+        results.append({k: np.concatenate([x.numpy() for x in
+                                           strategy.experimental_local_results(v)])
+                        for k, v in outputs.items()})
+    return results
+
+
+def random_batches(rng, steps, batch, keys, max_ids=3, equal_lengths=False):
+    out = []
+    for _ in range(steps):
+        out.append({name: [list(rng.choice(keys, size=max_ids if equal_lengths else
+                                          int(rng.integers(1, max_ids + 1))))
+                           for _ in range(batch)] for name in OFFSETS})
+    return out
+
+
+def key_values(rng, count, dtype):
+    if dtype == tf.string:
+        return np.array([f"item-{int(v):x}".encode() for v in rng.integers(0, 1 << 40, count)],
+                        dtype=object)
+    values = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, count, dtype=np.int64)
+    values[0] = -1   # negative keys are keys like any other
+    return values
+
+
+@pytest.mark.parametrize("key_dtype,kind,combiner,optimizer", [
+    (tf.int64, "ragged", "mean", "adagrad"),
+    (tf.int64, "sparse", "sum", "adam"),
+    (tf.string, "dense", "sqrtn", "ftrl"),
+    (tf.string, "ragged", "mean", "row_wise_adagrad"),
+])
+def test_identity_with_a_fixed_vocabulary(key_dtype, kind, combiner, optimizer):
+    """Threshold 1, no eviction, room for every key, one initial value for every row: each key's
+    row equals, bit for bit, the row of a fixed table trained on the keys renumbered 0..n-1 in
+    order of first appearance, and so does every activation.
+
+    Dynamic tables sum each sample's rows in input order, as the all-to-all exchange does, so the
+    fixed twin runs over two replicas (all-to-all). Against one replica (its CSR lookup sums a
+    sample's rows in row order), the numbers agree within float32 rounding."""
+    rng = np.random.default_rng(7)
+    keys = key_values(rng, 40, key_dtype)
+    batches = random_batches(rng, 4, 8, keys, equal_lengths=kind == "dense")
+    number = {}   # 0..n-1 in order of first appearance (step, feature, sample): then the
+    for batch in batches:   # CSR sums every sample's ids in the same order in both tables
+        for samples in batch.values():
+            for sample in samples:
+                for k in sample:
+                    number.setdefault(k, len(number))
+    initializer = tf.constant_initializer(0.125)
+    dynamic = make_embedding(
+        E.TableConfig(vocabulary_size=64, dim=DIM, initializer=initializer, combiner=combiner,
+                      name="items"), ph.make_optimizer(optimizer),
+        dynamic_vocabularies={"items": sce.DynamicVocabulary(key_dtype=key_dtype)})
+    renumbered = [{f: [[number[k] for k in sample] for sample in samples]
+                   for f, samples in batch.items()} for batch in batches]
+    got = train(dynamic, batches, kind, key_dtype)
+    exported_keys, values = dynamic.export_dynamic_table("items")
+    seen = sorted({k for batch in batches for s in batch.values() for sample in s for k in sample})
+    assert list(exported_keys) == seen
+    assert dynamic.num_unadmitted_ids() == 0 and dynamic.num_refused_keys() == 0
+    for replicas in (2, 1):
+        strategy = ph.make_strategy(replicas)
+        with strategy.scope():
+            fixed = make_embedding(
+                E.TableConfig(vocabulary_size=len(number), dim=DIM, initializer=initializer,
+                              combiner=combiner, name="items"), ph.make_optimizer(optimizer))
+        want = train(fixed, renumbered, kind, tf.int64, strategy)
+        table = fixed.embedding_tables[fixed.tables.config("items")]
+        rows = table[[number[k] for k in exported_keys]]
+        if replicas == 2:
+            for step, (a, b) in enumerate(zip(got, want)):
+                for name in a:
+                    np.testing.assert_array_equal(a[name], b[name],
+                                                  err_msg=f"step {step} {name}")
+            np.testing.assert_array_equal(values, rows)
+        else:
+            for a, b in zip(got, want):
+                for name in a:
+                    ph.assert_close(a[name], b[name], f"activations of {name}")
+            ph.assert_close(values, rows, "rows")
+
+
+def _run_against_reference(seed, threshold, steps_to_live, capacity, optimizer, combiner,
+                           distinct, steps=5):
+    rng = np.random.default_rng(seed)
+    keys = np.arange(-distinct // 2, distinct - distinct // 2, dtype=np.int64) * 7919
+    batches = random_batches(rng, steps, 8, keys)
+    config = ph.make_optimizer(optimizer)
+    embedding = make_embedding(
+        E.TableConfig(vocabulary_size=capacity, dim=DIM, initializer=tf.constant_initializer(0.5),
+                      combiner=combiner, name="items"), config,
+        dynamic_vocabularies={"items": sce.DynamicVocabulary(
+            admission_threshold=threshold, steps_to_live=steps_to_live)})
+    reference = ReferenceDynamicTable(capacity, DIM, config, 0.5, threshold, steps_to_live or 0)
+    got = train(embedding, batches, "ragged", tf.int64)
+    for step, batch in enumerate(batches):
+        features = {f: ref.Feature("items", combiner, samples) for f, samples in batch.items()}
+        want = reference.train_step(features, lambda acts: {
+            f: ph.LOSS_SCALE * a + OFFSETS[f] for f, a in acts.items()})
+        for name in want:
+            ph.assert_close(got[step][name], want[name], f"step {step} activations {name}")
+    exported_keys, values = embedding.export_dynamic_table("items")
+    want_keys, want_values = reference.export()
+    assert list(exported_keys) == want_keys
+    ph.assert_close(values, want_values, "exported rows")
+    assert embedding.num_unadmitted_ids() == reference.counters["unadmitted_ids"]
+    assert embedding.num_refused_keys() == reference.counters["refused_keys"]
+
+
+def test_admission_eviction_and_capacity_match_the_reference():
+    # 12 distinct keys over 8 rows, threshold 2, rows given back after 1 unseen step.
+    _run_against_reference(3, threshold=2, steps_to_live=1, capacity=8, optimizer="adagrad",
+                           combiner="mean", distinct=12, steps=6)
+
+
+@settings(max_examples=12, **SETTINGS)
+@given(seed=st.integers(0, 2 ** 16), threshold=st.integers(1, 3),
+       steps_to_live=st.sampled_from([None, 1, 2]), capacity=st.integers(1, 12),
+       optimizer=st.sampled_from(["sgd", "adagrad", "adam"]),
+       combiner=st.sampled_from(("sum", "mean", "sqrtn")),
+       distinct=st.integers(1, 16))
+def test_property_matches_the_reference(seed, threshold, steps_to_live, capacity, optimizer,
+                                        combiner, distinct):
+    _run_against_reference(seed, threshold, steps_to_live, capacity, optimizer, combiner,
+                           distinct, steps=4)
+
+
+def test_dynamic_and_fixed_tables_in_one_embedding():
+    """A dynamic table and a fixed one side by side: the fixed one trains as it would alone."""
+    rng = np.random.default_rng(1)
+    fixed_table = E.TableConfig(vocabulary_size=16, dim=DIM, name="fixed",
+                                initializer=tf.constant_initializer(0.25))
+    dynamic_table = E.TableConfig(vocabulary_size=16, dim=DIM, name="dynamic",
+                                  initializer=tf.constant_initializer(0.25))
+    features = {"f1": E.FeatureConfig(table=fixed_table, name="f1"),
+                "f2": E.FeatureConfig(table=dynamic_table, name="f2")}
+    both = sce.TPUEmbeddingV2(features, optimizer=E.Adagrad(0.1), dynamic_vocabularies={
+        "dynamic": sce.DynamicVocabulary(key_dtype=tf.string)})
+    alone = sce.TPUEmbeddingV2({"f1": E.FeatureConfig(table=fixed_table, name="f1")},
+                               optimizer=E.Adagrad(0.1))
+    batches = []
+    for _ in range(3):
+        batches.append({"f1": [list(rng.integers(0, 16, 2)) for _ in range(4)],
+                        "f2": [[b"k%d" % v for v in rng.integers(0, 5, 2)] for _ in range(4)]})
+
+    @tf.function
+    def step(embedding, features):
+        activations, preserved = embedding(features)
+        gradients = {k: ph.LOSS_SCALE * a + OFFSETS[k] for k, a in activations.items()}
+        with tf.control_dependencies(embedding.apply_gradients(gradients, preserved)):
+            return {k: tf.identity(a) for k, a in activations.items()}
+
+    for batch in batches:
+        got = step(both, {"f1": tf.ragged.constant(batch["f1"], tf.int64),
+                          "f2": tf.ragged.constant(batch["f2"], tf.string)})
+        want = step(alone, {"f1": tf.ragged.constant(batch["f1"], tf.int64)})
+        np.testing.assert_array_equal(got["f1"].numpy(), want["f1"].numpy())
+    np.testing.assert_array_equal(both.embedding_tables[fixed_table],
+                                  alone.embedding_tables[fixed_table])
+    assert [t.name for t in both.embedding_tables] == ["fixed"]
+    keys, values = both.export_dynamic_table(dynamic_table)
+    assert list(keys) == sorted(keys) and len(keys) == len(set(keys)) and values.shape[1] == DIM
+
+
+def test_bfloat16_rows():
+    """A dynamic table stored in bfloat16 trains and exports float32 values."""
+    embedding = make_embedding(
+        E.TableConfig(vocabulary_size=8, dim=DIM, name="items",
+                      initializer=tf.constant_initializer(0.5)), E.SGD(0.5), names=("f1",),
+        dynamic_vocabularies={"items": sce.DynamicVocabulary()},
+        table_dtypes={"items": tf.bfloat16})
+    train(embedding, [{"f1": [[3], [5], [3], []]}], "ragged", tf.int64)
+    keys, values = embedding.export_dynamic_table("items")
+    assert list(keys) == [3, 5] and values.dtype == np.float32
+    # Each row got dA = 0.5 * 0.5 + 0.25 per occurrence: 3 twice, 5 once.
+    np.testing.assert_allclose(values[:, 0], [0.5 - 0.5 * 2 * 0.5, 0.5 - 0.5 * 0.5], atol=1e-2)
+
+
+def test_random_initializer_draws_new_rows():
+    """New rows come from the table's initializer (here truncated normal), distinct per key."""
+    embedding = make_embedding(
+        E.TableConfig(vocabulary_size=8, dim=DIM, name="items",
+                      initializer=tf.initializers.TruncatedNormal(stddev=0.1)), E.SGD(0.0),
+        names=("f1",), dynamic_vocabularies={"items": sce.DynamicVocabulary()})
+    train(embedding, [{"f1": [[1], [2], [], []]}, {"f1": [[3], [1], [], []]}], "ragged",
+          tf.int64)
+    keys, values = embedding.export_dynamic_table("items")
+    assert list(keys) == [1, 2, 3]
+    assert len({tuple(v) for v in values}) == 3 and np.all(np.abs(values) <= 0.2)
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_wrong_key_dtypes_fail_naming_feature_and_table():
+    dynamic_table = E.TableConfig(vocabulary_size=8, dim=DIM, name="words")
+    fixed_table = E.TableConfig(vocabulary_size=8, dim=DIM, name="ids")
+    embedding = sce.TPUEmbeddingV2(
+        {"w": E.FeatureConfig(table=dynamic_table, name="w"),
+         "i": E.FeatureConfig(table=fixed_table, name="i")}, optimizer=E.SGD(0.1),
+        dynamic_vocabularies={"words": sce.DynamicVocabulary(key_dtype=tf.string)})
+    good = {"w": tf.constant([[b"a"]] * 4), "i": tf.constant([[1]] * 4, tf.int64)}
+    with pytest.raises(ValueError, match="feature 'w': table 'words'.*string keys; got int32"):
+        embedding.embedding_lookup({**good, "w": tf.constant([[1]] * 4, tf.int32)})
+    with pytest.raises(ValueError, match="feature 'i'.*table 'ids'.*string"):
+        embedding.embedding_lookup({**good, "i": tf.constant([[b"x"]] * 4)})
+    embedding.embedding_lookup(good)   # a failed call leaves the embedding usable
+
+
+@pytest.mark.parametrize("vocabularies,match", [
+    ({"nope": sce.DynamicVocabulary()}, "unknown tables"),
+    ({"t": sce.DynamicVocabulary.from_config({"admission_threshold": 2})}, None),
+    ({"t": {"admission_threshold": 0}}, "table 't'.*admission_threshold must be an integer >= 1"),
+    ({"t": {"steps_to_live": 0}}, "table 't'.*steps_to_live must be an integer >= 1"),
+    ({"t": {"key_dtype": "int32"}}, "table 't'.*key_dtype"),
+    ({"t": 3}, "table 't'.*DynamicVocabulary"),
+])
+def test_construction_checks(vocabularies, match):
+    table = E.TableConfig(vocabulary_size=8, dim=DIM, name="t")
+    make = lambda: sce.TPUEmbeddingV2({"f": E.FeatureConfig(table=table)},   # noqa: E731
+                                      optimizer=E.SGD(0.1), dynamic_vocabularies=vocabularies)
+    if match is None:
+        make()
+    else:
+        with pytest.raises(ValueError, match=match):
+            make()
+
+
+def test_unsupported_initializer_and_pipelining_fail_at_construction():
+    table = E.TableConfig(vocabulary_size=8, dim=DIM, name="t",
+                          initializer=lambda shape, dtype: tf.zeros(shape, dtype))
+    with pytest.raises(ValueError, match="table 't'.*initializer"):
+        sce.TPUEmbeddingV2({"f": E.FeatureConfig(table=table)}, optimizer=E.SGD(0.1),
+                           dynamic_vocabularies={"t": sce.DynamicVocabulary()})
+    table = E.TableConfig(vocabulary_size=8, dim=DIM, name="t")
+    with pytest.raises(ValueError, match="pipeline_execution_with_tensor_core"):
+        sce.TPUEmbeddingV2({"f": E.FeatureConfig(table=table)}, optimizer=E.SGD(0.1),
+                           pipeline_execution_with_tensor_core=True,
+                           dynamic_vocabularies={"t": sce.DynamicVocabulary()})
+
+
+def test_export_of_a_fixed_table_fails():
+    table = E.TableConfig(vocabulary_size=8, dim=DIM, name="t")
+    embedding = sce.TPUEmbeddingV2({"f": E.FeatureConfig(table=table)}, optimizer=E.SGD(0.1))
+    with pytest.raises(ValueError, match="'t' is not a dynamic table"):
+        embedding.export_dynamic_table("t")
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def _checkpointed_embedding(capacity=16):
+    table = E.TableConfig(vocabulary_size=capacity, dim=DIM, name="items", combiner="mean",
+                          initializer=tf.initializers.TruncatedNormal(stddev=0.1))
+    return make_embedding(table, ph.make_optimizer("adagrad"), dynamic_vocabularies={
+        "items": sce.DynamicVocabulary(key_dtype=tf.string, admission_threshold=2,
+                                       steps_to_live=2)})
+
+
+@pytest.mark.parametrize("restore_before_build", [True, False])
+def test_checkpoint_restores_the_logical_state_and_training_continues_exactly(
+        tmp_path, restore_before_build):
+    """Keys, rows, slots, counts, last-seen steps and the step survive a checkpoint: a restored
+    embedding continues bit for bit like the uninterrupted one (new rows included)."""
+    rng = np.random.default_rng(5)
+    keys = key_values(rng, 14, tf.string)
+    batches = random_batches(rng, 6, 8, keys)
+    original = _checkpointed_embedding()
+    train(original, batches[:3], "ragged", tf.string)
+    path = tf.train.Checkpoint(embedding=original).save(str(tmp_path / "ckpt"))
+    want = train(original, batches[3:], "ragged", tf.string)
+
+    restored = _checkpointed_embedding()
+    if not restore_before_build:
+        restored.build(per_replica_batch_size=8)
+        train(restored, random_batches(rng, 2, 8, key_values(rng, 5, tf.string)), "ragged",
+              tf.string)   # state the restore must replace
+    tf.train.Checkpoint(embedding=restored).restore(path).assert_consumed()
+    got = train(restored, batches[3:], "ragged", tf.string)
+    for step, (a, b) in enumerate(zip(got, want)):
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=f"step {step} {name}")
+    for got_part, want_part in zip(restored.export_dynamic_table("items"),
+                                   original.export_dynamic_table("items")):
+        np.testing.assert_array_equal(got_part, want_part)
+    for kind in ("keys", "last_seen", "pending_keys", "pending_counts", "slot_accumulators"):
+        np.testing.assert_array_equal(restored.dynamic_tables.logical_state("items")[kind],
+                                      original.dynamic_tables.logical_state("items")[kind])
+
+
+def test_checkpoint_with_more_keys_than_the_capacity_fails_and_writes_nothing(tmp_path):
+    rng = np.random.default_rng(6)
+    keys = key_values(rng, 12, tf.string)
+    original = _checkpointed_embedding(capacity=16)
+    train(original, random_batches(rng, 4, 8, keys), "ragged", tf.string)
+    held = len(original.export_dynamic_table("items")[0])
+    assert held > 3
+    path = tf.train.Checkpoint(embedding=original).save(str(tmp_path / "ckpt"))
+    small = _checkpointed_embedding(capacity=3)
+    train(small, random_batches(rng, 2, 8, keys[:3]), "ragged", tf.string)
+    before = small.dynamic_tables.logical_state("items")
+    with pytest.raises(ValueError, match=f"table 'items'.*holds {held} keys, more than its "
+                                         "capacity of 3"):
+        tf.train.Checkpoint(embedding=small).restore(path)
+    after = small.dynamic_tables.logical_state("items")
+    for kind in before:
+        np.testing.assert_array_equal(after[kind], before[kind])
