@@ -18,6 +18,12 @@ The loaded object also has ``lookup(features)`` and ``lookup_weighted(features, 
 the feature structure of the `FeatureConfig`s with a `tf.RaggedTensor` ([batch, None] int64) per
 feature, and ``tables``, a dict of the logical table variables.
 
+An open-vocabulary table (``dynamic_vocabularies``) is written as its held keys' rows plus one
+zero row, and a ``tf.lookup.StaticHashTable`` from each key to its row: a key the table does not
+hold reads the zero row (so ``mean`` counts it, as in training). Its features take ``tf.string``
+or int64 keys (``<f>_ids`` of the table's key dtype); ``key_tables`` maps the table's name to its
+hash table.
+
 With ``quantize="int8"`` each table is stored as int8 codes with a float32 scale and offset per row
 and dequantized in the lookup (serving_rows.py has the rule and its error bound); ``tables`` then
 maps each table name to an object with the variables ``codes``, ``scales`` and ``offsets``.
@@ -26,7 +32,10 @@ import re
 
 import tensorflow as tf
 
+import numpy as np
+
 from tf_sc_embedding import private_tf
+from tf_sc_embedding.layout import table_names as config_table_names
 from tf_sc_embedding.serving_rows import Float32Rows, check_quantization, stored_rows
 
 
@@ -58,13 +67,23 @@ def combine(table, ids, row_splits, weights, combiner):
 class ServingModule(tf.Module):
     """Logical tables as plain variables and stock-op lookup functions (see the module doc)."""
 
-    def __init__(self, logical_tables, feature_config, table_names, quantize=None):
+    def __init__(self, logical_tables, feature_config, table_names, quantize=None,
+                 dynamic_tables=None):
+        """dynamic_tables: {table name: (keys, values)} of the open-vocabulary tables, keys
+        ascending (export_dynamic_table); logical_tables: {name: [vocabulary_size, dim]} of
+        the others."""
         super().__init__(name="embedding_serving")
+        dynamic_tables = dynamic_tables or {}
+        logical_tables = dict(logical_tables)
+        for name, (keys, values) in dynamic_tables.items():   # a zero row for unknown keys
+            logical_tables[name] = np.concatenate(
+                [np.asarray(values, np.float32), np.zeros((1, values.shape[1]), np.float32)])
         # Plain variables, not mirrored by a tf.distribute scope the caller may be in.
         self._rows = {name: stored_rows(value, name, quantize)
                       for name, value in logical_tables.items()}
         self.tables = {name: rows.values if isinstance(rows, Float32Rows) else rows
                        for name, rows in self._rows.items()}
+        self.key_tables = {name: _key_table(keys) for name, (keys, _) in dynamic_tables.items()}
         self._feature_config = feature_config
         flat = private_tf.flatten_with_joined_string_paths(feature_config)
         self._features = [(path, table_names[id(feature.table)], feature.table.combiner)
@@ -72,30 +91,37 @@ class ServingModule(tf.Module):
         names = [_flat_name(p) for p, _, _ in self._features]
         if len(set(names)) != len(names):
             raise ValueError(f"feature paths collide once flattened for the signature: {names}")
-        ragged = tf.nest.map_structure(
-            lambda _: tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1), feature_config)
+        key_dtypes = [self.key_tables[t].key_dtype if t in self.key_tables else tf.int64
+                      for _, t, _ in self._features]
+        ragged = tf.nest.pack_sequence_as(feature_config, [
+            tf.RaggedTensorSpec([None, None], dtype, ragged_rank=1) for dtype in key_dtypes])
         weights = tf.nest.map_structure(
             lambda _: tf.RaggedTensorSpec([None, None], tf.float32, ragged_rank=1),
             feature_config)
         self.lookup = tf.function(self._lookup, input_signature=[ragged])
         self.lookup_weighted = tf.function(self._lookup_weighted,
                                            input_signature=[ragged, weights])
-        self.serving_default = tf.function(self._serving, input_signature=[{
-            **{f"{n}_ids": tf.TensorSpec([None], tf.int64, name=f"{n}_ids") for n in names},
-            **{f"{n}_row_splits": tf.TensorSpec([None], tf.int64, name=f"{n}_row_splits")
-               for n in names}}])
+        ids = {f"{n}_ids": tf.TensorSpec([None], dtype, name=f"{n}_ids")
+               for n, dtype in zip(names, key_dtypes)}
+        splits = {f"{n}_row_splits": tf.TensorSpec([None], tf.int64, name=f"{n}_row_splits")
+                  for n in names}
+        self.serving_default = tf.function(self._serving, input_signature=[{**ids, **splits}])
         self.serving_weighted = tf.function(self._serving, input_signature=[{
-            **{f"{n}_ids": tf.TensorSpec([None], tf.int64, name=f"{n}_ids") for n in names},
-            **{f"{n}_row_splits": tf.TensorSpec([None], tf.int64, name=f"{n}_row_splits")
-               for n in names},
+            **ids, **splits,
             **{f"{n}_weights": tf.TensorSpec([None], tf.float32, name=f"{n}_weights")
                for n in names}}])
+
+    def _row_ids(self, table, ids):
+        """The rows of a feature's ids: a dynamic table's keys through its hash table."""
+        key_table = self.key_tables.get(table)
+        return ids if key_table is None else key_table.lookup(ids)
 
     def _lookup_flat(self, flat_ids, flat_weights):
         out = []
         for (_, table, combiner), ids, weights in zip(self._features, flat_ids, flat_weights):
-            out.append(combine(self._rows[table], ids.values, ids.row_splits,
-                               None if weights is None else weights.values, combiner))
+            out.append(combine(self._rows[table], self._row_ids(table, ids.values),
+                               ids.row_splits, None if weights is None else weights.values,
+                               combiner))
         return tf.nest.pack_sequence_as(self._feature_config, out)
 
     def _lookup(self, features):
@@ -109,20 +135,34 @@ class ServingModule(tf.Module):
         out = {}
         for path, table, combiner in self._features:
             n = _flat_name(path)
-            out[n] = combine(self._rows[table], inputs[f"{n}_ids"], inputs[f"{n}_row_splits"],
-                             inputs.get(f"{n}_weights"), combiner)
+            out[n] = combine(self._rows[table], self._row_ids(table, inputs[f"{n}_ids"]),
+                             inputs[f"{n}_row_splits"], inputs.get(f"{n}_weights"), combiner)
         return out
+
+
+def _key_table(keys):
+    """A stock hash table from each held key to its row (keys ascending: row i is key i); any
+    other key maps to the zero row after them."""
+    keys = np.asarray(keys)
+    dtype = tf.string if keys.dtype == object or keys.dtype.kind in "SU" else tf.int64
+    with tf.device("CPU:0"):
+        initializer = tf.lookup.KeyValueTensorInitializer(
+            tf.constant(keys, dtype, shape=[len(keys)]),
+            tf.range(len(keys), dtype=tf.int64), key_dtype=dtype, value_dtype=tf.int64)
+        return tf.lookup.StaticHashTable(initializer, default_value=len(keys))
 
 
 def serving_module(embedding, quantize=None):
     """A `ServingModule` holding a copy of the embedding's current logical tables (quantized
     with `quantize`: None or "int8")."""
     check_quantization(quantize)
-    storage = embedding.storage
-    names = {id(storage.placement(name).config): name for name in storage.table_names}
+    names = {id(table): name
+             for name, table in config_table_names(embedding.feature_config).items()}
+    dynamic = embedding.dynamic_tables.names
     with tf.init_scope():
         return ServingModule(embedding.logical_tables(as_numpy=quantize is not None),
-                             embedding.feature_config, names, quantize)
+                             embedding.feature_config, names, quantize,
+                             {name: embedding.export_dynamic_table(name) for name in dynamic})
 
 
 def export_serving(embedding, export_dir, quantize=None):

@@ -142,3 +142,60 @@ def test_quantize_int8_rows():
     for shape in [(0, 4), (3, 0)]:
         codes, scales, offsets = serving_rows.quantize_int8(np.zeros(shape, np.float32))
         assert codes.shape == shape and scales.shape == offsets.shape == (shape[0], 1)
+
+
+def test_dynamic_tables_serve_with_a_stock_hash_table(tmp_path):
+    """Open-vocabulary tables export their held keys' rows and a StaticHashTable; the SavedModel
+    answers in a process without the library, unknown keys reading zeros, the sum-combined
+    feature bit for bit as the trained embedding looks it up."""
+    from tests.api.test_dynamic_vocabulary import ids_tensor  # noqa: PLC0415
+    import tf_sc_embedding as sce  # noqa: PLC0415
+    E = tf.tpu.experimental.embedding
+    words = E.TableConfig(vocabulary_size=32, dim=4, name="words", combiner="sum",
+                          initializer=tf.initializers.RandomUniform(-0.5, 0.5))
+    items = E.TableConfig(vocabulary_size=32, dim=8, name="items", combiner="mean",
+                          initializer=tf.initializers.RandomUniform(-0.5, 0.5))
+    embedding = sce.TPUEmbeddingV2(
+        {"f1": E.FeatureConfig(table=words, name="f1"),
+         "f2": E.FeatureConfig(table=items, name="f2")}, optimizer=E.Adagrad(0.1),
+        dynamic_vocabularies={"words": sce.DynamicVocabulary(tf.string, admission_threshold=2),
+                              "items": sce.DynamicVocabulary(tf.int64, admission_threshold=2)})
+    rng = np.random.default_rng(3)
+    word_keys = [b"w%d" % i for i in range(10)]
+    item_keys = [-(1 << 62) + 7 * i for i in range(10)]
+    batches = [{"f1": [list(rng.choice(word_keys, 2)) for _ in range(8)],
+                "f2": [[int(k) for k in rng.choice(item_keys, 3)] for _ in range(8)]}
+               for _ in range(4)]
+    for batch in batches:   # string and int64 features in one step
+        step_features = {"f1": ids_tensor(batch["f1"], "ragged", tf.string),
+                         "f2": ids_tensor(batch["f2"], "ragged", tf.int64)}
+        activations, preserved = embedding(step_features)
+        embedding.apply_gradients(activations, preserved)
+    export_dir = str(tmp_path / "serving")
+    embedding.export_serving(export_dir)
+    # Held keys, keys never seen (read zeros) and an empty sample; no key twice, so the lookup
+    # below admits nothing.
+    held_words = list(embedding.export_dynamic_table("words")[0])
+    held_items = [int(k) for k in embedding.export_dynamic_table("items")[0]]
+    assert held_words and held_items
+    query = {"f1": [held_words[:2], [b"never"], [], held_words[2:3], [b"new", held_words[3]],
+                    held_words[4:5], [], [b"x"]],
+             "f2": [held_items[:3], [12345], [], held_items[3:4], [9, held_items[4]], [], [1],
+                    held_items[5:6]]}
+    ragged = {"f1": tf.ragged.constant(query["f1"], tf.string),
+              "f2": tf.ragged.constant(query["f2"], tf.int64)}
+    want = embedding.embedding_lookup(ragged)[0]
+    inputs = {}
+    for name, r in ragged.items():
+        values = r.values.numpy()
+        inputs[f"{name}_ids"] = values.astype("S") if name == "f1" else values
+        inputs[f"{name}_row_splits"] = r.row_splits.numpy()
+        inputs[f"{name}_weights"] = np.ones(len(values), np.float32)
+    out = _serve_without_the_library(tmp_path, export_dir, inputs)
+    assert not {op for op in out["op_types"].tolist() if op.startswith("Sce")}
+    np.testing.assert_array_equal(out["default/f1"], want["f1"].numpy())
+    np.testing.assert_allclose(out["default/f2"], want["f2"].numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(out["default/f1"][[1, 2, 6, 7]], 0.0)
+    keys, values = embedding.export_dynamic_table("words")
+    np.testing.assert_array_equal(out["table/words"][:-1], values)
+    np.testing.assert_array_equal(out["table/words"][-1], 0.0)

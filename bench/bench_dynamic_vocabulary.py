@@ -1,0 +1,114 @@
+"""Open-vocabulary tables through the class (issue 34, item 6): the training step with every table
+dynamic against the same step with fixed vocabularies, on the same batches in the same rounds.
+
+Workload: bench_api.py's Criteo-like batches (26 features, one table each, vocabularies capped at
+--cap, dim 32, batch 4096, weighted ragged ids, combiner sum, fused Adagrad, a dense logistic
+loss), one replica. The dynamic run feeds every id through a fixed 64-bit permutation (an odd
+multiplier, then an xor), so its int64 keys have the fixed run's distinct counts and
+frequencies; each dynamic table holds as many rows as the fixed one. Before timing, --warm-steps
+steps admit the keys, so the timed steps meet mostly known keys plus the new ones each batch
+brings, as a long run does.
+
+Reported: median wall and CPU (process) time per step, interleaved and back to back
+(bench_api.py explains both), and dynamic / fixed from the wall medians.
+
+Usage: python bench/bench_dynamic_vocabulary.py [--cap 1000000] [--rounds 30] [--threshold 1]
+"""
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import tf_sc_embedding as sce  # noqa: E402
+from bench_api import (back_to_back, batch_pool, capped_vocabulary, dense_head,  # noqa: E402
+                       interleaved, iterator_over, logistic_loss)
+
+E = tf.tpu.experimental.embedding
+MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)   # odd: a bijection of the 64-bit integers
+MASK = np.uint64(0x5DEECE66D2F1B3A7)
+
+
+def permuted_keys(ids):
+    """int64 keys of int ids through a fixed 64-bit permutation (negative keys included)."""
+    with np.errstate(over="ignore"):
+        return ((ids.astype(np.uint64) * MULTIPLIER) ^ MASK).view(np.int64)
+
+
+def as_keys(pool):
+    """The pool with every ragged id tensor's values replaced by their permuted keys."""
+    result = []
+    for ids, weights, labels in pool:
+        keyed = {name: r.with_flat_values(tf.constant(permuted_keys(r.flat_values.numpy())))
+                 for name, r in ids.items()}
+        result.append((keyed, weights, labels))
+    return result
+
+
+def step_function(vocab, dim, pool, dynamic=None):
+    tables = [E.TableConfig(vocabulary_size=v, dim=dim, name=f"t{i}", combiner="sum",
+                            initializer=tf.initializers.RandomUniform(-0.05, 0.05, seed=i))
+              for i, v in enumerate(vocab)]
+    features = {f"f{i}": E.FeatureConfig(table=t) for i, t in enumerate(tables)}
+    vocabularies = ({t.name: dynamic for t in tables} if dynamic is not None else {})
+    embedding = sce.TPUEmbeddingV2(features, E.Adagrad(0.05, initial_accumulator_value=0.1),
+                                   dynamic_vocabularies=vocabularies)
+    head = dense_head(len(vocab), dim)
+    names = [f"f{i}" for i in range(len(vocab))]
+
+    @tf.function
+    def step(iterator):
+        ids, weights, labels = next(iterator)
+        activations, preserved = embedding.embedding_lookup(ids, weights)
+        with tf.GradientTape() as tape:
+            tape.watch(activations)
+            loss = logistic_loss([activations[n] for n in names], head, labels)
+        embedding.apply_gradients(tape.gradient(loss, activations), preserved)
+        return loss
+
+    iterator = iterator_over(pool)
+    return embedding, lambda: step(iterator).numpy()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cap", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=16, help="distinct batches in the pool")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--warm-steps", type=int, default=16)
+    parser.add_argument("--threshold", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    vocab = capped_vocabulary(args.cap)
+    pool = batch_pool(vocab, args.batch, args.batches)
+    fixed, fixed_step = step_function(vocab, args.dim, pool)
+    dynamic, dynamic_step = step_function(
+        vocab, args.dim, as_keys(pool), sce.DynamicVocabulary(
+            admission_threshold=args.threshold))
+    for _ in range(args.warm_steps):
+        fixed_step()
+        dynamic_step()
+    functions = {"fixed": fixed_step, "dynamic": dynamic_step}
+    print(f"26 tables capped at {args.cap}, batch {args.batch}, dim {args.dim}, "
+          f"{args.threads} threads, threshold {args.threshold}, "
+          f"keys held: {sum(len(dynamic.export_dynamic_table(f't{i}')[0]) for i in range(26))}")
+    for label, medians in (("interleaved", interleaved(functions, args.rounds)),
+                           ("back to back", back_to_back(functions, args.rounds))):
+        (fw, fc), (dw, dc) = medians["fixed"], medians["dynamic"]
+        print(f"{label}: fixed step {fw:.1f} ms (CPU {fc:.1f}), dynamic step {dw:.1f} ms "
+              f"(CPU {dc:.1f}): dynamic / fixed {dw / fw:.2f}x")
+    print(f"unadmitted ids {dynamic.num_unadmitted_ids()}, refused keys "
+          f"{dynamic.num_refused_keys()}")
+
+
+if __name__ == "__main__":
+    main()
