@@ -52,6 +52,12 @@ class EmbeddingLayer(keras.layers.Layer):
             optimizer=optimizer, sparse_core_embedding_config=sparse_core_embedding_config,
             pipeline_execution_with_tensor_core=bool(pipeline_execution_with_tensor_core),
             options=EmbeddingOptions.from_arguments(options, **option_kwargs))
+        if self._embedding_args["options"].dynamic_vocabularies:
+            # predict / evaluate would admit keys, and weight files would not hold the maps.
+            raise NotImplementedError(
+                "EmbeddingLayer does not take dynamic_vocabularies yet "
+                "(docs/dynamic_vocabulary.md#what-is-not-there-yet): use TPUEmbeddingV2 with a "
+                "custom training loop")
         self.embedding = TPUEmbeddingV2(feature_config, **self._embedding_args)
         num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
         # The scalar trainable variable that puts the tables' update on Keras's gradient path.

@@ -360,3 +360,10 @@ def test_checkpoint_with_more_keys_than_the_capacity_fails_and_writes_nothing(tm
     after = small.dynamic_tables.logical_state("items")
     for kind in before:
         np.testing.assert_array_equal(after[kind], before[kind])
+
+
+def test_keras_layer_refuses_dynamic_vocabularies_for_now():
+    table = E.TableConfig(vocabulary_size=8, dim=DIM, name="t")
+    with pytest.raises(NotImplementedError, match="dynamic_vocabularies"):
+        sce.EmbeddingLayer({"f": E.FeatureConfig(table=table)}, optimizer=E.SGD(0.1),
+                           dynamic_vocabularies={"t": sce.DynamicVocabulary()})
