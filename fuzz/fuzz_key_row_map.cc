@@ -155,6 +155,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       SCE_FUZZ_CHECK(step_rows.count(new_keys[k]) && step_rows[new_keys[k]] == new_rows[k]);
     }
     const sce::KeyRowMapState state = map->Export();
+    {   // Find answers exactly the exported keys' rows, -1 for any other key
+      std::map<uint64_t, int32_t> exported;
+      for (size_t i = 0; i < state.keys.size(); ++i) exported[state.keys[i]] = state.rows[i];
+      std::vector<int32_t> found(keys.size(), 12345);
+      map->Find(keys.data(), static_cast<int64_t>(keys.size()),
+                found.empty() ? nullptr : found.data());
+      for (size_t i = 0; i < keys.size(); ++i) {
+        auto it = exported.find(keys[i]);
+        SCE_FUZZ_CHECK(found[i] == (it == exported.end() ? sce::kNoRow : it->second));
+      }
+    }
     const sce::KeyRowMapState expected = reference.Export();
     SCE_FUZZ_CHECK(state.keys == expected.keys);
     SCE_FUZZ_CHECK(state.last_seen == expected.last_seen);

@@ -79,11 +79,20 @@ class DynamicTable:
                             mapped.rows)
         return rows, mapped.new_rows, step
 
+    def find_keys(self, keys):
+        """rows int32 [n] of keys read without changing the map (inference): a key without a row
+        reads the scratch row."""
+        rows = self.map.find(keys)
+        return tf.where(rows < 0, tf.constant(self.scratch_row, tf.int32), rows)
+
     def reset_rows(self, new_rows, step, kind, width):
         """(rows int32 [k + 1], values float32 [k + 1, width]) to write before the lookup: each
-        new row's initial values (or its slot's initial value), and the scratch row's (zeros)."""
+        new row's initial values (or its slot's initial value), and the scratch row's (zeros).
+        step None: no new rows (new_rows is empty)."""
         rows = tf.concat([new_rows, [self.scratch_row]], axis=0)
         count = tf.size(new_rows)
+        if kind == PARAMETERS and step is None:   # nothing new: the scratch row only
+            return rows, tf.zeros([1, width], tf.float32)
         if kind == PARAMETERS:
             seed = tf.stack([tf.constant(self.seed, tf.int64), step])
             fresh = dynamic_vocabulary.initial_rows(self.initializer, count, width, seed)

@@ -363,13 +363,19 @@ class TPUEmbeddingV2(tf.Module):
                                        for p, f in zip(self._flat_paths, flat)]))
         return self._step
 
-    def dequeue(self, preprocessed):
-        """Looks up this replica's activations; returns (activations, preserved)."""
-        flat, preserved = self._require_built("dequeue").dequeue(preprocessed)
+    def dequeue(self, preprocessed, training=True):
+        """Looks up this replica's activations; returns (activations, preserved).
+        training=False (inference): open-vocabulary tables read their keys' rows without
+        admitting or counting keys (docs/dynamic_vocabulary.md#in-the-class)."""
+        flat, preserved = self._require_built("dequeue").dequeue(preprocessed,
+                                                                  training=training)
         return tf.nest.pack_sequence_as(self._feature_config, flat), preserved
 
-    def embedding_lookup(self, features, weights=None, next_features=None, next_weights=None):
+    def embedding_lookup(self, features, weights=None, next_features=None, next_weights=None,
+                         training=True):
         """enqueue + dequeue: returns (activations, preserved).
+
+        training=False: see `dequeue` (open vocabularies only; fixed tables are read alike).
 
         next_features (and next_weights), with pipeline_execution_with_tensor_core=True, in a
         replica's step: the batch of the next step. Its lookup runs during this step, beside the
@@ -381,7 +387,7 @@ class TPUEmbeddingV2(tf.Module):
         if next_features is None:
             if next_weights is not None:
                 raise ValueError("next_weights given without next_features")
-            return self.dequeue(self.enqueue(features, weights))
+            return self.dequeue(self.enqueue(features, weights), training=training)
         self._check_prefetching("next_features", features, weights, next_features, next_weights)
         current = self._flatten_batch(features, weights, "features")
         upcoming = self._flatten_batch(next_features, next_weights, "next_features")
@@ -411,8 +417,9 @@ class TPUEmbeddingV2(tf.Module):
             raise ValueError(f"{what}: call the embedding inside strategy.run with each "
                              "replica's own tensors")
 
-    def __call__(self, features, weights=None, next_features=None, next_weights=None):
-        return self.embedding_lookup(features, weights, next_features, next_weights)
+    def __call__(self, features, weights=None, next_features=None, next_weights=None,
+                 training=True):
+        return self.embedding_lookup(features, weights, next_features, next_weights, training)
 
     def apply_gradients(self, gradients, preserved_outputs):
         """Fused optimizer update from the gradients of the activations (None means zeros).

@@ -52,12 +52,6 @@ class EmbeddingLayer(keras.layers.Layer):
             optimizer=optimizer, sparse_core_embedding_config=sparse_core_embedding_config,
             pipeline_execution_with_tensor_core=bool(pipeline_execution_with_tensor_core),
             options=EmbeddingOptions.from_arguments(options, **option_kwargs))
-        if self._embedding_args["options"].dynamic_vocabularies:
-            # predict / evaluate would admit keys, and weight files would not hold the maps.
-            raise NotImplementedError(
-                "EmbeddingLayer does not take dynamic_vocabularies yet "
-                "(docs/dynamic_vocabulary.md#what-is-not-there-yet): use TPUEmbeddingV2 with a "
-                "custom training loop")
         self.embedding = TPUEmbeddingV2(feature_config, **self._embedding_args)
         num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
         # The scalar trainable variable that puts the tables' update on Keras's gradient path.
@@ -173,11 +167,14 @@ class EmbeddingLayer(keras.layers.Layer):
             return self._symbolic_outputs(flat)
         if not preprocessed:
             self._ensure_laid_out(flat)
-        if training is False or not self.trainable:
+        # Inference (or frozen tables) reads open vocabularies without admitting keys.
+        learns = self.trainable and training is not False
+        if not learns:
             # With pipelining, inference first applies the last training step's kept update.
             self.embedding.apply_pending_gradients()
         if preprocessed:
-            activations, preserved = self.embedding.dequeue(features.stacked_tables)
+            activations, preserved = self.embedding.dequeue(features.stacked_tables,
+                                                            training=learns)
             sizes = None
         else:
             flat_weights = None if weights is None else self._flat(weights, "weights", True)
@@ -189,9 +186,10 @@ class EmbeddingLayer(keras.layers.Layer):
             if flat_weights is not None:
                 flat_weights = self._pack(w if w is None or s is None else batch_padding.pad_to(
                     w, n) for w, s, n in zip(flat_weights, sizes, rows))
-            activations, preserved = self.embedding(self._pack(padded), flat_weights)
+            activations, preserved = self.embedding(self._pack(padded), flat_weights,
+                                                    training=learns)
         flat_activations = tf.nest.flatten(activations)
-        if self.trainable and training is not False:
+        if learns:
             flat_activations = self._attach_update(flat_activations, preserved)
         if sizes is not None:
             flat_activations = [a if s is None else a[:s] for a, s in zip(flat_activations, sizes)]
@@ -235,12 +233,12 @@ class EmbeddingLayer(keras.layers.Layer):
     # -------------------------------------------------------------------------- Keras weights
     def save_own_variables(self, store):
         store[keras_weights.TRIGGER_KEY] = np.asarray(self.trigger.numpy())
-        keras_weights.save_tables(store, self.embedding.tables)
+        keras_weights.save_tables(store, self.embedding.tables, self.embedding.dynamic_tables)
 
     def load_own_variables(self, store):
         if keras_weights.TRIGGER_KEY in set(store.keys()):
             self.trigger.assign(np.asarray(store[keras_weights.TRIGGER_KEY]))
-        keras_weights.load_tables(store, self.embedding.tables)
+        keras_weights.load_tables(store, self.embedding.tables, self.embedding.dynamic_tables)
 
 
 # The adaptation of Keras's model building under a strategy (ragged / sparse first batches, and

@@ -2,7 +2,10 @@
 
 `EmbeddingLayer.save_own_variables` / `load_own_variables` store every table's logical parameters
 and slots under `table:<name>:<kind>`, read and written through the embedding's logical tables
-view, so a file written by one topology loads into any other, built or not.
+view, so a file written by one topology loads into any other, built or not. An open-vocabulary
+table stores its logical state instead (dynamic_tables.py), under `dynamic:<name>:<part>`;
+string keys as their bytes, concatenated, and their lengths (HDF5 strings would lose trailing
+NUL bytes).
 """
 import numpy as np
 
@@ -10,21 +13,48 @@ from tf_sc_embedding import logical_tables
 
 TRIGGER_KEY = "trigger"
 _TABLE_KEY = "table:{table}:{kind}"
+_DYNAMIC_KEY = "dynamic:{table}:{part}"
 
 
-def _keys(tables):
+def _keys(tables, dynamic=()):
     return [(name, kind, _TABLE_KEY.format(table=name, kind=kind))
-            for name in tables.names for kind in tables.kinds(name)]
+            for name in tables.names if name not in dynamic for kind in tables.kinds(name)]
 
 
-def save_tables(store, tables):
-    """Writes every table's parameters and slots that have a value (logical_tables view)."""
-    for name, kind, key in _keys(tables):
+def save_tables(store, tables, dynamic=None):
+    """Writes every table's parameters and slots that have a value (logical_tables view), and
+    the logical state of every table of `dynamic` (dynamic_tables.DynamicTables)."""
+    names = dynamic.names if dynamic is not None else ()
+    for name, kind, key in _keys(tables, names):
         if tables.has_value(name, kind):
             store[key] = tables.saved_value(name, kind)
+    for name in names:
+        for part, value in dynamic.logical_state(name).items():
+            if part == "keys" and value.dtype == object:   # string keys
+                encoded = [bytes(k) for k in value]
+                store[_DYNAMIC_KEY.format(table=name, part="key_bytes")] = np.frombuffer(
+                    b"".join(encoded), np.uint8)
+                store[_DYNAMIC_KEY.format(table=name, part="key_lengths")] = np.array(
+                    [len(k) for k in encoded], np.int64)
+            else:
+                store[_DYNAMIC_KEY.format(table=name, part=part)] = value
 
 
-def load_tables(store, tables):
+def _dynamic_state(store, keys, name):
+    """The logical state of dynamic table `name` in a weights store, or None."""
+    prefix = _DYNAMIC_KEY.format(table=name, part="")
+    parts = {key[len(prefix):]: np.asarray(store[key]) for key in keys if key.startswith(prefix)}
+    if not parts:
+        return None
+    if "key_bytes" in parts:
+        data = parts.pop("key_bytes").tobytes()
+        ends = np.cumsum(parts.pop("key_lengths"))
+        parts["keys"] = np.array([data[a:b] for a, b in zip(np.concatenate([[0], ends[:-1]]),
+                                                              ends)], dtype=object)
+    return parts
+
+
+def load_tables(store, tables, dynamic=None):
     """Validated as checkpoints are (logical_tables.check_restorable, the file holding the
     whole layer) before any table is written.
 
@@ -33,17 +63,30 @@ def load_tables(store, tables):
     they are kept until the tables exist (the file is closed by then).
     """
     keys = set(store.keys())
+    names = dynamic.names if dynamic is not None else ()
+    states = {name: _dynamic_state(store, keys, name) for name in names}
+    missing = [name for name, state in states.items() if state is None]
+    if missing:
+        raise ValueError(f"the weights file has no open-vocabulary table {missing[0]!r} "
+                         f"(missing: {missing}). Nothing was restored")
+    for name, state in states.items():   # checked before anything is written
+        table = dynamic.table(name)
+        table.check_logical_state(state, {kind: tables.shape(name, kind)[1]
+                                          for kind in table.kinds}, "the weights file")
     available, kept = {}, {}
-    for name, kind, key in _keys(tables):
+    for name, kind, key in _keys(tables, names):
         if key in keys:
             value = np.asarray(store[key])
             available.setdefault(name, {})[kind] = tuple(value.shape)
             if not tables.built:
                 kept[key] = value
             del value
-    restorable = logical_tables.check_restorable(tables, available, "the weights file",
-                                                 complete=True)
-    for name, kind, key in _keys(tables):
+    restorable = logical_tables.check_restorable(
+        tables, available, "the weights file", complete=True,
+        names=[name for name in tables.names if name not in names])
+    for name, state in states.items():
+        dynamic.restore(name, state, "the weights file")
+    for name, kind, key in _keys(tables, names):
         if kind in restorable.get(name, ()):
             value = kept.pop(key) if key in kept else np.asarray(store[key])
             tables.restore({name: {kind: value}})

@@ -150,7 +150,7 @@ class LogicalTables:
                     self._storage.write_logical(name, kind, value)
 
 
-def check_restorable(tables, available, source, complete=False, location=""):
+def check_restorable(tables, available, source, complete=False, location="", names=None):
     """The one rule restores follow, before anything is written (checkpoints, weight files).
 
     tables: the LogicalTables being restored into; available: {table name: {kind: shape}} of the
@@ -162,10 +162,13 @@ def check_restorable(tables, available, source, complete=False, location=""):
     slot of the same name but another optimizer's width (Adagrad's accumulators restored into
     row-wise Adagrad, or back) is skipped like a missing one.
     source names the source in errors ("the checkpoint"); location is appended (its path).
+    names: the tables a complete source must hold (default: all; open-vocabulary tables are
+    restored from their logical state instead, dynamic_tables.py).
     Returns {table name: kinds to restore}: the caller restores those and nothing else.
     """
     allow_missing = getattr(_options, "allow_missing_slots", False)
-    missing = [name for name in tables.names if name not in available]
+    missing = [name for name in (tables.names if names is None else names)
+               if name not in available]
     if complete and missing:
         raise ValueError(f"{source}{location} has no table {missing[0]!r} (missing: "
                          f"{missing}). Nothing was restored")

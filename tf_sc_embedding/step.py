@@ -66,17 +66,18 @@ class EmbeddingStep:
         return lambda maxima: self.stats.observe_maxima(maxima, summarize)
 
     # ----------------------------------------------------------------------------- dequeue
-    def dequeue(self, preprocessed, forget_prefetched=True):
+    def dequeue(self, preprocessed, forget_prefetched=True, training=True):
         """(flat activations in feature order, preserved) of this replica's batch.
 
-        A lookup that does not use a prefetched one makes it stale: it is forgotten."""
+        A lookup that does not use a prefetched one makes it stale: it is forgotten. training=
+        False: open vocabularies read their keys without admitting or counting them."""
         view = collectives.ReplicaView(self._group)
         if forget_prefetched and self.prefetched is not None:
             self.prefetched.forget(view.replica_id)
         variables = self.storage.stacked_variables()
         by_path, preserved = {}, []
         for exchange in self.exchanges:
-            activations, kept = exchange.lookup(view, preprocessed, variables)
+            activations, kept = exchange.lookup(view, preprocessed, variables, training)
             by_path.update(activations)
             preserved.append(kept)
         if self.online_limits is not None:

@@ -364,6 +364,13 @@ Status KeyRowMap::MapStep(int64_t step, const uint64_t* keys, int64_t num_keys, 
   return Status::Ok();
 }
 
+void KeyRowMap::Find(const uint64_t* keys, int64_t num_keys, int32_t* rows) const {
+  for (int64_t i = 0; i < num_keys; ++i) {
+    const int32_t row = slots_[FindSlot(keys[i])].row;
+    rows[i] = row != kNoRow && !Expired(row_last_seen_[row], last_step_) ? row : kNoRow;
+  }
+}
+
 // ---- Logical state -------------------------------------------------------------------------
 
 KeyRowMapState KeyRowMap::Export() const {

@@ -94,6 +94,10 @@ class KeyRowMap {
                  std::vector<uint64_t>* new_keys, std::vector<int32_t>* new_rows,
                  KeyRowMapStepStats* stats);
 
+  // Read-only lookup (inference): rows[i] becomes keys[i]'s row, or kNoRow when the key holds
+  // none at the last step (expired keys included). Nothing changes: no count, no admission.
+  void Find(const uint64_t* keys, int64_t num_keys, int32_t* rows) const;
+
   // The logical state after the last step. Keys that have lost their rows by then are left out;
   // every pending key is kept (a stale count is reset when its key shows up again, and stale keys
   // still take room in the pending table until a clean-up), so an imported state continues

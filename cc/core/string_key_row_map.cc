@@ -63,6 +63,14 @@ Status StringKeyRowMap::MapStep(int64_t step, const std::string_view* keys,
   return Status::Ok();
 }
 
+void StringKeyRowMap::Find(const std::string_view* keys, const uint64_t* fingerprints,
+                           int64_t num_keys, int32_t* rows) const {
+  map_->Find(fingerprints, num_keys, rows);
+  for (int64_t i = 0; i < num_keys; ++i) {
+    if (rows[i] != kNoRow && row_keys_[rows[i]] != keys[i]) rows[i] = kNoRow;
+  }
+}
+
 StringKeyRowMapState StringKeyRowMap::Export() const {
   const KeyRowMapState inner = map_->Export();
   std::vector<int64_t> order(inner.keys.size());

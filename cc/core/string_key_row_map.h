@@ -49,6 +49,11 @@ class StringKeyRowMap {
   // counts per fingerprint.
   StringKeyRowMapState Export() const;
 
+  // Read-only lookup (inference): each string's row, or kNoRow when it holds none at the last
+  // step (a string whose fingerprint another string holds included). Nothing changes.
+  void Find(const std::string_view* keys, const uint64_t* fingerprints, int64_t num_keys,
+            int32_t* rows) const;
+
   // Replaces the state (keys in any order, with their fingerprints; `rows` ignored). The key
   // with the i-th smallest fingerprint gets row i; Export then gives each key's row. Fails,
   // changing nothing, on a repeated key, two keys with one fingerprint, or whatever

@@ -155,6 +155,56 @@ class KeyRowMapStepOp : public OpKernel {
   }
 };
 
+// Read-only lookups: under a shared lock, the map unchanged.
+class KeyRowMapFindOp : public OpKernel {
+ public:
+  explicit KeyRowMapFindOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<KeyRowMapResource> resource;
+    OP_REQUIRES_OK(ctx, LookupMap<sce::KeyRowMap>(ctx, &resource));
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(keys.shape()),
+                absl::InvalidArgumentError(absl::StrCat(Where(resource->table_name()),
+                                                        ": keys must be a vector, got ",
+                                                        keys.shape().DebugString())));
+    Tensor* rows = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &rows));
+    tf_shared_lock lock(*resource->mu());
+    resource->map()->Find(reinterpret_cast<const uint64_t*>(keys.flat<int64_t>().data()),
+                          keys.NumElements(), rows->flat<int32_t>().data());
+  }
+};
+
+class StringKeyRowMapFindOp : public OpKernel {
+ public:
+  explicit StringKeyRowMapFindOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<StringKeyRowMapResource> resource;
+    OP_REQUIRES_OK(ctx, LookupMap<sce::StringKeyRowMap>(ctx, &resource));
+    const Tensor& keys = ctx->input(1);
+    const Tensor& fingerprints = ctx->input(2);
+    OP_REQUIRES(ctx,
+                TensorShapeUtils::IsVector(keys.shape()) && fingerprints.shape() == keys.shape(),
+                absl::InvalidArgumentError(absl::StrCat(
+                    Where(resource->table_name()),
+                    ": keys and fingerprints must be vectors of one length, got ",
+                    keys.shape().DebugString(), " and ", fingerprints.shape().DebugString())));
+    const auto key_strings = keys.flat<tstring>();
+    std::vector<std::string_view> views(key_strings.size());
+    for (int64_t i = 0; i < key_strings.size(); ++i) {
+      views[i] = std::string_view(key_strings(i).data(), key_strings(i).size());
+    }
+    Tensor* rows = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &rows));
+    tf_shared_lock lock(*resource->mu());
+    resource->map()->Find(views.data(),
+                          reinterpret_cast<const uint64_t*>(fingerprints.flat<int64_t>().data()),
+                          keys.NumElements(), rows->flat<int32_t>().data());
+  }
+};
+
 absl::Status OutputKeys(OpKernelContext* ctx, int index, const std::vector<uint64_t>& keys) {
   Tensor* out = nullptr;
   TF_RETURN_IF_ERROR(
@@ -365,6 +415,9 @@ class StringKeyRowMapImportOp : public OpKernel {
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMap").Device(DEVICE_CPU), KeyRowMapOp<sce::KeyRowMap>);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapStep").Device(DEVICE_CPU), KeyRowMapStepOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapExport").Device(DEVICE_CPU), KeyRowMapExportOp);
+REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapFind").Device(DEVICE_CPU), KeyRowMapFindOp);
+REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMapFind").Device(DEVICE_CPU),
+                        StringKeyRowMapFindOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapImport").Device(DEVICE_CPU), KeyRowMapImportOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapSize").Device(DEVICE_CPU),
                         KeyRowMapSizeOp<sce::KeyRowMap>);

@@ -54,6 +54,20 @@ REGISTER_OP("SceKeyRowMapStep")
       return absl::OkStatus();
     });
 
+// Read-only lookup (inference): each key's row, or -1 when it holds none at the last step. No
+// count, admission or eviction: the map is unchanged.
+REGISTER_OP("SceKeyRowMapFind")
+    .Input("handle: resource")
+    .Input("keys: int64")
+    .Output("rows: int32")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle keys;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+      c->set_output(0, keys);
+      return absl::OkStatus();
+    });
+
 // The logical state (docs/dynamic_vocabulary.md#logical-state): keys holding rows in ascending
 // order with their rows and last-seen steps, the pending keys with their counts and last-seen
 // steps, and the last mapped step.
@@ -136,6 +150,23 @@ REGISTER_OP("SceStringKeyRowMapStep")
       c->set_output(0, keys);
       TF_RETURN_IF_ERROR(VectorOutputs(c, 1, 2));
       c->set_output(3, c->Vector(6));
+      return absl::OkStatus();
+    });
+
+// Read-only lookup of string keys (SceKeyRowMapFind's rules; a string whose fingerprint another
+// string holds reads -1).
+REGISTER_OP("SceStringKeyRowMapFind")
+    .Input("handle: resource")
+    .Input("keys: string")
+    .Input("fingerprints: int64")
+    .Output("rows: int32")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle keys, fingerprints;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &fingerprints));
+      TF_RETURN_IF_ERROR(c->Merge(keys, fingerprints, &keys));
+      c->set_output(0, keys);
       return absl::OkStatus();
     });
 

@@ -1652,6 +1652,26 @@ void TestKeyRowMapMatchesReference() {
 }
 
 
+void TestKeyRowMapFind() {
+  g_test = "key map: Find answers held keys, -1 for the rest (expired included), changes nothing";
+  auto map = NewKeyRowMap(4, 2, 1);
+  MapKeys(map.get(), 0, {5, 5, 6, -7, -7});   // 5 and -7 admitted, 6 pending
+  MapKeys(map.get(), 1, {-7});                // 5 (last seen 0) expires at step 2
+  const sce::KeyRowMapState before = map->Export();
+  std::vector<uint64_t> keys = {5, 6, static_cast<uint64_t>(-7), 8};
+  std::vector<int32_t> rows(keys.size(), 99);
+  map->Find(keys.data(), 4, rows.data());
+  CHECK(rows[0] != sce::kNoRow && rows[2] != sce::kNoRow && rows[0] != rows[2]);
+  CHECK_EQ(rows[1], sce::kNoRow);
+  CHECK_EQ(rows[3], sce::kNoRow);
+  const sce::KeyRowMapState after = map->Export();
+  CHECK(after.keys == before.keys && after.pending_counts == before.pending_counts &&
+        after.last_seen == before.last_seen && after.last_step == before.last_step);
+  MapKeys(map.get(), 2, {6});   // a step later, 5 has expired: Find no longer answers it
+  map->Find(keys.data(), 1, rows.data());
+  CHECK_EQ(rows[0], sce::kNoRow);
+}
+
 void TestStringKeyRowMap() {
   g_test = "string keys: a fingerprint's row belongs to one string; the other one is refused";
   sce::KeyRowMapConfig config;
@@ -1671,6 +1691,13 @@ void TestStringKeyRowMap() {
   int64_t collided = -1;
   CHECK(step(0, {"b", "a", "b"}, {7, 7, 7}, &collided) == (std::vector<int32_t>{0, sce::kNoRow, 0}));
   CHECK_EQ(collided, int64_t{1});
+  {   // Find: the holder of the fingerprint's row, not the other string
+    std::vector<std::string_view> views = {"b", "a", "q"};
+    std::vector<uint64_t> fingerprints = {7, 7, 9};
+    std::vector<int32_t> found(3, 99);
+    map->Find(views.data(), fingerprints.data(), 3, found.data());
+    CHECK(found == (std::vector<int32_t>{0, sce::kNoRow, sce::kNoRow}));
+  }
   sce::StringKeyRowMapState state = map->Export();
   CHECK(state.keys == (std::vector<std::string>{"b"}));
   CHECK(state.fingerprints == (std::vector<uint64_t>{7}));
@@ -3344,7 +3371,7 @@ int main() {
       TestRowPrecisionConversions, TestStochasticRoundingIsUnbiased, TestLookupOf16BitRows,
       TestNarrowRowUpdate, TestRoundRowIsElementWise, TestKeyRowMapAdmission,
       TestKeyRowMapEviction, TestKeyRowMapStateAndErrors, TestKeyRowMapMatchesReference,
-      TestStringKeyRowMap,
+      TestKeyRowMapFind, TestStringKeyRowMap,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

@@ -362,8 +362,50 @@ def test_checkpoint_with_more_keys_than_the_capacity_fails_and_writes_nothing(tm
         np.testing.assert_array_equal(after[kind], before[kind])
 
 
-def test_keras_layer_refuses_dynamic_vocabularies_for_now():
-    table = E.TableConfig(vocabulary_size=8, dim=DIM, name="t")
-    with pytest.raises(NotImplementedError, match="dynamic_vocabularies"):
-        sce.EmbeddingLayer({"f": E.FeatureConfig(table=table)}, optimizer=E.SGD(0.1),
-                           dynamic_vocabularies={"t": sce.DynamicVocabulary()})
+def _keras_model(batch=8):
+    import keras   # noqa: PLC0415
+    words = E.TableConfig(vocabulary_size=16, dim=DIM, name="words", combiner="sum",
+                          initializer=tf.constant_initializer(0.1))
+    layer = sce.EmbeddingLayer({"w": E.FeatureConfig(table=words, name="w")},
+                               optimizer=E.SGD(0.5), batch_size=batch,
+                               dynamic_vocabularies={"words": sce.DynamicVocabulary(
+                                   tf.string, admission_threshold=2)})
+    inputs = keras.Input(shape=(), dtype="string", name="w", batch_size=batch)
+    model = keras.Model(inputs, keras.layers.Dense(
+        1, kernel_initializer="ones")(layer({"w": inputs})["w"]))
+    model.compile(optimizer="sgd", loss="mse")
+    return model, layer
+
+
+def test_keras_fit_admits_keys_and_predict_evaluate_only_read_them(tmp_path):
+    """fit trains string keys through a dynamic table; predict and evaluate read it without
+    admitting or counting keys (unknown keys read zeros); a weights file restores the state."""
+    rng = np.random.default_rng(4)
+    keys = np.array([b"k%d" % i for i in rng.integers(0, 6, 64)], dtype=object)
+    labels = rng.normal(size=(64, 1)).astype(np.float32)
+    model, layer = _keras_model()
+    model.fit(tf.data.Dataset.from_tensor_slices((keys, labels)).batch(8), epochs=2, verbose=0)
+    held, values = layer.embedding.export_dynamic_table("words")
+    assert len(held) == len(set(keys.tolist()))
+    before = layer.embedding.dynamic_tables.logical_state("words")
+    query = np.array([held[0], b"unknown", held[1], b"unknown", b"other", held[0], b"x", b"y"],
+                     dtype=object)
+    queries = tf.data.Dataset.from_tensor_slices(query).batch(8)
+    predicted = model.predict(queries, verbose=0)
+    model.evaluate(tf.data.Dataset.from_tensor_slices((query, labels[:8])).batch(8), verbose=0)
+    after = layer.embedding.dynamic_tables.logical_state("words")
+    for part in before:
+        np.testing.assert_array_equal(after[part], before[part], err_msg=part)
+    kernel, bias = model.layers[-1].kernel.numpy(), model.layers[-1].bias.numpy()
+    np.testing.assert_allclose(predicted[[1, 3, 4, 6, 7], 0], bias[0], rtol=0, atol=0)
+    np.testing.assert_allclose(predicted[[0, 5]], values[[0, 0]] @ kernel + bias, rtol=1e-6)
+
+    path = str(tmp_path / "model.weights.h5")
+    model.save_weights(path)
+    fresh, fresh_layer = _keras_model()
+    fresh.load_weights(path)
+    for part, value in layer.embedding.dynamic_tables.logical_state("words").items():
+        np.testing.assert_array_equal(
+            fresh_layer.embedding.dynamic_tables.logical_state("words")[part], value,
+            err_msg=part)
+    np.testing.assert_array_equal(fresh.predict(queries, verbose=0), predicted)

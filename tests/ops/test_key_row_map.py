@@ -234,3 +234,23 @@ def test_a_map_dropped_while_a_function_is_traced_is_destroyed_at_once():
     assert int(drop(tf.constant(1))) == 2
     with pytest.raises(tf.errors.NotFoundError):
         library.sce_key_row_map_size(handle=handle)
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int64, tf.string])
+def test_find_reads_rows_without_changing_the_map(key_dtype):
+    as_keys = ((lambda ks: tf.constant([str(k).encode() for k in ks])) if key_dtype == tf.string
+               else (lambda ks: tf.constant(ks, tf.int64)))
+    m = KeyRowMap("items", capacity=4, admission_threshold=2, steps_to_live=1,
+                  key_dtype=key_dtype)
+    m.map_step(as_keys([1, 1, 2, -3, -3]), 0)
+    m.map_step(as_keys([-3]), 1)
+    before = m.export()
+    rows = m.find(as_keys([1, 2, -3, 9])).numpy()
+    state = m.export()
+    held = dict(zip([k.decode() if isinstance(k, bytes) else str(k) for k in
+                     state.keys.numpy().tolist()], state.rows.numpy().tolist()))
+    assert rows.tolist() == [held["1"], -1, held["-3"], -1]
+    for a, b in zip(before, state):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    m.map_step(as_keys([2]), 2)   # key 1 (last seen at 0) has expired by step 2
+    assert m.find(as_keys([1])).numpy().tolist() == [-1]

@@ -115,7 +115,7 @@ def all_to_all_flat(view, buffer):
     return tf.reshape(view.all_to_all(tf.reshape(buffer, [num_replicas, -1])), [-1])
 
 
-def _quantized(rows, quantization):
+def quantized(rows, quantization):
     """The lookup kernel's quantization of table values (docs/optimizers.md#quantization)."""
     if quantization is None:
         return rows
@@ -179,7 +179,7 @@ def lookup(view, layout, routed_by_table, table_shards):
                                                              row_chunk)
     else:
         packed = pack_by_replica(
-            [_quantized(tf.cast(tf.gather(v, received[i]), tf.float32), table.quantization)
+            [quantized(tf.cast(tf.gather(v, received[i]), tf.float32), table.quantization)
              for i, (v, table) in enumerate(zip(variables, stacked))], recv_counts, row_chunk)
     recv_rows = all_to_all_flat(view, packed)
     # The owner-side rows the update writes come out only once the tables' values were packed:

@@ -50,11 +50,14 @@ class Exchange(abc.ABC):
             observe_maxima=observe_maxima)
 
     # ----------------------------------------------------------------- lookup
-    def lookup(self, view, preprocessed, variables):
+    def lookup(self, view, preprocessed, variables, training=True):
         """({feature path: activations}, preserved) of this replica's batch.
 
         variables: {stacked name: {kind: table_storage.ShardedTable}} of the whole plan.
+        training: False for a lookup that must change no state (only open vocabularies have
+        state a lookup changes; exchanges/dynamic.py).
         """
+        del training
         parameters = {name: variables[name][PARAMETERS].shard(view.replica_id)
                       for name in self.stacked_tables}
         stacked_activations, preserved = self._lookup_stacked(view, preprocessed, parameters)

@@ -10,21 +10,35 @@ over all its features' occurrences (feature order, then sample order):
    reads the scratch row, the one row beyond the table's capacity;
 2. writes the initial values and slot values of every row given to a key in this step, and
    zeros into the scratch row (whose last update held the gradients of unadmitted keys);
-3. looks the rows up with the all-to-all exchange's code against a replica-local view, as the
-   replicated tables do: each sample's rows are summed in input order, and the gradients of a
-   row in sample order, so no number depends on which physical row a key holds. A run restored
-   from a checkpoint (whose keys hold other rows) continues bit for bit.
+3. looks the rows up as the all-to-all exchange does, without its exchange (one replica holds
+   every row): the routing op's unique rows are gathered from the variable and summed into the
+   activations by the gathered segment sum; backward, the same op sums the gradients to one row
+   per unique row, and the fused update writes those rows (all_to_all.owned_rows_inputs). Each
+   sample's rows are summed in input order, and the gradients of a row in sample order, so no
+   number depends on which physical row a key holds: a run restored from a checkpoint (whose
+   keys hold other rows) continues bit for bit, and the numbers are those of a fixed table
+   exchanged all-to-all.
 
 One replica only, for now: the embedding refuses dynamic tables over several replicas
 (embedding.py).
 """
+import collections
+
 import tensorflow as tf
 
-from tf_sc_embedding import collectives
 from tf_sc_embedding.exchanges import all_to_all
 from tf_sc_embedding.exchanges import base
+from tf_sc_embedding.ops import segment_sum
 from tf_sc_embedding.ops.assign_rows import assign_rows
 from tf_sc_embedding.table_storage import PARAMETERS, TableStorage
+
+# Per stacked table, what apply_gradients needs from the lookup.
+LookedUpTable = collections.namedtuple("LookedUpTable", [
+    "sample_rows",        # [ids] row of each id's sample in the stacked activations
+    "unique_positions",   # [ids] position of each id's row among unique_rows
+    "gains",              # [ids] combiner weight of each id
+    "unique_rows",        # [unique] rows of the variable that the ids read
+])
 
 
 class DynamicExchange(base.Exchange):
@@ -51,21 +65,24 @@ class DynamicExchange(base.Exchange):
             result.setdefault(feature.table.layout.stacked_table_name, []).append((ids, weights))
         return {name: tuple(features) for name, features in result.items()}
 
-    def lookup(self, view, preprocessed, variables):
+    def lookup(self, view, preprocessed, variables, training=True):
+        """training=False (inference) reads the keys' rows without changing the maps: no count,
+        admission or eviction; a key without a row reads zeros."""
         # Keys are mapped (and counted) only once every table's ids of the batch passed the
         # preprocessing checks: a batch that fails there leaves the maps as they were.
         checked = [t for t in tf.nest.flatten(preprocessed, expand_composites=True)
                    if isinstance(t, tf.Tensor)]
         with tf.control_dependencies(checked):
-            return self._lookup_after_checks(view, preprocessed, variables)
+            return self._lookup_after_checks(view, preprocessed, variables, training)
 
-    def _lookup_after_checks(self, view, preprocessed, variables):
+    def _lookup_after_checks(self, view, preprocessed, variables, training):
         by_path = {}
         resets = []
         for stacked_name, stacked in self.stacked_tables.items():
             features = dict(zip([f.path for f in stacked.features], preprocessed[stacked_name]))
             for table in stacked.tables:
-                mapped, written = self._map_table(view, table, stacked, features, variables)
+                mapped, written = self._map_table(view, table, stacked, features, variables,
+                                                  training)
                 by_path.update(mapped)
                 resets.extend(written)
         with tf.control_dependencies(resets):
@@ -76,10 +93,28 @@ class DynamicExchange(base.Exchange):
 
     def _lookup_stacked(self, view, preprocessed, parameters):
         del view   # one replica: every row is local
-        return all_to_all.lookup(collectives.LocalView(), self.layout, preprocessed, parameters)
+        S = self.layout.sparse_cores_per_replica
+        activations, preserved = {}, {}
+        for name, table in self.stacked_tables.items():
+            routed = preprocessed[name]
+            rows = tf.gather(parameters[name], routed.unique_rows)
+            rows = all_to_all.quantized(tf.cast(rows, tf.float32), table.quantization)
+            blocks = all_to_all.feature_blocks(self.layout, table)
+            if blocks is not None:
+                activations[name] = segment_sum.gathered_segment_sum_to_features(
+                    rows, routed.unique_positions, routed.gains, routed.row_ids, S, blocks,
+                    table_name=name)
+            else:
+                activations[name] = segment_sum.gathered_segment_sum(
+                    rows, routed.unique_positions, routed.gains, routed.row_ids,
+                    table.sample_count, table_name=name)
+            preserved[name] = LookedUpTable(routed.row_ids, routed.unique_positions, routed.gains,
+                                            routed.unique_rows)
+        return activations, preserved
 
     def is_preserved(self, preserved):
-        return all_to_all.is_exchanged(preserved, self.layout)
+        return (isinstance(preserved, dict) and set(preserved) == set(self.stacked_tables) and
+                all(isinstance(v, LookedUpTable) for v in preserved.values()))
 
     def gradient_order(self, name):
         return all_to_all.gradient_order(self.layout, name)
@@ -89,17 +124,36 @@ class DynamicExchange(base.Exchange):
         return all_to_all.owned_rows_arguments(self.layout, 0)
 
     def update_inputs(self, view, preserved, gradients, flags=None):
-        del flags   # never given: this exchange does not carry them
-        rows, _ = all_to_all.exchange_gradients(collectives.LocalView(), self.layout, preserved,
-                                                gradients, padded=False)
+        del view, flags   # one replica; flags are never given: this exchange does not carry them
+        S = self.layout.sparse_cores_per_replica
+        rows = {}
+        for name, table in self.stacked_tables.items():
+            state = preserved[name]
+            unique = tf.size(state.unique_rows)
+            blocks = all_to_all.feature_blocks(self.layout, table)
+            if blocks is not None:
+                per_unique = segment_sum.gathered_segment_sum_from_features(
+                    gradients[name], state.sample_rows, state.gains, state.unique_positions,
+                    unique, S, blocks, table_name=name)
+            else:
+                per_unique = segment_sum.gathered_segment_sum(
+                    gradients[name], state.sample_rows, state.gains, state.unique_positions,
+                    unique, table_name=name)
+            rows[name] = (state.unique_rows, per_unique)
         return all_to_all.owned_rows_inputs(self.layout, 0, rows), None
 
-    def _map_table(self, view, placement, stacked, features, variables):
-        """({path: (row ids, weights)} of one table's features, the row writes to wait for)."""
+    def _map_table(self, view, placement, stacked, features, variables, training):
+        """({path: (row ids, weights)} of one table's features, the row writes to wait for).
+        Not training: the keys are only found, and only the scratch row is reset (the last
+        update may have written it)."""
         table = self._dynamic.table(placement.name)
         paths = [f.path for f in stacked.features if f.table.name == placement.name]
         keys = [table.check_keys(features[p][0], p) for p in paths]
-        rows, new_rows, step = table.map_keys(tf.concat(keys, axis=0))
+        if training:
+            rows, new_rows, step = table.map_keys(tf.concat(keys, axis=0))
+        else:
+            rows = table.find_keys(tf.concat(keys, axis=0))
+            new_rows, step = tf.zeros([0], tf.int32), None
         parts = tf.split(rows, [tf.size(k) for k in keys])
         writes = []
         for kind in table.kinds:

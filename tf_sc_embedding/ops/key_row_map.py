@@ -116,6 +116,16 @@ class KeyRowMap(tf.saved_model.experimental.TrackableResource):
                                                 step=step, name=name)
         return MappedKeys(*outputs)
 
+    def find(self, keys, name=None):
+        """int32 [n]: each key's row, or -1 when it holds none at the last step; read-only (no
+        count, admission or eviction), for inference."""
+        if self._strings:
+            keys = tf.convert_to_tensor(keys, tf.string)
+            return _lib.sce_string_key_row_map_find(handle=self.resource_handle, keys=keys,
+                                                    fingerprints=key_fingerprints(keys),
+                                                    name=name)
+        return _lib.sce_key_row_map_find(handle=self.resource_handle, keys=keys, name=name)
+
     def export(self, name=None):
         """The state after the last step: a KeyRowMapState, or a StringKeyRowMapState."""
         if self._strings:
