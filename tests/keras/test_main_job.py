@@ -204,3 +204,22 @@ def _help_text(capsys):
     with pytest.raises(SystemExit):
         dlrm.parse_args(["--help"])
     return capsys.readouterr().out
+
+
+@pytest.mark.slow  # a whole main-job run on files
+def test_raw_string_keys_train_in_open_vocabularies_and_serve(tmp_path):
+    from tf_sc_embedding.data import criteo_files  # pylint: disable=import-outside-toplevel
+    criteo_files.write_lines(str(tmp_path / "day_0"), _criteo_rows(400, 0))
+    results = dlrm.main(["--data", str(tmp_path / "day_0"), "--raw-keys",
+                         "--admission-threshold", "2", "--steps", "12", "--batch-size", "16",
+                         "--eval-samples", "48", "--eval-fraction", "0.2", "--verbose", "0",
+                         "--output-dir", str(tmp_path / "out")])
+    assert results["raw_keys"] and results["keys_held"] > 0 and results["unadmitted_ids"] > 0
+    assert np.isfinite(results["log_loss"]) and 0 <= results["auc"] <= 1
+    served = tf.saved_model.load(results["export"])
+    probability = served.predict(
+        tf.zeros([2, 13]), {name: tf.ragged.constant([[b"0000abcd"], [b""]], tf.string)
+                            for name in criteo_files.FEATURE_NAMES})
+    assert probability.shape == (2,) and np.all(np.isfinite(probability.numpy()))
+    with pytest.raises(SystemExit):   # raw keys need files
+        dlrm.parse_args(["--raw-keys"])

@@ -21,6 +21,9 @@ Preprocessing (`parse_lines`, vectorised over a batch of lines):
   learned embedding and never collides with a real token. Each sample has exactly one id per
   feature; the ids come out as ragged [batch, None] int32 tensors (row length 1), the same
   structure as the built-in synthetic data.
+  With ``raw_keys=True`` the values are kept as they are instead: ragged [batch, None]
+  ``tf.string`` keys for open-vocabulary tables (``dynamic_vocabularies``,
+  docs/dynamic_vocabulary.md), the empty (missing) value being a key like any other.
 * **Label.** float32 [batch, 1].
 
 Held-out data (`CriteoFiles.datasets`): either separate files (``eval_patterns``) or, without
@@ -99,11 +102,12 @@ def transform_integers(values):
     return tf.math.log1p(tf.maximum(tf.cast(values, tf.float32), 0.0))
 
 
-def parse_lines(lines, vocabulary_sizes):
+def parse_lines(lines, vocabulary_sizes, raw_keys=False):
     """Parses a 1-D batch of lines into ({"dense", "ids"}, labels); see the module docstring.
 
     Returns ``({"dense": float32 [n, 13], "ids": {C1..C26: ragged int32 [n, None]}},
-    labels float32 [n, 1])``. A line without exactly 40 fields is an InvalidArgumentError.
+    labels float32 [n, 1])`` (with raw_keys, the ids are the values as ragged tf.string keys).
+    A line without exactly 40 fields is an InvalidArgumentError.
     """
     if len(vocabulary_sizes) != NUM_CATEGORICAL_FEATURES:
         raise ValueError(f"need {NUM_CATEGORICAL_FEATURES} vocabulary sizes, got "
@@ -123,7 +127,8 @@ def parse_lines(lines, vocabulary_sizes):
     for name, column, vocabulary in zip(FEATURE_NAMES, columns[1 + NUM_INTEGER_FEATURES:],
                                         vocabulary_sizes):
         ids[name] = tf.RaggedTensor.from_row_splits(
-            hash_categorical(column, vocabulary), row_splits, validate=False)
+            column if raw_keys else hash_categorical(column, vocabulary), row_splits,
+            validate=False)
     return {"dense": dense, "ids": ids}, labels
 
 
@@ -140,12 +145,16 @@ class CriteoFiles:
       vocabulary_sizes: rows of the 26 tables (categorical values are hashed into them).
       eval_patterns: optional held-out files; without them a hash split of `patterns` holds out
         `eval_fraction` of the lines.
+      raw_keys: keep the categorical values as string keys (open-vocabulary tables, which then
+        hold `vocabulary_sizes` rows) instead of hashing them into the tables.
     Attributes `feature_names`, `dense_names` and `vocabulary_sizes` describe the model inputs
     (the same names as the built-in synthetic data).
     """
 
-    def __init__(self, patterns, vocabulary_sizes, eval_patterns=None, eval_fraction=0.1):
+    def __init__(self, patterns, vocabulary_sizes, eval_patterns=None, eval_fraction=0.1,
+                 raw_keys=False):
         self.vocabulary_sizes = tuple(int(v) for v in vocabulary_sizes)
+        self.raw_keys = bool(raw_keys)
         self.feature_names = FEATURE_NAMES
         self.dense_names = DENSE_NAMES
         self.files = expand_paths(patterns)
@@ -155,9 +164,9 @@ class CriteoFiles:
         self.eval_fraction = eval_fraction
 
     def _batched(self, lines, batch_size):
-        sizes = self.vocabulary_sizes
+        sizes, raw_keys = self.vocabulary_sizes, self.raw_keys
         return (lines.batch(batch_size, drop_remainder=True)
-                .map(lambda batch: parse_lines(batch, sizes),
+                .map(lambda batch: parse_lines(batch, sizes, raw_keys),
                      num_parallel_calls=tf.data.AUTOTUNE))
 
     def datasets(self, batch_size, repeat_train=True, shuffle_buffer=0, seed=0):

@@ -113,6 +113,13 @@ def parse_args(argv=None):
     data.add_argument("--eval-data", nargs="+", metavar="PATH",
                       help="held-out files or globs; without them, lines of --data whose hash "
                            "falls in --eval-fraction are held out (and never trained on)")
+    data.add_argument("--raw-keys", action="store_true",
+                      help="train the categorical values as raw string keys in open-vocabulary "
+                           "tables (dynamic_vocabularies) holding the same numbers of rows, "
+                           "instead of hashing them (docs/dynamic_vocabulary.md)")
+    data.add_argument("--admission-threshold", type=int, default=2,
+                      help="with --raw-keys: occurrences a key needs before it gets a row (the "
+                           "DLRM reference drops values seen fewer times)")
     data.add_argument("--eval-fraction", type=float, default=0.1,
                       help="fraction of the --data lines held out when --eval-data is not given")
     data.add_argument("--shuffle-buffer", type=int, default=0,
@@ -135,6 +142,13 @@ def parse_args(argv=None):
                      f"SparseCores = {4 * args.replicas}")
     if args.eval_data and not args.data:
         parser.error("--eval-data needs --data")
+    if args.raw_keys and not args.data:
+        parser.error("--raw-keys needs --data (the built-in data have integer ids)")
+    if args.admission_threshold < 1:
+        parser.error("--admission-threshold must be at least 1")
+    if args.raw_keys and (args.replicas > 1 or args.pipelining):
+        parser.error("--raw-keys (open vocabularies) runs on one replica without --pipelining "
+                     "for now (docs/dynamic_vocabulary.md#what-is-not-there-yet)")
     if args.data:
         from tf_sc_embedding.data.criteo_files import expand_paths  # pylint: disable=import-outside-toplevel
         try:
@@ -347,7 +361,8 @@ def build_model(data, args, strategy, baseline=False):
     """The DLRM (compiled) under the strategy; baseline=True uses Keras Embedding tables."""
     import keras  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding.keras_layer import EmbeddingLayer  # pylint: disable=import-outside-toplevel
-    _import_tf()
+    from tf_sc_embedding import DynamicVocabulary  # pylint: disable=import-outside-toplevel
+    tf = _import_tf()
     DLRM = _dlrm_class()
     with strategy.scope():
         if baseline:
@@ -358,12 +373,14 @@ def build_model(data, args, strategy, baseline=False):
             features = feature_config(data.vocabulary_sizes, data.feature_names,
                                       args.embedding_dim, args.seed)
             tables = {f.table.name for f in features.values()}
+            dynamic = ({t: DynamicVocabulary(tf.string, args.admission_threshold)
+                        for t in tables} if getattr(args, "raw_keys", False) else {})
             sparse = EmbeddingLayer(
                 features, optimizer=table_optimizer(args.optimizer, args.learning_rate),
                 batch_size=args.batch_size, name="embedding",
                 pipeline_execution_with_tensor_core=args.pipelining,
                 table_dtypes={t: args.table_dtype for t in tables},
-                table_rounding=args.table_rounding)
+                table_rounding=args.table_rounding, dynamic_vocabularies=dynamic)
             if args.freeze_tables:
                 sparse.trainable = False
         model = DLRM(sparse, data.feature_names, args.embedding_dim, seed=args.seed,
@@ -382,15 +399,18 @@ def export_serving_model(model, export_dir, dense_features, quantize=None):
     """SavedModel: click probability from raw ids and dense features, stock TensorFlow ops only.
 
     Signature ``serving_default`` (flat, for TensorFlow Serving): ``dense`` float32 [batch, 13]
-    and per feature ``<name>_ids`` int64 [n] / ``<name>_row_splits`` int64 [batch + 1];
-    output ``probability`` [batch]. The loaded object also has ``predict(dense, ids)`` with a
-    dict of int64 `tf.RaggedTensor`s, and ``embedding`` (the tf_sc_embedding.serving module).
+    and per feature ``<name>_ids`` int64 [n] (string keys for open-vocabulary tables) /
+    ``<name>_row_splits`` int64 [batch + 1]; output ``probability`` [batch]. The loaded object
+    also has ``predict(dense, ids)`` with a dict of `tf.RaggedTensor`s, and ``embedding`` (the
+    tf_sc_embedding.serving module).
     quantize="int8" stores the tables as int8 rows with a per-row scale and offset.
     """
     tf = _import_tf()
     from tf_sc_embedding import serving  # pylint: disable=import-outside-toplevel
     names = model.feature_names
     lookup = serving.serving_module(model.sparse.embedding, quantize)
+    key_dtypes = {n: lookup.key_tables[f"table_{n}"].key_dtype
+                  if f"table_{n}" in lookup.key_tables else tf.int64 for n in names}
 
     class ServingModel(tf.Module):
         def __init__(self):
@@ -401,14 +421,16 @@ def export_serving_model(model, export_dir, dense_features, quantize=None):
 
         @tf.function(input_signature=[
             tf.TensorSpec([None, dense_features], tf.float32),
-            {n: tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1) for n in names}])
+            {n: tf.RaggedTensorSpec([None, None], key_dtypes[n], ragged_rank=1)
+             for n in names}])
         def predict(self, dense, ids):
             activations = self.embedding.lookup(ids)
             return tf.sigmoid(model.interact_and_predict(dense, activations))[:, 0]
 
         @tf.function(input_signature=[{
             "dense": tf.TensorSpec([None, dense_features], tf.float32, name="dense"),
-            **{f"{n}_ids": tf.TensorSpec([None], tf.int64, name=f"{n}_ids") for n in names},
+            **{f"{n}_ids": tf.TensorSpec([None], key_dtypes[n], name=f"{n}_ids")
+               for n in names},
             **{f"{n}_row_splits": tf.TensorSpec([None], tf.int64, name=f"{n}_row_splits")
                for n in names}}])
         def serving_default(self, inputs):
@@ -540,7 +562,8 @@ def load_data(args):
     if args.data:
         from tf_sc_embedding.data.criteo_files import CriteoFiles  # pylint: disable=import-outside-toplevel
         data = CriteoFiles(args.data, scaled_vocabulary_sizes(args.vocabulary_scale),
-                           eval_patterns=args.eval_data, eval_fraction=args.eval_fraction)
+                           eval_patterns=args.eval_data, eval_fraction=args.eval_fraction,
+                           raw_keys=args.raw_keys)
         train, test = data.datasets(args.batch_size, shuffle_buffer=args.shuffle_buffer,
                                     seed=args.seed)
         # The held-out batches are read once, kept in memory (evaluated again with --eval-every)
@@ -619,7 +642,16 @@ def train_and_evaluate(args, strategy=None, baseline=False, export=True):
         "frozen_tables": bool(args.freeze_tables), "baseline": baseline,
         "preprocess_in_data": bool(args.preprocess_in_data and not baseline),
         "pipelining": bool(args.pipelining),
+        "raw_keys": bool(getattr(args, "raw_keys", False)),
     }
+    if results["raw_keys"] and not baseline:
+        embedding = model.sparse.embedding
+        results.update(
+            admission_threshold=args.admission_threshold,
+            keys_held=int(sum(len(embedding.export_dynamic_table(name)[0])
+                              for name in embedding.dynamic_tables.names)),
+            unadmitted_ids=embedding.num_unadmitted_ids(),
+            refused_keys=embedding.num_refused_keys())
     if export and not baseline:
         os.makedirs(args.output_dir, exist_ok=True)
         checkpoint = tf.train.Checkpoint(model=model)
