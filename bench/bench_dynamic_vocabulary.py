@@ -12,11 +12,21 @@ brings, as a long run does.
 Reported: median wall and CPU (process) time per step, interleaved and back to back
 (bench_api.py explains both), and dynamic / fixed from the wall medians.
 
+With --peer-python (a virtual environment with tensorflow-cpu 2.16.2 and
+tensorflow-recommenders-addons 0.8.1, never this project's), the same permuted-key batches also
+train TFRA's dynamic_embedding (bench/peers/tfra_dynamic_embedding.py, in that environment, after
+ours, the same warm-up and step count back to back): its step, and the resident memory its
+tables add per key held, beside the bytes of values and Adagrad slots each key carries.
+
 Usage: python bench/bench_dynamic_vocabulary.py [--cap 1000000] [--rounds 30] [--threshold 1]
+       [--peer-python /path/to/tfra-venv/bin/python]
 """
 import argparse
+import json
 import os
+import subprocess
 import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -48,6 +58,34 @@ def as_keys(pool):
                  for name, r in ids.items()}
         result.append((keyed, weights, labels))
     return result
+
+
+def save_pool(path, pool, head, dim):
+    """The batch pool as the peer script reads it (.npz)."""
+    arrays = {"batches": len(pool), "features": len(pool[0][0]), "dim": dim,
+              "head": head.numpy()}
+    for b, (ids, weights, labels) in enumerate(pool):
+        for f in range(len(ids)):
+            name = f"f{f}"
+            arrays[f"values_{b}_{f}"] = ids[name].flat_values.numpy()
+            arrays[f"splits_{b}_{f}"] = ids[name].row_splits.numpy()
+            arrays[f"weights_{b}_{f}"] = weights[name].flat_values.numpy()
+        arrays[f"labels_{b}"] = labels.numpy()
+    np.savez(path, **arrays)
+
+
+def run_peer(python, pool, dim, args):
+    """TFRA's step on the same batches, in its own environment: its JSON result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "pool.npz")
+        save_pool(path, pool, dense_head(len(pool[0][0]), dim), dim)
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers",
+                              "tfra_dynamic_embedding.py")
+        out = subprocess.run([python, script, path, "--warm-steps", str(args.warm_steps),
+                              "--steps", str(args.rounds), "--threads", str(args.threads)],
+                             check=True, capture_output=True, text=True, timeout=3600,
+                             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def step_function(vocab, dim, pool, dynamic=None):
@@ -85,15 +123,16 @@ def main():
     parser.add_argument("--warm-steps", type=int, default=16)
     parser.add_argument("--threshold", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--peer-python", help="python of a TFRA virtual environment")
     args = parser.parse_args()
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     vocab = capped_vocabulary(args.cap)
     pool = batch_pool(vocab, args.batch, args.batches)
     fixed, fixed_step = step_function(vocab, args.dim, pool)
+    keyed = as_keys(pool)
     dynamic, dynamic_step = step_function(
-        vocab, args.dim, as_keys(pool), sce.DynamicVocabulary(
-            admission_threshold=args.threshold))
+        vocab, args.dim, keyed, sce.DynamicVocabulary(admission_threshold=args.threshold))
     for _ in range(args.warm_steps):
         fixed_step()
         dynamic_step()
@@ -108,6 +147,16 @@ def main():
               f"(CPU {dc:.1f}): dynamic / fixed {dw / fw:.2f}x")
     print(f"unadmitted ids {dynamic.num_unadmitted_ids()}, refused keys "
           f"{dynamic.num_refused_keys()}")
+    if args.peer_python:
+        del fixed, fixed_step   # free the fixed tables before the peer runs
+        peer = run_peer(args.peer_python, keyed, args.dim, args)
+        payload = args.dim * 4 * 2   # values + Adagrad accumulators, float32
+        print(f"TFRA dynamic_embedding (back to back): step {peer['step_ms']:.1f} ms (CPU "
+              f"{peer['cpu_ms']:.1f}), {peer['keys']} keys; TFRA / our dynamic step "
+              f"{peer['step_ms'] / dw:.2f}x; resident memory per key inserted "
+              f"{peer['rss_bytes_per_key']:.0f} bytes, {payload} of them values and "
+              f"accumulators (ours: the map's 16 bytes per key and 8 per row, values and "
+              f"accumulators in rows allocated for the capacity)")
 
 
 if __name__ == "__main__":
