@@ -116,10 +116,10 @@ class DynamicTable:
         state = self.map.export()
         return type(state)(*[np.asarray(t) for t in state])
 
-    def logical_state(self, read):
+    def logical_state(self, read, widths):
         """{checkpoint name: numpy} of the table: keys ascending with their values, slots and
         last-seen steps, the pending counts and the last step. read(kind) -> [capacity + 1, w]
-        numpy, the physical rows (or None when there are none yet)."""
+        numpy, the physical rows (or None when there are none yet); widths: {kind: w}."""
         state = self.export_state()
         rows = state.rows.astype(np.int64)
         result = {"last_step": np.asarray(state.last_step, np.int64), "keys": state.keys,
@@ -131,29 +131,50 @@ class DynamicTable:
                   "pending_last_seen": state.pending_last_seen}
         for kind in self.kinds:
             physical = read(kind)
-            width = self.dim if kind == PARAMETERS else None
             if physical is None:
                 if len(rows):
                     raise RuntimeError(f"table '{self.name}': its rows are not built")
-                physical = np.zeros((0, width or 1), np.float32)
-            result[_value_name(kind)] = np.asarray(physical, np.float32)[rows]
+                physical = np.zeros((0, widths[kind]), np.float32)
+            result[value_part(kind)] = np.asarray(physical, np.float32)[rows]
         return result
 
     def check_logical_state(self, state, widths, source):
-        """Fails naming the table, before anything changes, when a logical state does not fit:
-        more keys than the capacity, or values or slots of another shape."""
+        """Fails naming the table, before anything changes, when a logical state does not fit
+        this table: more keys than the capacity, keys this configuration has expired, pending
+        counts it cannot hold, keys of another dtype, or values or slots of another shape. The
+        map's import checks the rest (order, ranges) and changes nothing when they fail."""
+        def fail(problem):
+            raise ValueError(f"table '{self.name}': {source} {problem}. Nothing was restored")
+
+        missing = [part for part in _STATE_KEYS if part not in state]
+        if missing:
+            fail(f"has no {missing}")
         count = len(state["keys"])
         if count > self.capacity:
-            raise ValueError(f"table '{self.name}': {source} holds {count} keys, more than its "
-                             f"capacity of {self.capacity} rows (TableConfig.vocabulary_size). "
-                             "Nothing was restored")
+            fail(f"holds {count} keys, more than its capacity of {self.capacity} rows "
+                 "(TableConfig.vocabulary_size)")
+        strings = np.asarray(state["keys"]).dtype == object
+        if count and strings != (self.key_dtype == tf.string):
+            fail(f"holds {'string' if strings else 'int64'} keys, the table "
+                 f"{self.key_dtype.name} keys")
+        last_step = int(np.asarray(state["last_step"]))
+        last_seen = np.asarray(state["last_seen"], np.int64)
+        ttl = int(self.vocabulary.steps_to_live or 0)
+        if ttl and count and np.any(last_step - last_seen > ttl):
+            fail(f"holds keys unseen for more than this table's steps_to_live={ttl} steps")
+        pending = len(state["pending_keys"])
+        if pending and self.vocabulary.admission_threshold == 1:
+            fail(f"holds {pending} pending keys, but an admission_threshold of 1 keeps none")
+        pending_capacity = self.vocabulary.pending_capacity or self.capacity
+        if pending > pending_capacity:
+            fail(f"holds {pending} pending keys, more than the pending_capacity of "
+                 f"{pending_capacity}")
         for kind in self.kinds:
-            value = state.get(_value_name(kind))
+            value = state.get(value_part(kind))
             expected = (count, widths[kind])
             if value is None or tuple(np.shape(value)) != expected:
-                raise ValueError(f"table '{self.name}': {source}'s {kind} has shape "
-                                 f"{None if value is None else list(np.shape(value))}, expected "
-                                 f"{list(expected)}. Nothing was restored")
+                fail(f"has {kind} of shape {None if value is None else list(np.shape(value))}, "
+                     f"expected {list(expected)}")
 
     def import_logical_state(self, state):
         """Replaces the map's state (key i of the logical order gets a row of its own) and
@@ -170,14 +191,15 @@ class DynamicTable:
         rows = self.export_state().rows.astype(np.int64)   # the same key order as the state
         by_row = {}
         for kind in self.kinds:
-            value = np.asarray(state[_value_name(kind)], np.float32)
+            value = np.asarray(state[value_part(kind)], np.float32)
             ordered = np.empty_like(value)
             ordered[rows] = value
             by_row[kind] = ordered
         return by_row
 
 
-def _value_name(kind):
+def value_part(kind):
+    """The logical state's part holding a table's values ("values") or one slot."""
     return "values" if kind == PARAMETERS else f"slot_{kind}"
 
 
@@ -215,20 +237,32 @@ class DynamicTables:
             return self._logical.saved_value(name, kind)
         return read
 
+    def _widths(self, name):
+        return {kind: self._logical.shape(name, kind)[1] for kind in self.table(name).kinds}
+
     def export(self, name):
         """(keys, values) of a table: numpy, keys ascending ([n]; bytes for string keys) and
         their rows ([n, dim])."""
-        state = self.table(name).logical_state(self._read(name))
+        state = self.logical_state(name)
         return state["keys"], state["values"]
 
     def logical_state(self, name):
-        return self.table(name).logical_state(self._read(name))
+        """{part: numpy} of one table (eagerly: the state is read from the map)."""
+        if not tf.executing_eagerly():
+            raise NotImplementedError(
+                f"table '{name}': the logical state of a dynamic table is read eagerly; save "
+                "checkpoints with dynamic tables outside tf.function")
+        return self.table(name).logical_state(self._read(name), self._widths(name))
+
+    def check(self, name, state, source="the checkpoint"):
+        """check_logical_state of one table (restore calls it; call it for every table of a
+        source first, so that a bad table leaves every table as it was)."""
+        self.table(name).check_logical_state(state, self._widths(name), source)
 
     def restore(self, name, state, source="the checkpoint"):
         """Restores one table's logical state (now, or at build() for its rows)."""
         table = self.table(name)
-        widths = {kind: self._logical.shape(name, kind)[1] for kind in table.kinds}
-        table.check_logical_state(state, widths, source)
+        self.check(name, state, source)
         with tf.init_scope():
             by_row = table.import_logical_state(state)
         self._logical.restore({name: by_row})

@@ -63,9 +63,11 @@ class DynamicVocabulary:
                          f"tf_sc_embedding.DynamicVocabulary, got {type(value).__name__}")
 
     def to_config(self):
+        optional = lambda v: None if v is None else int(v)   # noqa: E731
         return {"key_dtype": self.key_dtype.name,
                 "admission_threshold": int(self.admission_threshold),
-                "steps_to_live": self.steps_to_live, "pending_capacity": self.pending_capacity}
+                "steps_to_live": optional(self.steps_to_live),
+                "pending_capacity": optional(self.pending_capacity)}
 
     @classmethod
     def from_config(cls, config):

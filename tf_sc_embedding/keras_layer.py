@@ -123,8 +123,12 @@ class EmbeddingLayer(keras.layers.Layer):
             return
         with tf.init_scope():
             values = self.embedding.logical_tables(include_slots=True)   # held until build()
+            dynamic = {name: self.embedding.dynamic_tables.logical_state(name)
+                       for name in self.embedding.dynamic_tables.names}
             embedding = TPUEmbeddingV2(self._feature_config, **self._embedding_args)
             embedding.tables.restore(values)
+            for name, state in dynamic.items():
+                embedding.dynamic_tables.restore(name, state, "the previous layout")
             embedding.build(output_shapes=self._pack(shapes))
         self.embedding = embedding
 

@@ -10,6 +10,7 @@ NUL bytes).
 import numpy as np
 
 from tf_sc_embedding import logical_tables
+from tf_sc_embedding.dynamic_tables import value_part
 
 TRIGGER_KEY = "trigger"
 _TABLE_KEY = "table:{table}:{kind}"
@@ -40,10 +41,13 @@ def save_tables(store, tables, dynamic=None):
                 store[_DYNAMIC_KEY.format(table=name, part=part)] = value
 
 
-def _dynamic_state(store, keys, name):
-    """The logical state of dynamic table `name` in a weights store, or None."""
-    prefix = _DYNAMIC_KEY.format(table=name, part="")
-    parts = {key[len(prefix):]: np.asarray(store[key]) for key in keys if key.startswith(prefix)}
+def _dynamic_state(store, keys, name, kinds):
+    """The logical state of dynamic table `name` (with parameters and slots `kinds`) in a
+    weights store, or None."""
+    names = ("last_step", "keys", "key_bytes", "key_lengths", "last_seen", "pending_keys",
+             "pending_counts", "pending_last_seen") + tuple(value_part(kind) for kind in kinds)
+    parts = {part: np.asarray(store[_DYNAMIC_KEY.format(table=name, part=part)])
+             for part in names if _DYNAMIC_KEY.format(table=name, part=part) in keys}
     if not parts:
         return None
     if "key_bytes" in parts:
@@ -64,15 +68,14 @@ def load_tables(store, tables, dynamic=None):
     """
     keys = set(store.keys())
     names = dynamic.names if dynamic is not None else ()
-    states = {name: _dynamic_state(store, keys, name) for name in names}
+    states = {name: _dynamic_state(store, keys, name, dynamic.table(name).kinds)
+              for name in names}
     missing = [name for name, state in states.items() if state is None]
     if missing:
         raise ValueError(f"the weights file has no open-vocabulary table {missing[0]!r} "
                          f"(missing: {missing}). Nothing was restored")
     for name, state in states.items():   # checked before anything is written
-        table = dynamic.table(name)
-        table.check_logical_state(state, {kind: tables.shape(name, kind)[1]
-                                          for kind in table.kinds}, "the weights file")
+        dynamic.check(name, state, "the weights file")
     available, kept = {}, {}
     for name, kind, key in _keys(tables, names):
         if key in keys:

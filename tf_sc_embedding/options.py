@@ -152,7 +152,7 @@ class EmbeddingOptions:
                              "limits are raised to the measured statistics)")
 
     def __hash__(self):
-        return hash(json.dumps(self.to_config(), sort_keys=True))
+        return hash(json.dumps(self.to_config(), sort_keys=True, default=_plain))
 
     def __reduce__(self):   # the read-only mapping does not pickle; the config does
         return (type(self).from_config, (self.to_config(),))
@@ -231,6 +231,11 @@ class EmbeddingOptions:
                                            size <= self.replication_threshold_bytes):
                 replicated.add(name)
         return frozenset(replicated)
+
+
+def _plain(value):
+    """numpy scalars (and anything else json does not know) in the hash of the options."""
+    return value.item() if hasattr(value, "item") else repr(value)
 
 
 def _require_int(name, value, minimum):

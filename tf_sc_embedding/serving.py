@@ -145,11 +145,17 @@ def _key_table(keys):
     other key maps to the zero row after them."""
     keys = np.asarray(keys)
     dtype = tf.string if keys.dtype == object or keys.dtype.kind in "SU" else tf.int64
+    count = len(keys)
+    values = np.arange(count, dtype=np.int64)
+    if not count:   # TensorFlow's table takes no empty initializer: one key of the zero row
+        keys = np.array([b""] if dtype == tf.string else [0], object if dtype == tf.string
+                        else np.int64)
+        values = np.zeros(1, np.int64)
     with tf.device("CPU:0"):
         initializer = tf.lookup.KeyValueTensorInitializer(
-            tf.constant(keys, dtype, shape=[len(keys)]),
-            tf.range(len(keys), dtype=tf.int64), key_dtype=dtype, value_dtype=tf.int64)
-        return tf.lookup.StaticHashTable(initializer, default_value=len(keys))
+            tf.constant(keys, dtype, shape=[len(keys)]), tf.constant(values),
+            key_dtype=dtype, value_dtype=tf.int64)
+        return tf.lookup.StaticHashTable(initializer, default_value=count)
 
 
 def serving_module(embedding, quantize=None):

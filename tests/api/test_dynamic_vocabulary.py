@@ -409,3 +409,57 @@ def test_keras_fit_admits_keys_and_predict_evaluate_only_read_them(tmp_path):
             fresh_layer.embedding.dynamic_tables.logical_state("words")[part], value,
             err_msg=part)
     np.testing.assert_array_equal(fresh.predict(queries, verbose=0), predicted)
+
+
+def test_save_before_build_restores(tmp_path):
+    """An embedding saved before any step (empty maps) restores into a fresh one."""
+    original = _checkpointed_embedding()
+    path = tf.train.Checkpoint(embedding=original).save(str(tmp_path / "empty"))
+    restored = _checkpointed_embedding()
+    tf.train.Checkpoint(embedding=restored).restore(path).assert_consumed()
+    restored.build(per_replica_batch_size=8)
+    assert len(restored.export_dynamic_table("items")[0]) == 0
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(steps_to_live=1), ValueError,
+     "table 'items': the checkpoint .*unseen for more than this table's steps_to_live=1"),
+    (dict(steps_to_live=2, admission_threshold=1), ValueError,
+     "table 'items': the checkpoint .*admission_threshold of 1 keeps none"),
+    # TensorFlow's own read fails first, naming the table's key tensor.
+    (dict(steps_to_live=2, key_dtype=tf.int64), tf.errors.InvalidArgumentError,
+     "items/.ATTRIBUTES/keys; expected dtype int64 does not equal original dtype string"),
+])
+def test_restore_checks_the_configuration_first(tmp_path, change, error, match):
+    """A state this configuration cannot hold fails naming the table, before the map or any row
+    changes."""
+    rng = np.random.default_rng(8)
+    keys = key_values(rng, 10, tf.string)
+    original = _checkpointed_embedding()
+    batches = random_batches(rng, 4, 8, keys)
+    batches.append({f: [[b"late"]] * 8 for f in OFFSETS})   # older keys unseen for a step
+    batches.append({f: [[b"later"]] * 7 + [[b"once " + f.encode()]] for f in OFFSETS})
+    train(original, batches, "ragged", tf.string)
+    assert len(original.dynamic_tables.logical_state("items")["pending_keys"]) == 2
+    path = tf.train.Checkpoint(embedding=original).save(str(tmp_path / "ckpt"))
+    vocabulary = dict(key_dtype=tf.string, admission_threshold=2, steps_to_live=2)
+    vocabulary.update(change)
+    table = E.TableConfig(vocabulary_size=16, dim=DIM, name="items", combiner="mean",
+                          initializer=tf.initializers.TruncatedNormal(stddev=0.1))
+    other = make_embedding(table, ph.make_optimizer("adagrad"), dynamic_vocabularies={
+        "items": sce.DynamicVocabulary(**vocabulary)})
+    dtype = vocabulary["key_dtype"]
+    train(other, [{f: [[key_values(rng, 1, dtype)[0]]] * 8 for f in OFFSETS}], "ragged", dtype)
+    before = other.dynamic_tables.logical_state("items")
+    with pytest.raises(error, match=match):
+        tf.train.Checkpoint(embedding=other).restore(path)
+    after = other.dynamic_tables.logical_state("items")
+    for part in before:
+        np.testing.assert_array_equal(after[part], before[part])
+
+
+def test_options_with_numpy_integers_hash_and_serialize():
+    options = sce.EmbeddingOptions(replication_threshold_bytes=np.int64(8), dynamic_vocabularies={
+        "t": sce.DynamicVocabulary(steps_to_live=np.int64(3), pending_capacity=np.int32(5))})
+    assert hash(options) == hash(sce.EmbeddingOptions.from_config(options.to_config()))
+    assert options.to_config()["dynamic_vocabularies"]["t"]["steps_to_live"] == 3

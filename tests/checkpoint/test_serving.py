@@ -199,3 +199,17 @@ def test_dynamic_tables_serve_with_a_stock_hash_table(tmp_path):
     keys, values = embedding.export_dynamic_table("words")
     np.testing.assert_array_equal(out["table/words"][:-1], values)
     np.testing.assert_array_equal(out["table/words"][-1], 0.0)
+
+
+def test_an_empty_dynamic_table_exports():
+    """A dynamic table holding no key yet serves zeros for every key."""
+    import tf_sc_embedding as sce  # noqa: PLC0415
+    E = tf.tpu.experimental.embedding
+    table = E.TableConfig(vocabulary_size=8, dim=4, name="words")
+    embedding = sce.TPUEmbeddingV2({"f": E.FeatureConfig(table=table, name="f")}, E.SGD(0.1),
+                                   dynamic_vocabularies={"words": sce.DynamicVocabulary(
+                                       tf.string, admission_threshold=5)})
+    embedding.build(per_replica_batch_size=4)
+    module = serving.serving_module(embedding)
+    out = module.lookup({"f": tf.ragged.constant([[b"a"], [b""], [], [b"b", b"c"]], tf.string)})
+    np.testing.assert_array_equal(out["f"].numpy(), np.zeros([4, 4], np.float32))
