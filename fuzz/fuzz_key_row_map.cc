@@ -5,6 +5,7 @@
 // range, one per key in a step, kept while the key holds its row, and never shared. Steps that go
 // back and corrupted saved states must fail and change nothing; a saved state imported into a
 // fresh map must continue exactly like the original.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -56,6 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint64_t> universe(in.ConsumeIntegralInRange<size_t>(1, 64));
   for (uint64_t& key : universe) key = in.ConsumeIntegral<uint64_t>();
   std::map<uint64_t, int32_t> held_rows;  // after the previous step
+  std::vector<int32_t> expected_reset;    // rows admitted and not confirmed, once each
   int64_t step = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<int64_t>(0, sce::kMaxInt32);
   const int steps = in.ConsumeIntegralInRange<int>(1, 24);
   for (int s = 0; s < steps && in.remaining_bytes() > 0; ++s) {
@@ -109,6 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           SCE_FUZZ_CHECK(again.rows[i] == static_cast<int32_t>(i));
         }
         map = std::move(restored);
+        expected_reset.clear();   // an import resets nothing: its caller writes every row
         held_rows.clear();
         for (size_t i = 0; i < again.keys.size(); ++i) held_rows[again.keys[i]] = again.rows[i];
         continue;
@@ -153,6 +156,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     for (size_t k = 0; k < new_keys.size(); ++k) {
       SCE_FUZZ_CHECK(step_rows.count(new_keys[k]) && step_rows[new_keys[k]] == new_rows[k]);
+    }
+    for (int32_t row : new_rows) {   // the rows to reset: every admission's row, listed once
+      if (std::find(expected_reset.begin(), expected_reset.end(), row) == expected_reset.end()) {
+        expected_reset.push_back(row);
+      }
+    }
+    SCE_FUZZ_CHECK(map->rows_to_reset() == expected_reset);
+    if (in.ConsumeBool()) {   // the caller's writes ran: confirm a prefix
+      const int64_t confirmed = in.ConsumeIntegralInRange<int64_t>(
+          0, static_cast<int64_t>(expected_reset.size()));
+      map->ConfirmReset(confirmed);
+      expected_reset.erase(expected_reset.begin(), expected_reset.begin() + confirmed);
+      SCE_FUZZ_CHECK(map->rows_to_reset() == expected_reset);
     }
     const sce::KeyRowMapState state = map->Export();
     {   // Find answers exactly the exported keys' rows, -1 for any other key

@@ -66,8 +66,10 @@ class DynamicTable:
 
     # ----------------------------------------------------------------- a step
     def map_keys(self, keys):
-        """(rows int32 [n], new rows int32 [k], step int64) of one step's keys ([n], every
-        occurrence in batch order): an occurrence without a row reads the scratch row."""
+        """(rows int32 [n], rows to reset int32 [k], step int64) of one step's keys ([n], every
+        occurrence in batch order): an occurrence without a row reads the scratch row. The rows
+        to reset are this step's new rows, after any of an earlier step whose writes never ran
+        (confirm_reset confirms them once written)."""
         step = self.map.sizes()[2] + 1
         mapped = self.map.map_step(keys, step)
         stats = mapped.stats
@@ -77,22 +79,29 @@ class DynamicTable:
         with tf.control_dependencies([counted]):
             rows = tf.where(mapped.rows < 0, tf.constant(self.scratch_row, tf.int32),
                             mapped.rows)
-        return rows, mapped.new_rows, step
+        with tf.control_dependencies([mapped.rows]):
+            to_reset = self.map.rows_to_reset()
+        return rows, to_reset, step
+
+    def confirm_reset(self, rows, writes):
+        """Confirms `rows` (map_keys' rows to reset) once `writes` have run."""
+        with tf.control_dependencies(writes):
+            return self.map.confirm_reset(tf.size(rows))
 
     def find_keys(self, keys):
-        """rows int32 [n] of keys read without changing the map (inference): a key without a row
-        reads the scratch row."""
+        """(rows int32 [n], rows to reset, step) of keys read without changing the map's keys
+        (inference): a key without a row reads the scratch row. Rows an aborted training step
+        left unreset are reset now (seeded by the last step)."""
         rows = self.map.find(keys)
-        return tf.where(rows < 0, tf.constant(self.scratch_row, tf.int32), rows)
+        rows = tf.where(rows < 0, tf.constant(self.scratch_row, tf.int32), rows)
+        return rows, self.map.rows_to_reset(), self.map.sizes()[2]
 
     def reset_rows(self, new_rows, step, kind, width):
         """(rows int32 [k + 1], values float32 [k + 1, width]) to write before the lookup: each
         new row's initial values (or its slot's initial value), and the scratch row's (zeros).
-        step None: no new rows (new_rows is empty)."""
+        new_rows: map_keys' or find_keys' rows to reset."""
         rows = tf.concat([new_rows, [self.scratch_row]], axis=0)
         count = tf.size(new_rows)
-        if kind == PARAMETERS and step is None:   # nothing new: the scratch row only
-            return rows, tf.zeros([1, width], tf.float32)
         if kind == PARAMETERS:
             seed = tf.stack([tf.constant(self.seed, tf.int64), step])
             fresh = dynamic_vocabulary.initial_rows(self.initializer, count, width, seed)

@@ -101,6 +101,7 @@ Status KeyRowMap::Allocate() {
     pending_.assign(num_pending_slots_, PendingSlot{0, 0, 0});
     row_slot_.assign(config_.capacity, kNoRow);
     row_last_seen_.assign(config_.capacity, -1);
+    reset_pending_.assign(config_.capacity, false);
   } catch (const std::bad_alloc&) {
     return InvalidArgument(where_, ": cannot allocate the key map for capacity ",
                            config_.capacity, " and pending_capacity ", config_.pending_capacity);
@@ -111,7 +112,8 @@ Status KeyRowMap::Allocate() {
 int64_t KeyRowMap::MemoryBytes() const {
   return num_slots_ * static_cast<int64_t>(sizeof(Slot)) +
          num_pending_slots_ * static_cast<int64_t>(sizeof(PendingSlot)) +
-         config_.capacity * static_cast<int64_t>(sizeof(int32_t) + sizeof(int32_t));
+         config_.capacity * static_cast<int64_t>(sizeof(int32_t) + sizeof(int32_t)) +
+         (config_.capacity + 7) / 8;
 }
 
 void KeyRowMap::ClearAll() {
@@ -119,6 +121,8 @@ void KeyRowMap::ClearAll() {
   std::fill(pending_.begin(), pending_.end(), PendingSlot{0, 0, 0});
   std::fill(row_slot_.begin(), row_slot_.end(), kNoRow);
   std::fill(row_last_seen_.begin(), row_last_seen_.end(), -1);
+  std::fill(reset_pending_.begin(), reset_pending_.end(), false);
+  rows_to_reset_.clear();
   free_head_ = kNoRow;
   next_unused_ = 0;
   oldest_last_seen_ = 0;
@@ -246,6 +250,10 @@ int32_t KeyRowMap::Admit(uint64_t key, int64_t empty_slot, int64_t step,
   ++stats->admitted_keys;
   new_keys->push_back(key);
   new_rows->push_back(row);
+  if (!reset_pending_[row]) {
+    reset_pending_[row] = true;
+    rows_to_reset_.push_back(row);
+  }
   return row;
 }
 
@@ -362,6 +370,12 @@ Status KeyRowMap::MapStep(int64_t step, const uint64_t* keys, int64_t num_keys, 
   stats->refused_keys =
       std::unique(refused_.begin(), refused_.end()) - refused_.begin();
   return Status::Ok();
+}
+
+void KeyRowMap::ConfirmReset(int64_t count) {
+  const int64_t n = std::clamp<int64_t>(count, 0, static_cast<int64_t>(rows_to_reset_.size()));
+  for (int64_t i = 0; i < n; ++i) reset_pending_[rows_to_reset_[i]] = false;
+  rows_to_reset_.erase(rows_to_reset_.begin(), rows_to_reset_.begin() + n);
 }
 
 void KeyRowMap::Find(const uint64_t* keys, int64_t num_keys, int32_t* rows) const {

@@ -94,6 +94,13 @@ class KeyRowMap {
                  std::vector<uint64_t>* new_keys, std::vector<int32_t>* new_rows,
                  KeyRowMapStepStats* stats);
 
+  // Rows given to keys and not yet confirmed reset, in admission order, each once. A caller
+  // that (re)initializes the rows of new keys takes them from here and confirms them after its
+  // writes: the rows of a step whose writes never ran (an aborted step) are handed out again.
+  const std::vector<int32_t>& rows_to_reset() const { return rows_to_reset_; }
+  // Removes the first `count` rows of rows_to_reset() (clamped to [0, its size]).
+  void ConfirmReset(int64_t count);
+
   // Read-only lookup (inference): rows[i] becomes keys[i]'s row, or kNoRow when the key holds
   // none at the last step (expired keys included). Nothing changes: no count, no admission.
   void Find(const uint64_t* keys, int64_t num_keys, int32_t* rows) const;
@@ -161,6 +168,8 @@ class KeyRowMap {
   // its key was last seen (-1: free). 8 bytes per row.
   std::vector<int32_t> row_slot_;
   std::vector<int32_t> row_last_seen_;
+  std::vector<int32_t> rows_to_reset_;
+  std::vector<bool> reset_pending_;  // per row: listed in rows_to_reset_ (1 bit per row)
   int32_t free_head_ = kNoRow;    // taken-back rows, last taken back first
   int64_t next_unused_ = 0;       // rows [next_unused_, capacity) were never used
   int64_t oldest_last_seen_ = 0;  // no held row was last seen before this step

@@ -61,6 +61,8 @@ class StringKeyRowMap {
   Status Import(const StringKeyRowMapState& state);
 
   const KeyRowMap& key_map() const { return *map_; }
+  // The key map itself, for its rows_to_reset / ConfirmReset (the strings need no reset).
+  KeyRowMap* mutable_key_map() { return map_.get(); }
   // The key map's bytes plus the rows' strings (their heap characters not counted).
   int64_t MemoryBytes() const {
     return map_->MemoryBytes() + static_cast<int64_t>(row_keys_.size() * sizeof(std::string));

@@ -155,6 +155,45 @@ class KeyRowMapStepOp : public OpKernel {
   }
 };
 
+sce::KeyRowMap* KeyMapOf(sce::KeyRowMap* map) { return map; }
+sce::KeyRowMap* KeyMapOf(sce::StringKeyRowMap* map) { return map->mutable_key_map(); }
+
+// The rows to reset, and their confirmation (KeyRowMap::rows_to_reset / ConfirmReset).
+template <typename Map>
+class RowsToResetOp : public OpKernel {
+ public:
+  explicit RowsToResetOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<MapResource<Map>> resource;
+    OP_REQUIRES_OK(ctx, LookupMap<Map>(ctx, &resource));
+    std::vector<int32_t> rows;
+    {
+      tf_shared_lock lock(*resource->mu());
+      rows = KeyMapOf(resource->map())->rows_to_reset();
+    }
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, rows));
+  }
+};
+
+template <typename Map>
+class ConfirmResetOp : public OpKernel {
+ public:
+  explicit ConfirmResetOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<MapResource<Map>> resource;
+    OP_REQUIRES_OK(ctx, LookupMap<Map>(ctx, &resource));
+    const Tensor& count = ctx->input(1);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(count.shape()),
+                absl::InvalidArgumentError(absl::StrCat(Where(resource->table_name()),
+                                                        ": count must be a scalar, got ",
+                                                        count.shape().DebugString())));
+    mutex_lock lock(*resource->mu());
+    KeyMapOf(resource->map())->ConfirmReset(count.scalar<int32_t>()());
+  }
+};
+
 // Read-only lookups: under a shared lock, the map unchanged.
 class KeyRowMapFindOp : public OpKernel {
  public:
@@ -416,6 +455,14 @@ REGISTER_KERNEL_BUILDER(Name("SceKeyRowMap").Device(DEVICE_CPU), KeyRowMapOp<sce
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapStep").Device(DEVICE_CPU), KeyRowMapStepOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapExport").Device(DEVICE_CPU), KeyRowMapExportOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapFind").Device(DEVICE_CPU), KeyRowMapFindOp);
+REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapRowsToReset").Device(DEVICE_CPU),
+                        RowsToResetOp<sce::KeyRowMap>);
+REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapConfirmReset").Device(DEVICE_CPU),
+                        ConfirmResetOp<sce::KeyRowMap>);
+REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMapRowsToReset").Device(DEVICE_CPU),
+                        RowsToResetOp<sce::StringKeyRowMap>);
+REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMapConfirmReset").Device(DEVICE_CPU),
+                        ConfirmResetOp<sce::StringKeyRowMap>);
 REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMapFind").Device(DEVICE_CPU),
                         StringKeyRowMapFindOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapImport").Device(DEVICE_CPU), KeyRowMapImportOp);

@@ -1670,6 +1670,25 @@ void TestKeyRowMapFind() {
   MapKeys(map.get(), 2, {6});   // a step later, 5 has expired: Find no longer answers it
   map->Find(keys.data(), 1, rows.data());
   CHECK_EQ(rows[0], sce::kNoRow);
+
+  g_test = "key map: rows to reset stay listed, once each, until confirmed";
+  auto fresh = NewKeyRowMap(3, 1, 1);
+  MappedStep first = MapKeys(fresh.get(), 0, {1, 2});
+  CHECK(fresh->rows_to_reset() == first.new_rows);
+  // Step 0's writes never ran (no confirmation): step 2 evicts 1 and 2 and reuses their rows.
+  MappedStep second = MapKeys(fresh.get(), 2, {3, 4, 5});
+  CHECK_EQ(second.new_rows.size(), size_t{3});
+  std::vector<int32_t> expected = first.new_rows;
+  for (int32_t row : second.new_rows) {
+    if (std::find(expected.begin(), expected.end(), row) == expected.end()) expected.push_back(row);
+  }
+  CHECK(fresh->rows_to_reset() == expected);
+  fresh->ConfirmReset(1);
+  CHECK(fresh->rows_to_reset() == std::vector<int32_t>(expected.begin() + 1, expected.end()));
+  fresh->ConfirmReset(100);
+  CHECK(fresh->rows_to_reset().empty());
+  MappedStep third = MapKeys(fresh.get(), 3, {6});   // refused: every row is held
+  CHECK(third.new_rows.empty() && fresh->rows_to_reset().empty());
 }
 
 void TestStringKeyRowMap() {

@@ -463,3 +463,28 @@ def test_options_with_numpy_integers_hash_and_serialize():
         "t": sce.DynamicVocabulary(steps_to_live=np.int64(3), pending_capacity=np.int32(5))})
     assert hash(options) == hash(sce.EmbeddingOptions.from_config(options.to_config()))
     assert options.to_config()["dynamic_vocabularies"]["t"]["steps_to_live"] == 3
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_rows_of_an_aborted_step_are_reset_by_the_next_lookup(training):
+    """A step aborted between its mapping and its row writes (simulated: keys mapped by the map
+    alone) leaves its rows listed; the next lookup resets them before reading."""
+    from tf_sc_embedding.ops.assign_rows import assign_rows   # noqa: PLC0415
+    from tf_sc_embedding.table_storage import PARAMETERS   # noqa: PLC0415
+    embedding = make_embedding(
+        E.TableConfig(vocabulary_size=8, dim=DIM, name="items", combiner="sum",
+                      initializer=tf.constant_initializer(0.5)), E.SGD(0.0), names=("f1",),
+        dynamic_vocabularies={"items": sce.DynamicVocabulary()})
+    embedding.build(per_replica_batch_size=4)
+    stacked = embedding.plan.dynamic.stacked_tables
+    name = next(iter(stacked))
+    variable = embedding.storage.stacked_variables()[name][PARAMETERS].shard(0)
+    _, rows = embedding.storage.storage_rows("items", tf.range(9))
+    assign_rows(variable, rows, tf.fill([9, DIM], 9.0), "items")   # an old key's leftovers
+    table = embedding.dynamic_tables.table("items")
+    table.map.map_step(tf.constant([11, 12], tf.int64), 0)   # mapped, never written
+    assert table.map.rows_to_reset().numpy().size == 2
+    activations, _ = embedding.embedding_lookup(
+        {"f1": tf.ragged.constant([[11], [12], [11], []], tf.int64)}, training=training)
+    np.testing.assert_array_equal(activations["f1"].numpy()[:3], 0.5)
+    assert table.map.rows_to_reset().numpy().size == 0

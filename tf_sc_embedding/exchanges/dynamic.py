@@ -9,7 +9,9 @@ over all its features' occurrences (feature order, then sample order):
 1. maps the keys to rows (dynamic_tables.DynamicTable.map_keys); an occurrence without a row
    reads the scratch row, the one row beyond the table's capacity;
 2. writes the initial values and slot values of every row given to a key in this step, and
-   zeros into the scratch row (whose last update held the gradients of unadmitted keys);
+   zeros into the scratch row (whose last update held the gradients of unadmitted keys). The
+   map lists the rows to reset until the writes confirm them, so a step aborted between its
+   mapping and its writes leaves them to the next step instead of unreset;
 3. looks the rows up as the all-to-all exchange does, without its exchange (one replica holds
    every row): the routing op's unique rows are gathered from the variable and summed into the
    activations by the gathered segment sum; backward, the same op sums the gradients to one row
@@ -144,16 +146,18 @@ class DynamicExchange(base.Exchange):
 
     def _map_table(self, view, placement, stacked, features, variables, training):
         """({path: (row ids, weights)} of one table's features, the row writes to wait for).
-        Not training: the keys are only found, and only the scratch row is reset (the last
-        update may have written it)."""
+
+        The rows written are the map's rows to reset (this step's new rows, after those of a
+        step aborted before its writes ran) and the scratch row; the map forgets them only
+        once the writes ran. Not training: the keys are only found; the scratch row (which the
+        last update may have written) and any rows an aborted step left are reset."""
         table = self._dynamic.table(placement.name)
         paths = [f.path for f in stacked.features if f.table.name == placement.name]
         keys = [table.check_keys(features[p][0], p) for p in paths]
         if training:
             rows, new_rows, step = table.map_keys(tf.concat(keys, axis=0))
         else:
-            rows = table.find_keys(tf.concat(keys, axis=0))
-            new_rows, step = tf.zeros([0], tf.int32), None
+            rows, new_rows, step = table.find_keys(tf.concat(keys, axis=0))
         parts = tf.split(rows, [tf.size(k) for k in keys])
         writes = []
         for kind in table.kinds:
@@ -165,8 +169,9 @@ class DynamicExchange(base.Exchange):
             variable = variables[stacked.name][kind].shard(view.replica_id)
             writes.append(assign_rows(variable, tf.boolean_mask(storage_rows, mine),
                                       tf.boolean_mask(values, mine), placement.name))
+        confirmed = table.confirm_reset(new_rows, writes)
         return {p: (_with_values(features[p][0], part), features[p][1])
-                for p, part in zip(paths, parts)}, writes
+                for p, part in zip(paths, parts)}, writes + [confirmed]
 
 
 def _ones_like(ids):

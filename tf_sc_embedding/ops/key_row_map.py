@@ -116,6 +116,19 @@ class KeyRowMap(tf.saved_model.experimental.TrackableResource):
                                                 step=step, name=name)
         return MappedKeys(*outputs)
 
+    def rows_to_reset(self, name=None):
+        """int32 [k]: the rows given to keys and not yet confirmed reset, in admission order,
+        each once; rows of a step whose writes never ran stay listed (confirm_reset)."""
+        op = (_lib.sce_string_key_row_map_rows_to_reset if self._strings
+              else _lib.sce_key_row_map_rows_to_reset)
+        return op(handle=self.resource_handle, name=name)
+
+    def confirm_reset(self, count, name=None):
+        """Removes the first `count` rows of rows_to_reset(), once they were (re)initialized."""
+        op = (_lib.sce_string_key_row_map_confirm_reset if self._strings
+              else _lib.sce_key_row_map_confirm_reset)
+        return op(handle=self.resource_handle, count=tf.cast(count, tf.int32), name=name)
+
     def find(self, keys, name=None):
         """int32 [n]: each key's row, or -1 when it holds none at the last step; read-only (no
         count, admission or eviction), for inference."""
