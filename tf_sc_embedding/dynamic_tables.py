@@ -96,17 +96,20 @@ class DynamicTable:
         rows = tf.where(rows < 0, tf.constant(self.scratch_row, tf.int32), rows)
         return rows, self.map.rows_to_reset(), self.map.sizes()[2]
 
-    def reset_rows(self, new_rows, step, kind, width):
-        """(rows int32 [k + 1], values float32 [k + 1, width]) to write before the lookup: each
-        new row's initial values (or its slot's initial value), and the scratch row's (zeros).
-        new_rows: map_keys' or find_keys' rows to reset."""
-        rows = tf.concat([new_rows, [self.scratch_row]], axis=0)
+    def rows_to_write(self, new_rows):
+        """int32 [k + 1]: the rows written before the lookup, for every kind alike: the rows to
+        reset (map_keys' or find_keys'), then the scratch row."""
+        return tf.concat([new_rows, [self.scratch_row]], axis=0)
+
+    def reset_values(self, new_rows, step, kind, width):
+        """float32 [k + 1, width], the values rows_to_write gets for one kind: each new row's
+        initial values (or its slot's initial value), and the scratch row's (zeros)."""
         count = tf.size(new_rows)
         if kind == PARAMETERS:
             seed = tf.stack([tf.constant(self.seed, tf.int64), step])
             fresh = dynamic_vocabulary.initial_rows(self.initializer, count, width, seed)
-            return rows, tf.concat([fresh, tf.zeros([1, width], tf.float32)], axis=0)
-        return rows, tf.fill(tf.stack([count + 1, width]), self.slot_values[kind])
+            return tf.concat([fresh, tf.zeros([1, width], tf.float32)], axis=0)
+        return tf.fill(tf.stack([count + 1, width]), self.slot_values[kind])
 
     def check_keys(self, ids, path):
         """The keys of one feature ([n] values of a dense, ragged or sparse input) as the map

@@ -159,16 +159,19 @@ class DynamicExchange(base.Exchange):
         else:
             rows, new_rows, step = table.find_keys(tf.concat(keys, axis=0))
         parts = tf.split(rows, [tf.size(k) for k in keys])
+        # Where the rows to write live: the same for the parameters and every slot.
+        replica, storage_rows = self._storage.storage_rows(placement.name,
+                                                           table.rows_to_write(new_rows))
+        mine = tf.equal(replica, view.replica_id)
+        storage_rows = tf.boolean_mask(storage_rows, mine)
         writes = []
         for kind in table.kinds:
             width = (placement.dim if kind == PARAMETERS
                      else TableStorage.stored_width(stacked, kind))
-            logical_rows, values = table.reset_rows(new_rows, step, kind, width)
-            replica, storage_rows = self._storage.storage_rows(placement.name, logical_rows)
-            mine = tf.equal(replica, view.replica_id)
+            values = table.reset_values(new_rows, step, kind, width)
             variable = variables[stacked.name][kind].shard(view.replica_id)
-            writes.append(assign_rows(variable, tf.boolean_mask(storage_rows, mine),
-                                      tf.boolean_mask(values, mine), placement.name))
+            writes.append(assign_rows(variable, storage_rows, tf.boolean_mask(values, mine),
+                                      placement.name))
         confirmed = table.confirm_reset(new_rows, writes)
         return {p: (_with_values(features[p][0], part), features[p][1])
                 for p, part in zip(paths, parts)}, writes + [confirmed]
