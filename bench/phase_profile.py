@@ -71,4 +71,8 @@ def phase_breakdown(trace_dir, steps, cpu_ms_per_step):
     inside = sum(ms for _, ms in rows)
     rows.append(("outside any op: TensorFlow's executor, gRPC, threads", cpu_ms_per_step - inside))
     rows.append(("CPU per step of this worker", cpu_ms_per_step))
+    if os.environ.get("SCE_PROFILE_OPS"):
+        # Opt-in: every op type's own CPU per step, largest first (finer than the phases).
+        for op_type, ms in times.most_common(int(os.environ["SCE_PROFILE_OPS"])):
+            rows.append((f"  op {op_type}", ms / steps))
     return rows

@@ -46,11 +46,13 @@ struct GatheredSegmentSumArgs {
 // e.g. "table 'video'". Nothing is written; call before allocating the output.
 Status ValidateGatheredSegmentSum(const GatheredSegmentSumArgs& args, const std::string& where);
 
-// Writes out[num_segments, width] (zero-filled first; or the rows of out_table). Requires a validated `args`. Output rows
-// are split into at most `max_ranges` ranges that run in parallel; each range reads every entry's
-// segment and adds the entries that fall in it, so no two threads write one row and the order
-// within a row is fixed. Since every range reads all segment ids, pass the number of threads that
-// will run them (more ranges than threads only add reads). `isa` picks the instruction set
+// Writes out[num_segments, width] (or the rows of out_table); rows without entries are zero.
+// Requires a validated `args`. Output rows are split into at most `max_ranges` ranges that run
+// in parallel, so no two threads write one row and the order within a row is fixed. With
+// unsorted segments (backward) each range reads every entry's segment and adds the entries that
+// fall in it, so pass the number of threads that will run them (more ranges than threads only
+// add reads); with nondecreasing segments (forward) a range finds its run of entries by binary
+// search and stores each row's first entry instead of zero-filling and adding. `isa` picks the instruction set
 // (default: the widest the CPU has; every version gives the same bits); one the CPU lacks runs
 // as UsableIsa (vector_isa.h) says.
 void GatheredSegmentSum(const GatheredSegmentSumArgs& args, float* out,

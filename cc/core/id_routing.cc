@@ -6,6 +6,7 @@
 
 #include "cc/core/checked_math.h"
 #include "cc/core/radix_sort.h"
+#include "cc/core/range_scan.h"
 
 namespace sce {
 
@@ -19,11 +20,10 @@ Status ValidateIdRouting(const IdRoutingParams& p, const int32_t* ids, int64_t n
                                   kMaxInt32, &rows));
   SCE_RETURN_IF_ERROR(CheckInRange(where, "the number of ids", n, 0, kMaxInt32));
   if (n > 0 && ids == nullptr) return InvalidArgument(where, ": ids missing");
-  for (int64_t i = 0; i < n; ++i) {
-    if (ids[i] < 0 || ids[i] >= rows) {
-      return InvalidArgument(where, ": ids[", i, "] = ", ids[i], " is not a row of the table (",
-                             rows, " rows)");
-    }
+  const int64_t i = FirstOutOfRange(ids, n, rows);
+  if (i >= 0) {
+    return InvalidArgument(where, ": ids[", i, "] = ", ids[i], " is not a row of the table (",
+                           rows, " rows)");
   }
   return Status::Ok();
 }
@@ -42,18 +42,18 @@ Status ValidateIdSampleRows(const IdRoutingParams& p, const IdSampleRows& r, int
                            " (one sample row per id)");
   }
   if (n > 0 && r.row_ids == nullptr) return InvalidArgument(where, ": row_ids missing");
-  int32_t previous = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t row = r.row_ids[i];
-    if (row < 0 || row >= samples) {
-      return InvalidArgument(where, ": row_ids[", i, "] = ", row, " is not a sample row in [0, ",
-                             samples, ") (sparse cores * rows_per_sparse_core)");
-    }
-    if (row < previous) {
-      return InvalidArgument(where, ": row_ids[", i, "] = ", row, " is smaller than row_ids[",
-                             i - 1, "] = ", previous, " (row_ids must be nondecreasing)");
-    }
-    previous = row;
+  // The first bad entry, as one pass testing the range before the order would find it.
+  const int64_t outside = FirstOutOfRange(r.row_ids, n, samples);
+  const int64_t decrease = FirstDecrease(r.row_ids, n);
+  if (outside >= 0 && (decrease < 0 || outside <= decrease)) {
+    return InvalidArgument(where, ": row_ids[", outside, "] = ", r.row_ids[outside],
+                           " is not a sample row in [0, ", samples,
+                           ") (sparse cores * rows_per_sparse_core)");
+  }
+  if (decrease >= 0) {
+    return InvalidArgument(where, ": row_ids[", decrease, "] = ", r.row_ids[decrease],
+                           " is smaller than row_ids[", decrease - 1, "] = ",
+                           r.row_ids[decrease - 1], " (row_ids must be nondecreasing)");
   }
   return Status::Ok();
 }

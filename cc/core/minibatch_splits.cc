@@ -10,6 +10,7 @@
 #include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
 #include "cc/core/radix_sort.h"
+#include "cc/core/range_scan.h"
 #include "cc/core/split_encoding.h"
 #include "cc/core/vector_isa.h"
 
@@ -34,20 +35,26 @@ namespace {
 // [begin, end) (the row before `begin` is its predecessor).
 Status ValidateIdRange(const int32_t* rows, const int32_t* cols, int64_t begin, int64_t end,
                        const MinibatchSplitsParams& p) {
-  int32_t previous = begin > 0 ? rows[begin - 1] : 0;
-  for (int64_t i = begin; i < end; ++i) {
-    if (rows[i] < previous || rows[i] >= p.sample_count) {
-      return InvalidArgument("table '", p.table_name, "': row_ids must be sorted and in [0, ",
-                             p.sample_count, "); got ", rows[i], " at position ", i, " after ",
-                             previous);
-    }
-    previous = rows[i];
-    if (cols[i] < 0 || cols[i] >= p.table_vocab_size) {
-      return InvalidArgument("table '", p.table_name, "': id ", cols[i], " at position ", i,
-                             " is out of range [0, ", p.table_vocab_size, ")");
-    }
+  // The first bad position as one pass checking each row, then its id, would find it.
+  const auto shifted = [](int64_t index, int64_t by) { return index < 0 ? index : index + by; };
+  const auto earliest = [](int64_t a, int64_t b) {
+    return a < 0 ? b : (b < 0 ? a : std::min(a, b));
+  };
+  const int64_t before = begin > 0 ? begin - 1 : begin;   // the predecessor of `begin`, if any
+  const int64_t bad_row = earliest(shifted(FirstOutOfRange(rows + begin, end - begin,
+                                                           p.sample_count), begin),
+                                   shifted(FirstDecrease(rows + before, end - before), before));
+  const int64_t bad_col =
+      shifted(FirstOutOfRange(cols + begin, end - begin, p.table_vocab_size), begin);
+  const int64_t i = earliest(bad_row, bad_col);
+  if (i < 0) return Status::Ok();
+  if (i == bad_row) {
+    return InvalidArgument("table '", p.table_name, "': row_ids must be sorted and in [0, ",
+                           p.sample_count, "); got ", rows[i], " at position ", i, " after ",
+                           i > 0 ? rows[i - 1] : 0);
   }
-  return Status::Ok();
+  return InvalidArgument("table '", p.table_name, "': id ", cols[i], " at position ", i,
+                         " is out of range [0, ", p.table_vocab_size, ")");
 }
 
 // ValidateIdRange over all ids, in parallel chunks; the error is the one of the first failing

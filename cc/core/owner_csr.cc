@@ -5,6 +5,7 @@
 
 #include "cc/core/checked_math.h"
 #include "cc/core/constants.h"
+#include "cc/core/range_scan.h"
 
 namespace sce {
 namespace {
@@ -43,11 +44,10 @@ Status ValidateOwnerCsr(const OwnerCsrParams& p, const int32_t* rows, int64_t n,
   SCE_RETURN_IF_ERROR(CheckedSize(where, "the row pointers (sparse cores * block)",
                                   {S, Block(p)}, kMaxAllocationElements, &sizes->row_pointers));
   if (n > 0 && rows == nullptr) return InvalidArgument(where, ": rows missing");
-  for (int64_t i = 0; i < n; ++i) {
-    if (rows[i] < 0 || rows[i] >= local_rows) {
-      return InvalidArgument(where, ": rows[", i, "] = ", rows[i],
-                             " is not a row of this replica's variable (", local_rows, " rows)");
-    }
+  const int64_t bad = FirstOutOfRange(rows, n, local_rows);
+  if (bad >= 0) {
+    return InvalidArgument(where, ": rows[", bad, "] = ", rows[bad],
+                           " is not a row of this replica's variable (", local_rows, " rows)");
   }
   // Each segment is padded to a multiple of 8: at most n + 7 * S * S entries.
   std::vector<int64_t> counts;

@@ -41,6 +41,7 @@
 #include "cc/core/online_limits.h"
 #include "cc/core/owner_csr.h"
 #include "cc/core/radix_sort.h"
+#include "cc/core/range_scan.h"
 #include "cc/core/replica_chunks.h"
 #include "cc/core/row_precision.h"
 #include "cc/core/sort_list.h"
@@ -2834,20 +2835,24 @@ void TestGatheredSegmentSum() {
   // Random inputs over many ranges: the result is the entry-order reference bit for bit, however
   // the ranges are handed out (one at a time, in reverse).
   std::mt19937 rng(5);
-  for (int round = 0; round < 20; ++round) {
-    // Every other round takes a width with a build of its own (vector_isa.h), each in turn.
+  for (int round = 0; round < 40; ++round) {
+    // Every other round takes a width with a build of its own (vector_isa.h), each in turn;
+    // rounds 20 and on sort the segments (the forward direction, a path of its own) and give
+    // some rows zeros and some gains a negative sign (-0.0 products sum to +0.0).
+    const bool sorted = round >= 20;
     const int64_t num_rows = 1 + rng() % 50, n = rng() % 5000;
     const int64_t width = round % 2 ? sce::kFixedRowWidths[round / 2 % 3] : 1 + rng() % 40;
     const int64_t num_segments = 1 + rng() % 3000;
     FloatVec r(num_rows * width), g(n);
     IntVec p(n), s(n);
     std::normal_distribution<float> normal;
-    for (float& x : r) x = normal(rng);
+    for (float& x : r) x = sorted && rng() % 4 == 0 ? 0.0f : normal(rng);
     for (int64_t i = 0; i < n; ++i) {
       p[i] = static_cast<int32_t>(rng() % num_rows);
       s[i] = static_cast<int32_t>(rng() % num_segments);
       g[i] = normal(rng);
     }
+    if (sorted) std::sort(s.begin(), s.end());
     FloatVec expected(num_segments * width, 0.0f);
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t d = 0; d < width; ++d) {
@@ -3373,6 +3378,52 @@ void TestStochasticRoundingIsUnbiased() {
   CHECK(sce::RoundingBits(5, 6, 7, 8) != sce::RoundingBits(6, 6, 7, 8));
 }
 
+// The block scans return exactly what a loop stopping at the first bad entry returns: bad
+// entries planted around block edges, negative values, limits 0 and above 2^31.
+void TestRangeScans() {
+  g_test = "range scans";
+  const auto simple_out_of_range = [](const std::vector<int32_t>& v, int64_t limit) -> int64_t {
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (v[i] < 0 || v[i] >= limit) return static_cast<int64_t>(i);
+    }
+    return -1;
+  };
+  const auto simple_decrease = [](const std::vector<int32_t>& v) -> int64_t {
+    for (size_t i = 1; i < v.size(); ++i) {
+      if (v[i] < v[i - 1]) return static_cast<int64_t>(i);
+    }
+    return -1;
+  };
+  std::mt19937 rng(7);
+  const int64_t block = sce::kRangeScanBlock;
+  for (int64_t n : {int64_t{0}, int64_t{1}, block - 1, block, block + 1, 3 * block + 5}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<int32_t> v(n);
+      for (auto& x : v) x = static_cast<int32_t>(rng() % 1000);
+      std::sort(v.begin(), v.end());
+      if (n > 0 && trial % 4 != 0) {   // plant one or two bad entries
+        const int64_t candidates[] = {0, block - 1, block, n - 1,
+                                      static_cast<int64_t>(rng() % n)};
+        for (int k = 0; k < 1 + trial % 2; ++k) {
+          const int64_t at = std::min(n - 1, candidates[rng() % 5]);
+          const int kind = static_cast<int>(rng() % 4);
+          v[at] = kind == 0 ? -1 : kind == 1 ? 1000 : kind == 2 ? INT32_MIN
+                                                              : static_cast<int32_t>(rng() % 1000);
+        }
+      }
+      for (int64_t limit : {int64_t{0}, int64_t{1}, int64_t{999}, int64_t{1000},
+                            (int64_t{1} << 31), (int64_t{1} << 40)}) {
+        CHECK_EQ(sce::FirstOutOfRange(v.data(), n, limit), simple_out_of_range(v, limit));
+      }
+      CHECK_EQ(sce::FirstDecrease(v.data(), n), simple_decrease(v));
+    }
+  }
+  const std::vector<int32_t> top = {0, INT32_MAX, INT32_MAX};
+  CHECK_EQ(sce::FirstOutOfRange(top.data(), 3, int64_t{1} << 31), -1);
+  CHECK_EQ(sce::FirstOutOfRange(top.data(), 3, INT32_MAX), 1);
+  CHECK_EQ(sce::FirstDecrease(top.data(), 3), -1);
+}
+
 int main() {
   const std::vector<std::function<void()>> tests = {
       TestConvertToCoo,   TestConvertToListOfCoo, TestSortListOfCoo,
@@ -3390,7 +3441,7 @@ int main() {
       TestRowPrecisionConversions, TestStochasticRoundingIsUnbiased, TestLookupOf16BitRows,
       TestNarrowRowUpdate, TestRoundRowIsElementWise, TestKeyRowMapAdmission,
       TestKeyRowMapEviction, TestKeyRowMapStateAndErrors, TestKeyRowMapMatchesReference,
-      TestKeyRowMapFind, TestStringKeyRowMap,
+      TestKeyRowMapFind, TestStringKeyRowMap, TestRangeScans,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
