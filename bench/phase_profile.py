@@ -45,7 +45,7 @@ def _op_times(trace_dir):
     space = xplane_pb2.XSpace()
     with open(files[-1], "rb") as f:
         space.ParseFromString(f.read())
-    times = collections.Counter()
+    times, counts = collections.Counter(), collections.Counter()
     for plane in space.planes:
         if not plane.name.startswith("/host:CPU"):
             continue
@@ -57,12 +57,13 @@ def _op_times(trace_dir):
                 # "EagerLocalExecute: <function>") enclose them and are skipped.
                 if ":" in name and "::" not in name and ": " not in name:
                     times[name.rsplit(":", 1)[1]] += event.duration_ps / 1e9
-    return times
+                    counts[name.rsplit(":", 1)[1]] += 1
+    return times, counts
 
 
 def phase_breakdown(trace_dir, steps, cpu_ms_per_step):
     """[(phase, ms per step)]: the phases, other ops, and the CPU outside any op."""
-    times = _op_times(trace_dir)
+    times, counts = _op_times(trace_dir)
     rows, counted = [], set()
     for phase, op_types in PHASES:
         rows.append((phase, sum(times[t] for t in op_types) / steps))
@@ -73,6 +74,7 @@ def phase_breakdown(trace_dir, steps, cpu_ms_per_step):
     rows.append(("CPU per step of this worker", cpu_ms_per_step))
     if os.environ.get("SCE_PROFILE_OPS"):
         # Opt-in: every op type's own CPU per step, largest first (finer than the phases).
+        rows.append((f"  ops run per step: {sum(counts.values()) / steps:.0f}", 0.0))
         for op_type, ms in times.most_common(int(os.environ["SCE_PROFILE_OPS"])):
-            rows.append((f"  op {op_type}", ms / steps))
+            rows.append((f"  op {op_type} ({counts[op_type] / steps:.0f} per step)", ms / steps))
     return rows
