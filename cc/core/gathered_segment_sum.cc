@@ -19,30 +19,51 @@ constexpr int64_t kFilterBlock = 2048;
 // than no prefetch in both directions, while 8 is slower than none on scattered segments.
 constexpr int64_t kPrefetchDistance = 16;
 
+// Where the range bodies below read an entry's row and write an output row: a matrix, or the
+// row tables of per-feature tensors (GatheredSegmentSumArgs). kDim > 0 fixes the row width at
+// compile time (it must equal a.width; vector_isa.h).
+template <int64_t kDim>
+struct Rows {
+  // Copies of the arguments' pointers: locals the hot loops can keep in registers.
+  Rows(const GatheredSegmentSumArgs& a, float* out)
+      : rows(a.rows), row_table(a.row_table), out_table(a.out_table), positions(a.positions),
+        out(out), width(kDim > 0 ? kDim : a.width) {}
+
+  __attribute__((always_inline)) const float* source(int64_t entry) const {
+    return row_table != nullptr ? row_table[positions[entry]]
+                                : rows + static_cast<int64_t>(positions[entry]) * width;
+  }
+  __attribute__((always_inline)) float* output(int64_t segment) const {
+    return out_table != nullptr ? out_table[segment] : out + segment * width;
+  }
+  void Zero(int64_t begin, int64_t end) const {
+    if (out_table == nullptr) {
+      std::memset(out + begin * width, 0, sizeof(float) * (end - begin) * width);
+    } else {
+      for (int64_t s = begin; s < end; ++s) std::memset(out_table[s], 0, sizeof(float) * width);
+    }
+  }
+
+  const float* rows;
+  const float* const* row_table;
+  float* const* out_table;
+  const int32_t* positions;
+  float* out;
+  int64_t width;
+};
+
 // Adds the entries whose segment is in [first, last) into out (rows [first, last) zeroed here),
 // in entry order. Entries are filtered a block at a time without a branch (an index is always
 // stored, the count advances only for an entry in range): a range then costs one predictable read
 // of every segment id, where a branch per entry would mispredict on unsorted segments.
-// kDim > 0 fixes the row width at compile time (it must equal a.width; vector_isa.h).
 template <int64_t kDim>
 __attribute__((always_inline)) inline void SumRangeBody(const GatheredSegmentSumArgs& a,
                                                         int64_t first, int64_t last, float* out) {
-  const int64_t width = kDim > 0 ? kDim : a.width;
-  const float* const* row_table = a.row_table;
-  float* const* out_table = a.out_table;
-  const auto source_row = [&](int64_t i) {
-    return row_table != nullptr ? row_table[a.positions[i]]
-                                : a.rows + static_cast<int64_t>(a.positions[i]) * width;
-  };
-  const auto target_row = [&](int64_t i) {
-    return out_table != nullptr ? out_table[a.segments[i]]
-                                : out + static_cast<int64_t>(a.segments[i]) * width;
-  };
-  if (out_table != nullptr) {
-    for (int64_t s = first; s < last; ++s) std::memset(out_table[s], 0, sizeof(float) * width);
-  } else {
-    std::memset(out + first * width, 0, sizeof(float) * (last - first) * width);
-  }
+  const Rows<kDim> rows(a, out);
+  const int64_t width = rows.width;
+  const auto source_row = [&](int64_t i) { return rows.source(i); };
+  const auto target_row = [&](int64_t i) { return rows.output(a.segments[i]); };
+  rows.Zero(first, last);
   // Segments are validated to [0, num_segments) and num_segments <= kMaxInt32: the unsigned
   // difference is below `span` exactly for the segments in [first, last).
   const uint32_t span = static_cast<uint32_t>(last - first);
@@ -84,23 +105,11 @@ template <int64_t kDim>
 __attribute__((always_inline)) inline void SumSortedRangeBody(const GatheredSegmentSumArgs& a,
                                                               int64_t first, int64_t last,
                                                               float* out) {
-  const int64_t width = kDim > 0 ? kDim : a.width;
-  const float* const* row_table = a.row_table;
-  float* const* out_table = a.out_table;
-  const auto source_row = [&](int64_t i) {
-    return row_table != nullptr ? row_table[a.positions[i]]
-                                : a.rows + static_cast<int64_t>(a.positions[i]) * width;
-  };
-  const auto output_row = [&](int64_t s) {
-    return out_table != nullptr ? out_table[s] : out + s * width;
-  };
-  const auto zero_rows = [&](int64_t begin, int64_t end) {
-    if (out_table == nullptr) {
-      std::memset(out + begin * width, 0, sizeof(float) * (end - begin) * width);
-    } else {
-      for (int64_t s = begin; s < end; ++s) std::memset(out_table[s], 0, sizeof(float) * width);
-    }
-  };
+  const Rows<kDim> rows(a, out);
+  const int64_t width = rows.width;
+  const auto source_row = [&](int64_t i) { return rows.source(i); };
+  const auto output_row = [&](int64_t s) { return rows.output(s); };
+  const auto zero_rows = [&](int64_t begin, int64_t end) { rows.Zero(begin, end); };
   const int32_t* segments = a.segments;
   const int64_t begin = std::lower_bound(segments, segments + a.num_entries,
                                          static_cast<int32_t>(first)) - segments;
