@@ -71,6 +71,9 @@ for src in cc/core/*.cc; do
   objects+=("$obj")
 done
 total_execs=0
+# Crashes are counted among the artifacts this run writes: $OUT keeps those of earlier runs.
+run_stamp="$OUT/artifacts/.run_started"
+touch "$run_stamp"
 for src in fuzz/fuzz_*.cc; do
   name=$(basename "$src" .cc)
   "$CLANG" "${COMMON[@]}" -fsanitize=fuzzer,address,undefined "$src" "${objects[@]}" \
@@ -87,7 +90,7 @@ for src in fuzz/fuzz_*.cc; do
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | tail -1 | grep -o '[0-9]*$')
   case "$execs" in ''|*[!0-9]*) execs=0 ;; esac
   total_execs=$((total_execs + execs))
-  crashes=$(ls "$OUT/artifacts/$name-"* 2>/dev/null | wc -l)
+  crashes=$(find "$OUT/artifacts" -name "$name-*" -newer "$run_stamp" | wc -l)
   if [ "$status" -ne 0 ] || grep -q "ERROR: AddressSanitizer\|runtime error:\|ERROR: libFuzzer" "$log"; then
     grep -m5 "ERROR\|runtime error\|invariant violated" "$log"
     note "$name: FAILED (exit $status) after $execs executions; artifacts: $OUT/artifacts/$name-*"
