@@ -61,8 +61,6 @@ __attribute__((always_inline)) inline void SumRangeBody(const GatheredSegmentSum
                                                         int64_t first, int64_t last, float* out) {
   const Rows<kDim> rows(a, out);
   const int64_t width = rows.width;
-  const auto source_row = [&](int64_t i) { return rows.source(i); };
-  const auto target_row = [&](int64_t i) { return rows.output(a.segments[i]); };
   rows.Zero(first, last);
   // Segments are validated to [0, num_segments) and num_segments <= kMaxInt32: the unsigned
   // difference is below `span` exactly for the segments in [first, last).
@@ -80,8 +78,8 @@ __attribute__((always_inline)) inline void SumRangeBody(const GatheredSegmentSum
     for (int64_t k = 0; k < count; ++k) {
       if (k + kPrefetchDistance < count) {
         const int64_t ahead = in_range[k + kPrefetchDistance];
-        const char* row = reinterpret_cast<const char*>(source_row(ahead));
-        const char* target = reinterpret_cast<const char*>(target_row(ahead));
+        const char* row = reinterpret_cast<const char*>(rows.source(ahead));
+        const char* target = reinterpret_cast<const char*>(rows.output(a.segments[ahead]));
         for (int64_t line = 0; line < lines_per_row; ++line) {
           __builtin_prefetch(row + 64 * line);
           __builtin_prefetch(target + 64 * line, 1);
@@ -89,8 +87,8 @@ __attribute__((always_inline)) inline void SumRangeBody(const GatheredSegmentSum
       }
       const int64_t i = in_range[k];
       const float gain = a.gains[i];
-      const float* row = source_row(i);
-      float* target = target_row(i);
+      const float* row = rows.source(i);
+      float* target = rows.output(a.segments[i]);
       for (int64_t d = 0; d < width; ++d) target[d] += gain * row[d];
     }
   }
@@ -107,9 +105,6 @@ __attribute__((always_inline)) inline void SumSortedRangeBody(const GatheredSegm
                                                               float* out) {
   const Rows<kDim> rows(a, out);
   const int64_t width = rows.width;
-  const auto source_row = [&](int64_t i) { return rows.source(i); };
-  const auto output_row = [&](int64_t s) { return rows.output(s); };
-  const auto zero_rows = [&](int64_t begin, int64_t end) { rows.Zero(begin, end); };
   const int32_t* segments = a.segments;
   const int64_t begin = std::lower_bound(segments, segments + a.num_entries,
                                          static_cast<int32_t>(first)) - segments;
@@ -119,22 +114,22 @@ __attribute__((always_inline)) inline void SumSortedRangeBody(const GatheredSegm
   int64_t unwritten = first;   // rows [first, unwritten) hold their sum so far
   for (int64_t i = begin; i < end; ++i) {
     if (i + kPrefetchDistance < end) {
-      const char* row = reinterpret_cast<const char*>(source_row(i + kPrefetchDistance));
+      const char* row = reinterpret_cast<const char*>(rows.source(i + kPrefetchDistance));
       for (int64_t line = 0; line < lines_per_row; ++line) __builtin_prefetch(row + 64 * line);
     }
     const int64_t segment = segments[i];
     const float gain = a.gains[i];
-    const float* row = source_row(i);
-    float* target = output_row(segment);
+    const float* row = rows.source(i);
+    float* target = rows.output(segment);
     if (segment >= unwritten) {
-      zero_rows(unwritten, segment);
+      rows.Zero(unwritten, segment);
       for (int64_t d = 0; d < width; ++d) target[d] = 0.0f + gain * row[d];
       unwritten = segment + 1;
     } else {
       for (int64_t d = 0; d < width; ++d) target[d] += gain * row[d];
     }
   }
-  zero_rows(unwritten, last);
+  rows.Zero(unwritten, last);
 }
 
 // One out-of-line build of SumRangeBody per instruction set (the same body, compiled for

@@ -42,20 +42,15 @@ Status ValidateIdSampleRows(const IdRoutingParams& p, const IdSampleRows& r, int
                            " (one sample row per id)");
   }
   if (n > 0 && r.row_ids == nullptr) return InvalidArgument(where, ": row_ids missing");
-  // The first bad entry, as one pass testing the range before the order would find it.
-  const int64_t outside = FirstOutOfRange(r.row_ids, n, samples);
-  const int64_t decrease = FirstDecrease(r.row_ids, n);
-  if (outside >= 0 && (decrease < 0 || outside <= decrease)) {
-    return InvalidArgument(where, ": row_ids[", outside, "] = ", r.row_ids[outside],
-                           " is not a sample row in [0, ", samples,
-                           ") (sparse cores * rows_per_sparse_core)");
+  const int64_t bad = FirstUnsortedOrOutOfRange(r.row_ids, n, samples);
+  if (bad < 0) return Status::Ok();
+  const int32_t row = r.row_ids[bad];
+  if (row < 0 || row >= samples) {   // the range is tested first, then the order
+    return InvalidArgument(where, ": row_ids[", bad, "] = ", row, " is not a sample row in [0, ",
+                           samples, ") (sparse cores * rows_per_sparse_core)");
   }
-  if (decrease >= 0) {
-    return InvalidArgument(where, ": row_ids[", decrease, "] = ", r.row_ids[decrease],
-                           " is smaller than row_ids[", decrease - 1, "] = ",
-                           r.row_ids[decrease - 1], " (row_ids must be nondecreasing)");
-  }
-  return Status::Ok();
+  return InvalidArgument(where, ": row_ids[", bad, "] = ", row, " is smaller than row_ids[",
+                         bad - 1, "] = ", r.row_ids[bad - 1], " (row_ids must be nondecreasing)");
 }
 
 namespace {

@@ -36,17 +36,11 @@ namespace {
 Status ValidateIdRange(const int32_t* rows, const int32_t* cols, int64_t begin, int64_t end,
                        const MinibatchSplitsParams& p) {
   // The first bad position as one pass checking each row, then its id, would find it.
-  const auto shifted = [](int64_t index, int64_t by) { return index < 0 ? index : index + by; };
-  const auto earliest = [](int64_t a, int64_t b) {
-    return a < 0 ? b : (b < 0 ? a : std::min(a, b));
-  };
-  const int64_t before = begin > 0 ? begin - 1 : begin;   // the predecessor of `begin`, if any
-  const int64_t bad_row = earliest(shifted(FirstOutOfRange(rows + begin, end - begin,
-                                                           p.sample_count), begin),
-                                   shifted(FirstDecrease(rows + before, end - before), before));
-  const int64_t bad_col =
-      shifted(FirstOutOfRange(cols + begin, end - begin, p.table_vocab_size), begin);
-  const int64_t i = earliest(bad_row, bad_col);
+  const auto shifted = [begin](int64_t index) { return index < 0 ? index : index + begin; };
+  const int64_t bad_row = shifted(FirstUnsortedOrOutOfRange(
+      rows + begin, end - begin, p.sample_count, begin > 0 ? rows[begin - 1] : 0));
+  const int64_t bad_col = shifted(FirstOutOfRange(cols + begin, end - begin, p.table_vocab_size));
+  const int64_t i = bad_row < 0 ? bad_col : (bad_col < 0 ? bad_row : std::min(bad_row, bad_col));
   if (i < 0) return Status::Ok();
   if (i == bad_row) {
     return InvalidArgument("table '", p.table_name, "': row_ids must be sorted and in [0, ",

@@ -51,6 +51,32 @@ inline int64_t FirstDecrease(const int32_t* values, int64_t n) {
   return -1;
 }
 
+// Index of the first of values[0, n) outside [0, limit) or below its predecessor (the one before
+// values[0] taken as `previous`), or -1: the check of sorted sample rows. One pass, as
+// FirstOutOfRange.
+inline int64_t FirstUnsortedOrOutOfRange(const int32_t* values, int64_t n, int64_t limit,
+                                         int32_t previous = 0) {
+  if (n <= 0) return -1;
+  if (limit <= 0) return 0;
+  const uint32_t bound = static_cast<uint32_t>(std::min<int64_t>(limit, int64_t{1} << 31));
+  const auto bad_at = [&](int64_t i, int32_t before) {
+    return static_cast<uint32_t>(values[i]) >= bound || values[i] < before;
+  };
+  if (bad_at(0, previous)) return 0;
+  for (int64_t base = 1; base < n; base += kRangeScanBlock) {
+    const int64_t end = std::min(n, base + kRangeScanBlock);
+    uint32_t bad = 0;
+    for (int64_t i = base; i < end; ++i) {
+      bad |= (static_cast<uint32_t>(values[i]) >= bound) | (values[i] < values[i - 1]);
+    }
+    if (bad == 0) continue;
+    for (int64_t i = base; i < end; ++i) {
+      if (bad_at(i, values[i - 1])) return i;
+    }
+  }
+  return -1;
+}
+
 }  // namespace sce
 
 #endif  // SCE_CORE_RANGE_SCAN_H_

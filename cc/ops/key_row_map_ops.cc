@@ -55,37 +55,26 @@ REGISTER_OP("SceKeyRowMapStep")
     });
 
 // The rows given to keys and not yet confirmed reset (KeyRowMap::rows_to_reset), in admission
-// order; SceKeyRowMapConfirmReset removes the first `count` of them once the caller has
-// (re)initialized them. Registered for both key dtypes' maps.
-REGISTER_OP("SceKeyRowMapRowsToReset")
-    .Input("handle: resource")
-    .Output("rows: int32")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) { return VectorOutputs(c, 0, 1); });
-
-REGISTER_OP("SceKeyRowMapConfirmReset")
-    .Input("handle: resource")
-    .Input("count: int32")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle count;
-      return c->WithRank(c->input(1), 0, &count);
-    });
-
-REGISTER_OP("SceStringKeyRowMapRowsToReset")
-    .Input("handle: resource")
-    .Output("rows: int32")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) { return VectorOutputs(c, 0, 1); });
-
-REGISTER_OP("SceStringKeyRowMapConfirmReset")
-    .Input("handle: resource")
-    .Input("count: int32")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle count;
-      return c->WithRank(c->input(1), 0, &count);
-    });
+// order; <prefix>ConfirmReset removes the first `count` of them once the caller has
+// (re)initialized them. The same pair for both key dtypes' maps (prefix SceKeyRowMap and
+// SceStringKeyRowMap): both reset the rows of the key map inside.
+#define SCE_REGISTER_RESET_OPS(prefix)                                             \
+  REGISTER_OP(prefix "RowsToReset")                                                \
+      .Input("handle: resource")                                                   \
+      .Output("rows: int32")                                                       \
+      .SetIsStateful()                                                             \
+      .SetShapeFn([](InferenceContext* c) { return VectorOutputs(c, 0, 1); });     \
+  REGISTER_OP(prefix "ConfirmReset")                                               \
+      .Input("handle: resource")                                                   \
+      .Input("count: int32")                                                       \
+      .SetIsStateful()                                                             \
+      .SetShapeFn([](InferenceContext* c) {                                        \
+        ShapeHandle count;                                                         \
+        return c->WithRank(c->input(1), 0, &count);                                \
+      })
+SCE_REGISTER_RESET_OPS("SceKeyRowMap");
+SCE_REGISTER_RESET_OPS("SceStringKeyRowMap");
+#undef SCE_REGISTER_RESET_OPS
 
 // Read-only lookup (inference): each key's row, or -1 when it holds none at the last step. No
 // count, admission or eviction: the map is unchanged.

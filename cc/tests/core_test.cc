@@ -3416,6 +3416,16 @@ void TestRangeScans() {
         CHECK_EQ(sce::FirstOutOfRange(v.data(), n, limit), simple_out_of_range(v, limit));
       }
       CHECK_EQ(sce::FirstDecrease(v.data(), n), simple_decrease(v));
+      for (int32_t previous : {0, 5, -3}) {
+        for (int64_t limit : {int64_t{0}, int64_t{1000}, int64_t{1} << 31}) {
+          int64_t expected = -1;   // a loop testing each value's range, then its order
+          for (int64_t i = 0; i < n && expected < 0; ++i) {
+            const int32_t before = i == 0 ? previous : v[i - 1];
+            if (v[i] < 0 || v[i] >= limit || v[i] < before) expected = i;
+          }
+          CHECK_EQ(sce::FirstUnsortedOrOutOfRange(v.data(), n, limit, previous), expected);
+        }
+      }
     }
   }
   const std::vector<int32_t> top = {0, INT32_MAX, INT32_MAX};
