@@ -58,6 +58,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (uint64_t& key : universe) key = in.ConsumeIntegral<uint64_t>();
   std::map<uint64_t, int32_t> held_rows;  // after the previous step
   std::vector<int32_t> expected_reset;    // rows admitted and not confirmed, once each
+  std::map<int32_t, uint64_t> last_key_of_row;   // the key each row was last given to
   int64_t step = in.ConsumeBool() ? 0 : in.ConsumeIntegralInRange<int64_t>(0, sce::kMaxInt32);
   const int steps = in.ConsumeIntegralInRange<int>(1, 24);
   for (int s = 0; s < steps && in.remaining_bytes() > 0; ++s) {
@@ -163,6 +164,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
     SCE_FUZZ_CHECK(map->rows_to_reset() == expected_reset);
+    // Each listed row comes with the key it was last given to.
+    for (size_t k = 0; k < new_rows.size(); ++k) last_key_of_row[new_rows[k]] = new_keys[k];
+    SCE_FUZZ_CHECK(map->keys_to_reset().size() == expected_reset.size());
+    for (size_t k = 0; k < expected_reset.size(); ++k) {
+      SCE_FUZZ_CHECK(map->keys_to_reset()[k] == last_key_of_row[expected_reset[k]]);
+    }
     if (in.ConsumeBool()) {   // the caller's writes ran: confirm a prefix
       const int64_t confirmed = in.ConsumeIntegralInRange<int64_t>(
           0, static_cast<int64_t>(expected_reset.size()));

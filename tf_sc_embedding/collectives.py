@@ -25,6 +25,7 @@ See docs/multi_worker.md#bytes-per-step.
 import collections
 import threading
 
+import numpy as np
 import tensorflow as tf
 
 from tf_sc_embedding import private_tf
@@ -169,6 +170,29 @@ class ReplicaGroup:
         return self.strategy.experimental_distribute_values_from_function(
             lambda ctx: local_outputs[local_ids.index(int(tf.get_static_value(
                 ctx.replica_id_in_sync_group)))])
+
+    def gather_local_arrays(self, arrays):
+        """Every replica's int32 vector, in replica order, from this process's ({local replica
+        id: numpy int32 [n_r]}), eagerly. With several worker processes a collective that every
+        worker must call: the lengths are gathered first, then the vectors padded to the
+        longest (strategy.gather needs equal shapes). State of varying size (the maps of open
+        vocabularies, dynamic_tables.py) is read this way."""
+        if not self.is_multi_worker:
+            return [np.asarray(arrays[r], np.int32) for r in sorted(arrays)]
+
+        def gathered(per_local):
+            def value_fn(context):
+                replica = context.replica_id_in_sync_group
+                with tf.device(self.device_of(replica)):
+                    return tf.constant(per_local[replica])
+            values = self.strategy.experimental_distribute_values_from_function(value_fn)
+            return self.strategy.gather(values, axis=0).numpy()
+
+        lengths = gathered({r: np.array([len(a)], np.int32) for r, a in arrays.items()})
+        longest = int(lengths.max())
+        padded = gathered({r: np.pad(np.asarray(a, np.int32), (0, longest - len(a)))
+                           for r, a in arrays.items()}).reshape(self.num_replicas, longest)
+        return [padded[r, :lengths[r]] for r in range(self.num_replicas)]
 
     def calling_replicas(self):
         """(replica id, device) of the replica calling in replica context, else of every local

@@ -4,11 +4,15 @@
 `DynamicTables` is created with the embedding, before any variable exists, so a restore before
 `build()` can import a map's state at once. It owns, per dynamic table (`DynamicTable`):
 
-* the key-to-row map (ops.key_row_map.KeyRowMap) and the counters of what it refused;
-* the step's key mapping (`map_keys`) and the rows that must be reset before the lookup reads
-  them (`reset_rows`), used by exchanges/dynamic.py;
+* the key-to-row maps (ops.key_row_map.KeyRowMap), one per replica of this process, each
+  holding the keys of its owner shard in rows that replica stores (dynamic_shards.ShardRows),
+  and the counters of what they refused;
+* a replica's key mapping in a step (`map_keys`, `find_keys`) and the rows that must be reset
+  before the lookup reads them (`rows_to_write`, `reset_values`), used by exchanges/dynamic.py;
 * the logical state (sorted keys with their rows, slots, last-seen steps and the pending
-  admission counts) that `export_dynamic_table` returns and checkpoints save (`DynamicTableNode`).
+  admission counts) that `export_dynamic_table` returns and checkpoints save (`DynamicTableNode`):
+  the maps' states merged (gathered from every worker first, with several worker processes),
+  and split by owner on restore.
 
 The table's rows are the variables of `TableStorage`, read and written through `LogicalTables`;
 physical rows never leave this module: the logical state is ordered by key.
@@ -21,8 +25,10 @@ import tensorflow as tf
 from tf_sc_embedding import dynamic_vocabulary
 from tf_sc_embedding import fused_update
 from tf_sc_embedding import private_tf
+from tf_sc_embedding.dynamic_shards import ShardRows
 from tf_sc_embedding.ops.key_row_map import (STRING_STEP_STATS, KeyRowMap, KeyRowMapState,
-                                              StringKeyRowMapState)
+                                              RowsToReset, StringKeyRowMapState, decode_state,
+                                              encode_state, key_hashes, key_owner_shards)
 from tf_sc_embedding.table_storage import PARAMETERS, constant_initializer_value
 
 # Counters kept per table, summed over the steps (STRING_STEP_STATS's order; int64 keys have no
@@ -34,16 +40,18 @@ _STATE_KEYS = ("last_step", "keys", "last_seen", "pending_keys", "pending_counts
 
 
 class DynamicTable:
-    """One open-vocabulary table: its map, counters and the rules of its rows."""
+    """One open-vocabulary table: its maps (one per replica of this process), counters and the
+    rules of its rows."""
 
-    def __init__(self, name, table_config, vocabulary, optimizer):
+    def __init__(self, name, table_config, vocabulary, optimizer, shards, replicas):
         """table_config: the user's TableConfig (vocabulary_size = rows held); optimizer: its
-        optimizers.FusedOptimizer."""
+        optimizers.FusedOptimizer; shards: its dynamic_shards.ShardRows; replicas: the ids of the
+        replicas that run in this process (each gets the map of its own shard)."""
         self.name = name
         self.vocabulary = vocabulary
         self.capacity = int(table_config.vocabulary_size)
         self.dim = int(table_config.dim)
-        self.scratch_row = self.capacity   # the one row beyond the capacity (SCRATCH_ROWS)
+        self.shards = shards
         self.initializer = table_config.initializer
         dynamic_vocabulary.check_initializer(name, self.initializer)
         self.kinds = (PARAMETERS,) + tuple(optimizer.slot_names)
@@ -55,59 +63,81 @@ class DynamicTable:
                                  f"rows to their constant initial value; slot '{kind}' has none")
             self.slot_values[kind] = value
         self.seed = fused_update.table_seed(name)
-        self.map = KeyRowMap(name, **vocabulary.map_arguments(self.capacity))
+        self.maps = {replica: KeyRowMap(name, **vocabulary.map_arguments(
+            shards.capacity(replica),
+            shards.pending_capacity(replica, vocabulary.pending_capacity)))
+            for replica in replicas}
+        # One variable that every replica of the process adds to (a plain one: under a strategy
+        # scope tf.Variable would give each replica a copy of its own).
         with tf.init_scope(), tf.device("CPU:0"):
-            self.counters = tf.Variable(tf.zeros([len(COUNTERS)], tf.int64), trainable=False,
-                                        name=f"{name}_dynamic_counters")
+            self.counters = private_tf.plain_variable(tf.zeros([len(COUNTERS)], tf.int64),
+                                                      f"{name}_dynamic_counters")
 
     @property
     def key_dtype(self):
         return self.vocabulary.key_dtype
 
+    @property
+    def map(self):
+        """The map of a one-replica table (several replicas: `maps`)."""
+        if len(self.maps) != 1:
+            raise ValueError(f"table '{self.name}' has one map per replica: use maps[replica]")
+        return next(iter(self.maps.values()))
+
     # ----------------------------------------------------------------- a step
-    def map_keys(self, keys):
-        """(rows int32 [n], rows to reset int32 [k], step int64) of one step's keys ([n], every
-        occurrence in batch order): an occurrence without a row reads the scratch row. The rows
-        to reset are this step's new rows, after any of an earlier step whose writes never ran
-        (confirm_reset confirms them once written)."""
-        step = self.map.sizes()[2] + 1
-        mapped = self.map.map_step(keys, step)
+    def map_keys(self, replica, keys):
+        """(rows int32 [n], RowsToReset in table rows, step int64) of the keys a replica's map
+        maps in one step ([n], every occurrence the shard owns, in batch order): an occurrence
+        without a row reads the replica's scratch row. The rows to reset are this step's new
+        rows, after any of an earlier step whose writes never ran (confirm_reset confirms them
+        once written)."""
+        key_map = self.maps[replica]
+        step = key_map.sizes()[2] + 1
+        mapped = key_map.map_step(keys, step)
         stats = mapped.stats
         if stats.shape[0] != len(COUNTERS):
             stats = tf.pad(stats, [[0, len(COUNTERS) - int(stats.shape[0])]])
         counted = self.counters.assign_add(stats)
         with tf.control_dependencies([counted]):
-            rows = tf.where(mapped.rows < 0, tf.constant(self.scratch_row, tf.int32),
-                            mapped.rows)
+            rows = self._table_rows(replica, mapped.rows)
         with tf.control_dependencies([mapped.rows]):
-            to_reset = self.map.rows_to_reset()
-        return rows, to_reset, step
+            to_reset = key_map.rows_to_reset()
+        return rows, self._in_table_rows(replica, to_reset), step
 
-    def confirm_reset(self, rows, writes):
-        """Confirms `rows` (map_keys' rows to reset) once `writes` have run."""
+    def confirm_reset(self, replica, to_reset, writes):
+        """Confirms `to_reset` (map_keys' rows to reset) once `writes` have run."""
         with tf.control_dependencies(writes):
-            return self.map.confirm_reset(tf.size(rows))
+            return self.maps[replica].confirm_reset(tf.size(to_reset.rows))
 
-    def find_keys(self, keys):
-        """(rows int32 [n], rows to reset, step) of keys read without changing the map's keys
+    def find_keys(self, replica, keys):
+        """(rows int32 [n], RowsToReset, step) of keys read without changing the map's keys
         (inference): a key without a row reads the scratch row. Rows an aborted training step
-        left unreset are reset now (seeded by the last step)."""
-        rows = self.map.find(keys)
-        rows = tf.where(rows < 0, tf.constant(self.scratch_row, tf.int32), rows)
-        return rows, self.map.rows_to_reset(), self.map.sizes()[2]
+        left unreset are reset now."""
+        key_map = self.maps[replica]
+        rows = self._table_rows(replica, key_map.find(keys))
+        return rows, self._in_table_rows(replica, key_map.rows_to_reset()), key_map.sizes()[2]
 
-    def rows_to_write(self, new_rows):
-        """int32 [k + 1]: the rows written before the lookup, for every kind alike: the rows to
-        reset (map_keys' or find_keys'), then the scratch row."""
-        return tf.concat([new_rows, [self.scratch_row]], axis=0)
+    def _table_rows(self, replica, map_rows):
+        """The table rows of a map's answers; -1 (no row) reads the replica's scratch row."""
+        return tf.where(map_rows < 0, tf.constant(self.shards.scratch_row(replica), tf.int32),
+                        self.shards.table_rows(replica, tf.maximum(map_rows, 0)))
 
-    def reset_values(self, new_rows, step, kind, width):
+    def _in_table_rows(self, replica, to_reset):
+        return RowsToReset(self.shards.table_rows(replica, to_reset.rows), to_reset.keys)
+
+    def rows_to_write(self, replica, to_reset):
+        """int32 [k + 1]: the table rows written before the lookup, for every kind alike: the
+        rows to reset (map_keys' or find_keys'), then the replica's scratch row."""
+        return tf.concat([to_reset.rows, [self.shards.scratch_row(replica)]], axis=0)
+
+    def reset_values(self, to_reset, kind, width):
         """float32 [k + 1, width], the values rows_to_write gets for one kind: each new row's
-        initial values (or its slot's initial value), and the scratch row's (zeros)."""
-        count = tf.size(new_rows)
+        initial values, drawn from its key (or its slot's initial value), and the scratch row's
+        (zeros)."""
+        count = tf.size(to_reset.rows)
         if kind == PARAMETERS:
-            seed = tf.stack([tf.constant(self.seed, tf.int64), step])
-            fresh = dynamic_vocabulary.initial_rows(self.initializer, count, width, seed)
+            fresh = dynamic_vocabulary.initial_rows(self.initializer, to_reset.keys, width,
+                                                    self.seed)
             return tf.concat([fresh, tf.zeros([1, width], tf.float32)], axis=0)
         return tf.fill(tf.stack([count + 1, width]), self.slot_values[kind])
 
@@ -123,17 +153,45 @@ class DynamicTable:
                          f"{want.name} keys; got {values.dtype.name} ids")
 
     # ----------------------------------------------------------------- logical state
-    def export_state(self):
-        """The map's state now (eager): KeyRowMapState or StringKeyRowMapState of numpy arrays."""
-        state = self.map.export()
-        return type(state)(*[np.asarray(t) for t in state])
+    def export_state(self, gather=None):
+        """(state, table rows) now (eager): the maps' states merged into one KeyRowMapState or
+        StringKeyRowMapState of numpy arrays, keys and pending keys ascending, and each key's
+        table row (int64). gather: with several worker processes, the group's
+        gather_local_arrays (a collective every worker calls), which brings every replica's map
+        state."""
+        local = {}
+        for replica, key_map in self.maps.items():
+            state = key_map.export()
+            local[replica] = type(state)(*[np.asarray(t) for t in state])
+        if gather is not None:
+            template = next(iter(local.values()))
+            words = gather({r: encode_state(state) for r, state in local.items()})
+            local = {r: decode_state(template, w) for r, w in enumerate(words)}
+        states, table_rows = [], []
+        for replica, state in sorted(local.items()):
+            states.append(state)
+            table_rows.append(np.asarray(self.shards.table_rows(replica, state.rows), np.int64))
+        if len(states) == 1:
+            return states[0], table_rows[0]
+        merged = {"last_step": max(int(s.last_step) for s in states)}
+        pending = ("pending_fingerprints" if isinstance(states[0], StringKeyRowMapState)
+                   else "pending_keys")
+        key_order = np.argsort(np.concatenate([s.keys for s in states]), kind="stable")
+        pending_order = np.argsort(np.concatenate([getattr(s, pending) for s in states]),
+                                   kind="stable")
+        for field in states[0]._fields:
+            if field == "last_step":
+                continue
+            joined = np.concatenate([getattr(s, field) for s in states])
+            merged[field] = joined[pending_order if field.startswith("pending") else key_order]
+        return type(states[0])(**merged), np.concatenate(table_rows)[key_order]
 
-    def logical_state(self, read, widths):
+    def logical_state(self, read, widths, gather=None):
         """{checkpoint name: numpy} of the table: keys ascending with their values, slots and
-        last-seen steps, the pending counts and the last step. read(kind) -> [capacity + 1, w]
-        numpy, the physical rows (or None when there are none yet); widths: {kind: w}."""
-        state = self.export_state()
-        rows = state.rows.astype(np.int64)
+        last-seen steps, the pending counts and the last step. read(kind) -> the table's rows
+        ([laid-out rows, w] numpy, or None when there are none yet); widths: {kind: w}; gather:
+        as for export_state."""
+        state, rows = self.export_state(gather)
         result = {"last_step": np.asarray(state.last_step, np.int64), "keys": state.keys,
                   "last_seen": state.last_seen,
                   "pending_keys": (state.pending_fingerprints
@@ -150,11 +208,21 @@ class DynamicTable:
             result[value_part(kind)] = np.asarray(physical, np.float32)[rows]
         return result
 
+    def _owners(self, state):
+        """(owner shard of each key, of each pending key) of a logical state (eager)."""
+        W = self.shards.num_replicas
+        strings = self.key_dtype == tf.string
+        keys = tf.constant(np.asarray(state["keys"], object if strings else np.int64),
+                           self.key_dtype)
+        pending = np.asarray(state["pending_keys"], np.int64)   # string tables: fingerprints
+        return (key_owner_shards(key_hashes(keys), W).numpy(),
+                key_owner_shards(pending, W).numpy())
+
     def check_logical_state(self, state, widths, source):
         """Fails naming the table, before anything changes, when a logical state does not fit
-        this table: more keys than the capacity, keys this configuration has expired, pending
-        counts it cannot hold, keys of another dtype, or values or slots of another shape. The
-        map's import checks the rest (order, ranges) and changes nothing when they fail."""
+        this table: more keys than the capacity (or than one replica's share of it), keys this
+        configuration has expired, pending counts it cannot hold, keys of another dtype, or
+        values or slots of another shape. The maps' import checks the rest (order, ranges)."""
         def fail(problem):
             raise ValueError(f"table '{self.name}': {source} {problem}. Nothing was restored")
 
@@ -187,27 +255,60 @@ class DynamicTable:
             if value is None or tuple(np.shape(value)) != expected:
                 fail(f"has {kind} of shape {None if value is None else list(np.shape(value))}, "
                      f"expected {list(expected)}")
+        W = self.shards.num_replicas
+        if W > 1:
+            owners, pending_owners = self._owners(state)
+            for replica in range(W):
+                held = int(np.sum(owners == replica))
+                if held > self.shards.capacity(replica):
+                    fail(f"holds {held} keys owned by replica {replica}, more than its "
+                         f"{self.shards.capacity(replica)} rows (the capacity is split evenly "
+                         f"over the {W} replicas)")
+                room = self.shards.pending_capacity(replica, self.vocabulary.pending_capacity)
+                counted = int(np.sum(pending_owners == replica))
+                if counted > room:
+                    fail(f"holds {counted} pending keys owned by replica {replica}, more than "
+                         f"its pending capacity of {room}")
 
-    def import_logical_state(self, state):
-        """Replaces the map's state (key i of the logical order gets a row of its own) and
-        returns {kind: values ordered by row} for rows [0, n), to be written to the table."""
-        if self.key_dtype == tf.string:
-            map_state = StringKeyRowMapState(
-                state["last_step"], state["keys"], None, None, state["last_seen"],
-                state["pending_keys"], state["pending_counts"], state["pending_last_seen"])
-        else:
-            map_state = KeyRowMapState(
-                state["last_step"], state["keys"], None, state["last_seen"],
-                state["pending_keys"], state["pending_counts"], state["pending_last_seen"])
-        self.map.import_state(map_state)
-        rows = self.export_state().rows.astype(np.int64)   # the same key order as the state
+    def import_logical_state(self, state, gather=None):
+        """Replaces the maps' state (each key goes to its owner's map, which gives it a row) and
+        returns {kind: values by table row} for rows [0, last row held], to be written to the
+        table. A map that rejects its part leaves every map as it was."""
+        owners, pending_owners = (self._owners(state) if self.shards.num_replicas > 1 else
+                                  (np.zeros(len(state["keys"]), np.int32),
+                                   np.zeros(len(state["pending_keys"]), np.int32)))
+        before = {replica: key_map.export() for replica, key_map in self.maps.items()}
+        try:
+            for replica, key_map in sorted(self.maps.items()):
+                mine, pending = owners == replica, pending_owners == replica
+                part = {name: np.asarray(value)[pending if name.startswith("pending") else mine]
+                        for name, value in state.items()
+                        if name in ("keys", "last_seen", "pending_keys", "pending_counts",
+                                    "pending_last_seen")}
+                part["last_step"] = state["last_step"]
+                key_map.import_state(self._map_state(part))
+        except Exception:
+            for replica, key_map in self.maps.items():
+                key_map.import_state(before[replica])
+            raise
+        merged, rows = self.export_state(gather)   # the same key order as the state
+        height = int(rows.max()) + 1 if len(rows) else 0
         by_row = {}
         for kind in self.kinds:
             value = np.asarray(state[value_part(kind)], np.float32)
-            ordered = np.empty_like(value)
+            ordered = np.zeros((height,) + value.shape[1:], np.float32)
             ordered[rows] = value
             by_row[kind] = ordered
         return by_row
+
+    def _map_state(self, part):
+        if self.key_dtype == tf.string:
+            return StringKeyRowMapState(
+                part["last_step"], part["keys"], None, None, part["last_seen"],
+                part["pending_keys"], part["pending_counts"], part["pending_last_seen"])
+        return KeyRowMapState(
+            part["last_step"], part["keys"], None, part["last_seen"],
+            part["pending_keys"], part["pending_counts"], part["pending_last_seen"])
 
 
 def value_part(kind):
@@ -218,13 +319,25 @@ def value_part(kind):
 class DynamicTables:
     """Every dynamic table of one embedding (see the module docstring)."""
 
-    def __init__(self, vocabularies, table_configs, optimizers, tables):
+    def __init__(self, vocabularies, table_configs, placements, tables, num_replicas,
+                 replicas, gather=None):
         """vocabularies: {table name: DynamicVocabulary}; table_configs: {name: TableConfig};
-        optimizers: {name: FusedOptimizer}; tables: the embedding's LogicalTables."""
+        placements: {name: layout.TablePlacement} of the laid-out tables (their optimizers and
+        shard rotations); tables: the embedding's LogicalTables; num_replicas: all replicas;
+        replicas: the ids of those that run in this process; gather: with several worker
+        processes, collectives.ReplicaGroup.gather_local_arrays (reading the state of a table
+        or a counter is then a collective every worker calls)."""
         self._logical = tables
-        self.tables = {name: DynamicTable(name, table_configs[name], vocabulary,
-                                          optimizers[name])
-                       for name, vocabulary in sorted(vocabularies.items())}
+        self._replicas = tuple(replicas)
+        self._gather = gather
+        self.tables = {}
+        for name, vocabulary in sorted(vocabularies.items()):
+            layout = placements[name].layout
+            shards = ShardRows(name, table_configs[name].vocabulary_size, num_replicas,
+                               layout.num_sparse_cores // num_replicas,
+                               layout.sparse_core_shard_rotation)
+            self.tables[name] = DynamicTable(name, table_configs[name], vocabulary,
+                                             placements[name].optimizer, shards, replicas)
 
     @property
     def names(self):
@@ -238,9 +351,17 @@ class DynamicTables:
                              f"{sorted(self.tables)}") from None
 
     def counter(self, name):
-        """The sum over the dynamic tables of one counter (COUNTERS)."""
+        """The sum over the dynamic tables (and every worker's maps) of one counter
+        (COUNTERS)."""
         index = COUNTERS.index(name)
-        return sum(int(t.counters[index].numpy()) for t in self.tables.values())
+        total = sum(int(t.counters[index].numpy()) for t in self.tables.values())
+        if self._gather is None:
+            return total
+        # Each worker's counters sum its own replicas' maps: one contribution per worker.
+        local = sorted(self._replicas)
+        parts = self._gather({r: np.array([total if r == local[0] else 0], np.int64).view(np.int32)
+                              for r in local})
+        return sum(int(np.asarray(p, np.int32).view(np.int64)[0]) for p in parts)
 
     def _read(self, name):
         def read(kind):
@@ -264,7 +385,8 @@ class DynamicTables:
             raise NotImplementedError(
                 f"table '{name}': the logical state of a dynamic table is read eagerly; save "
                 "checkpoints with dynamic tables outside tf.function")
-        return self.table(name).logical_state(self._read(name), self._widths(name))
+        return self.table(name).logical_state(self._read(name), self._widths(name),
+                                              self._gather)
 
     def check(self, name, state, source="the checkpoint"):
         """check_logical_state of one table (restore calls it; call it for every table of a
@@ -276,7 +398,7 @@ class DynamicTables:
         table = self.table(name)
         self.check(name, state, source)
         with tf.init_scope():
-            by_row = table.import_logical_state(state)
+            by_row = table.import_logical_state(state, self._gather)
         self._logical.restore({name: by_row})
 
 

@@ -13,11 +13,10 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
+from tf_sc_embedding.dynamic_shards import ShardRows
+from tf_sc_embedding.ops.key_row_map import keyed_random_rows
+
 KEY_DTYPES = ("int64", "string")
-# The rows a dynamic table holds beyond its capacity: one scratch row, read by every occurrence of
-# a key without a row (it is reset to zeros every step, so they read zeros and their gradients
-# are discarded).
-SCRATCH_ROWS = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,11 +72,12 @@ class DynamicVocabulary:
     def from_config(cls, config):
         return cls(**dict(config))
 
-    def map_arguments(self, capacity):
-        """The key-to-row map's arguments (ops.key_row_map.KeyRowMap) for a capacity."""
+    def map_arguments(self, capacity, pending_capacity=None):
+        """The key-to-row map's arguments (ops.key_row_map.KeyRowMap) for one replica's share of
+        the rows and of the pending counts (dynamic_shards.ShardRows)."""
         return dict(capacity=capacity, admission_threshold=int(self.admission_threshold),
                     steps_to_live=int(self.steps_to_live or 0),
-                    pending_capacity=self.pending_capacity, key_dtype=self.key_dtype)
+                    pending_capacity=pending_capacity, key_dtype=self.key_dtype)
 
 
 def _require_count(name, value):
@@ -85,20 +85,24 @@ def _require_count(name, value):
         raise ValueError(f"DynamicVocabulary: {name} must be an integer >= 1, got {value!r}")
 
 
-def laid_out_table(table):
-    """The TableConfig the layout sees for a dynamic table: its capacity plus the scratch rows,
-    zero-initialized (a row is given its initial values when a key is given the row)."""
+def laid_out_table(table, num_replicas, sparse_cores_per_replica):
+    """The TableConfig the layout sees for a dynamic table: every replica's rows plus its scratch
+    row, read by the occurrences of keys without a row (dynamic_shards.ShardRows), all
+    zero-initialized (a row is given its initial values when a key is given the row; the scratch
+    rows are reset to zeros every step, so they read zeros and their gradients are discarded)."""
     laid_out = copy.copy(table)
-    laid_out.vocabulary_size = int(table.vocabulary_size) + SCRATCH_ROWS
+    laid_out.vocabulary_size = ShardRows.laid_out_rows(table.vocabulary_size, num_replicas,
+                                                       sparse_cores_per_replica)
     laid_out.initializer = tf.zeros_initializer()
     return laid_out
 
 
-def laid_out_features(feature_config, dynamic_names, table_names):
+def laid_out_features(feature_config, dynamic_names, table_names, num_replicas,
+                      sparse_cores_per_replica):
     """The feature config with every dynamic table replaced by `laid_out_table` (one copy per
     table, shared by its features). table_names: {name: TableConfig} of the feature config."""
-    replaced = {id(table): laid_out_table(table) for name, table in table_names.items()
-                if name in dynamic_names}
+    replaced = {id(table): laid_out_table(table, num_replicas, sparse_cores_per_replica)
+                for name, table in table_names.items() if name in dynamic_names}
 
     if not replaced:
         return feature_config
@@ -113,10 +117,13 @@ def laid_out_features(feature_config, dynamic_names, table_names):
 
 
 # --------------------------------------------------------------------------------- initial rows
-# TensorFlow's and Keras's initializers that new rows can be drawn from, by class name. Random rows
-# are drawn per step (seeded by the table and the step), in the order the map admits keys, so a
-# run restored from a checkpoint draws the same rows as an uninterrupted one.
-_RANDOM = ("TruncatedNormal", "RandomNormal", "RandomUniform")
+# TensorFlow's and Keras's initializers that new rows can be drawn from, by class name. A random
+# row's values are a function of the table's seed and the row's key only
+# (ops.key_row_map.keyed_random_rows), so they do not depend on the step, the order of admission
+# or the replica that holds the key: a run restored from a checkpoint, on any number of replicas,
+# draws the same rows as an uninterrupted one.
+_RANDOM = {"TruncatedNormal": "truncated_normal", "RandomNormal": "normal",
+           "RandomUniform": "uniform"}
 _CONSTANT = ("Zeros", "Ones", "Constant")
 
 
@@ -138,16 +145,16 @@ def check_initializer(table_name, initializer):
                      f"TruncatedNormal, RandomNormal or RandomUniform; got {kind}")
 
 
-def initial_rows(initializer, count, dim, seed):
-    """float32 [count, dim]: the initial values of `count` new rows; seed: int64 [2]."""
+def initial_rows(initializer, key_hashes, dim, seed):
+    """float32 [k, dim]: the initial values of the rows given to keys with these hashes
+    (ops.key_row_map.key_hashes); seed: the table's (an int)."""
     kind = type(initializer).__name__
     config = initializer.get_config()
-    shape = tf.stack([count, dim])
     if kind in _CONSTANT:
+        shape = tf.stack([tf.size(key_hashes), dim])
         return tf.fill(shape, tf.constant(float(_constant_value(kind, config)), tf.float32))
     if kind == "RandomUniform":
-        return tf.random.stateless_uniform(shape, seed, minval=config.get("minval", -0.05),
-                                           maxval=config.get("maxval", 0.05))
-    draw = (tf.random.stateless_truncated_normal if kind == "TruncatedNormal"
-            else tf.random.stateless_normal)
-    return draw(shape, seed, mean=config.get("mean", 0.0), stddev=config.get("stddev", 1.0))
+        a, b = config.get("minval", -0.05), config.get("maxval", 0.05)
+    else:
+        a, b = config.get("mean", 0.0), config.get("stddev", 1.0)
+    return keyed_random_rows(key_hashes, seed, dim, _RANDOM[kind], a, b)

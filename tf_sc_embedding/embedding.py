@@ -65,7 +65,8 @@ class TPUEmbeddingV2(tf.Module):
         self._check_dynamic_supported(vocabularies)
         # The layout sees each dynamic table as its rows plus a scratch row (dynamic_vocabulary).
         self._laid_out_features = dynamic_vocabulary.laid_out_features(
-            feature_config, set(vocabularies), tables_by_name)
+            feature_config, set(vocabularies), tables_by_name, self._group.num_replicas,
+            self._options.sparse_cores_per_replica)
         self._build_lock = threading.Lock()
         self._step = None
         # Fail fast on bad configs (optimizers, combiners, names) before any input is seen.
@@ -75,8 +76,9 @@ class TPUEmbeddingV2(tf.Module):
         self._tables = LogicalTables({name: (t.config, t.optimizer)
                                       for name, t in placements.items()})
         self._dynamic = dynamic_lib.DynamicTables(
-            vocabularies, tables_by_name,
-            {name: placements[name].optimizer for name in vocabularies}, self._tables)
+            vocabularies, tables_by_name, placements, self._tables, self._group.num_replicas,
+            self._group.local_replica_ids,
+            self._group.gather_local_arrays if self._group.is_multi_worker else None)
         # Checkpoint nodes, one per user table, named by table (checkpointing.py); they exist
         # before build() so that a checkpoint restored early is consumed by build().
         self._update_step_node = (checkpointing.UpdateStepNode(self)
@@ -90,10 +92,6 @@ class TPUEmbeddingV2(tf.Module):
     def _check_dynamic_supported(self, vocabularies):
         if not vocabularies:
             return
-        if self._group.num_replicas > 1:
-            raise ValueError(f"dynamic_vocabularies (tables {sorted(vocabularies)}) need one "
-                             f"replica for now; this strategy has {self._group.num_replicas} "
-                             "(docs/dynamic_vocabulary.md#what-is-not-there-yet)")
         if self._pipelining:
             raise ValueError("dynamic_vocabularies cannot be combined with "
                              "pipeline_execution_with_tensor_core=True: a row given to a new key "

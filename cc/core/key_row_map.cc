@@ -8,24 +8,10 @@
 #include <utility>
 
 #include "cc/core/huge_pages.h"
+#include "cc/core/key_hash.h"
 
 namespace sce {
 namespace {
-
-// MurmurHash3's 64-bit finalizer: every input bit affects every output bit.
-inline uint64_t Mix64(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
-}
-
-// The high word of a * b: maps a uniform 64-bit hash onto [0, b) without a division.
-inline uint64_t MultiplyHigh(uint64_t a, uint64_t b) {
-  return static_cast<uint64_t>((static_cast<unsigned __int128>(a) * b) >> 64);
-}
 
 // The owner hash and the slot hash must be independent: a shard's keys share their owner hash
 // range, and the slot hash must still spread them over all of the shard's slots.
@@ -68,6 +54,10 @@ Status ValidateKeyRowMapConfig(const std::string& where, const KeyRowMapConfig& 
 int32_t KeyOwnerShard(uint64_t key, int32_t num_shards) {
   if (num_shards <= 1) return 0;
   return static_cast<int32_t>(MultiplyHigh(Mix64(key ^ kOwnerSalt), num_shards));
+}
+
+void KeyOwnerShards(const uint64_t* keys, int64_t n, int32_t num_shards, int32_t* owners) {
+  for (int64_t i = 0; i < n; ++i) owners[i] = KeyOwnerShard(keys[i], num_shards);
 }
 
 KeyRowMap::KeyRowMap(const std::string& where, const KeyRowMapConfig& config)
@@ -123,6 +113,7 @@ void KeyRowMap::ClearAll() {
   std::fill(row_last_seen_.begin(), row_last_seen_.end(), -1);
   std::fill(reset_pending_.begin(), reset_pending_.end(), false);
   rows_to_reset_.clear();
+  keys_to_reset_.clear();
   free_head_ = kNoRow;
   next_unused_ = 0;
   oldest_last_seen_ = 0;
@@ -253,6 +244,11 @@ int32_t KeyRowMap::Admit(uint64_t key, int64_t empty_slot, int64_t step,
   if (!reset_pending_[row]) {
     reset_pending_[row] = true;
     rows_to_reset_.push_back(row);
+    keys_to_reset_.push_back(key);
+  } else {
+    // Listed by a step whose writes never ran, and given out again: it is reset for its new key.
+    const auto listed = std::find(rows_to_reset_.begin(), rows_to_reset_.end(), row);
+    keys_to_reset_[listed - rows_to_reset_.begin()] = key;
   }
   return row;
 }
@@ -376,6 +372,7 @@ void KeyRowMap::ConfirmReset(int64_t count) {
   const int64_t n = std::clamp<int64_t>(count, 0, static_cast<int64_t>(rows_to_reset_.size()));
   for (int64_t i = 0; i < n; ++i) reset_pending_[rows_to_reset_[i]] = false;
   rows_to_reset_.erase(rows_to_reset_.begin(), rows_to_reset_.begin() + n);
+  keys_to_reset_.erase(keys_to_reset_.begin(), keys_to_reset_.begin() + n);
 }
 
 void KeyRowMap::Find(const uint64_t* keys, int64_t num_keys, int32_t* rows) const {

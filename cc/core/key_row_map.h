@@ -47,6 +47,9 @@ Status ValidateKeyRowMapConfig(const std::string& where, const KeyRowMapConfig& 
 // from a 64-bit mix, so every key's owner is known without any table and keys spread evenly.
 int32_t KeyOwnerShard(uint64_t key, int32_t num_shards);
 
+// KeyOwnerShard of keys[0, n) into owners[0, n).
+void KeyOwnerShards(const uint64_t* keys, int64_t n, int32_t num_shards, int32_t* owners);
+
 // What one MapStep call did. "ids" count occurrences, "keys" count distinct keys.
 struct KeyRowMapStepStats {
   int64_t admitted_keys = 0;   // keys given a row in this step
@@ -98,6 +101,9 @@ class KeyRowMap {
   // that (re)initializes the rows of new keys takes them from here and confirms them after its
   // writes: the rows of a step whose writes never ran (an aborted step) are handed out again.
   const std::vector<int32_t>& rows_to_reset() const { return rows_to_reset_; }
+  // The key each of those rows was last given to (a string map's fingerprint): new rows'
+  // initial values are drawn from their keys (key_values.h).
+  const std::vector<uint64_t>& keys_to_reset() const { return keys_to_reset_; }
   // Removes the first `count` rows of rows_to_reset() (clamped to [0, its size]).
   void ConfirmReset(int64_t count);
 
@@ -169,6 +175,7 @@ class KeyRowMap {
   std::vector<int32_t> row_slot_;
   std::vector<int32_t> row_last_seen_;
   std::vector<int32_t> rows_to_reset_;
+  std::vector<uint64_t> keys_to_reset_;  // parallel to rows_to_reset_
   std::vector<bool> reset_pending_;  // per row: listed in rows_to_reset_ (1 bit per row)
   int32_t free_head_ = kNoRow;    // taken-back rows, last taken back first
   int64_t next_unused_ = 0;       // rows [next_unused_, capacity) were never used

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cc/core/key_row_map.h"
+#include "cc/core/key_values.h"
 #include "cc/core/string_key_row_map.h"
 #include "cc/kernels/kernel_utils.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -168,11 +169,15 @@ class RowsToResetOp : public OpKernel {
     core::RefCountPtr<MapResource<Map>> resource;
     OP_REQUIRES_OK(ctx, LookupMap<Map>(ctx, &resource));
     std::vector<int32_t> rows;
+    std::vector<int64_t> keys;
     {
       tf_shared_lock lock(*resource->mu());
-      rows = KeyMapOf(resource->map())->rows_to_reset();
+      const sce::KeyRowMap* map = KeyMapOf(resource->map());
+      rows = map->rows_to_reset();
+      keys.assign(map->keys_to_reset().begin(), map->keys_to_reset().end());
     }
     OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, rows));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 1, keys));
   }
 };
 
@@ -451,6 +456,73 @@ class StringKeyRowMapImportOp : public OpKernel {
   }
 };
 
+// SceKeyOwnerShards: the owner shard of each key.
+class KeyOwnerShardsOp : public OpKernel {
+ public:
+  explicit KeyOwnerShardsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards_));
+    OP_REQUIRES(ctx, num_shards_ >= 1,
+                errors::InvalidArgument("SceKeyOwnerShards: num_shards must be >= 1, got ",
+                                        num_shards_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& keys = ctx->input(0);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(keys.shape()),
+                errors::InvalidArgument("SceKeyOwnerShards: keys must be a vector, got ",
+                                        keys.shape().DebugString()));
+    Tensor* owners = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &owners));
+    sce::KeyOwnerShards(reinterpret_cast<const uint64_t*>(keys.flat<int64_t>().data()),
+                        keys.NumElements(), num_shards_, owners->flat<int32_t>().data());
+  }
+
+ private:
+  int32_t num_shards_ = 1;
+};
+
+// SceKeyedRandomRows: [n, width] initial values of (seed, key, column).
+class KeyedRandomRowsOp : public OpKernel {
+ public:
+  explicit KeyedRandomRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("width", &width_));
+    OP_REQUIRES(ctx, width_ >= 0,
+                errors::InvalidArgument("SceKeyedRandomRows: width must be >= 0, got ", width_));
+    std::string distribution;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("distribution", &distribution));
+    distribution_ = distribution == "uniform"  ? sce::KeyedDistribution::kUniform
+                    : distribution == "normal" ? sce::KeyedDistribution::kNormal
+                                               : sce::KeyedDistribution::kTruncatedNormal;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("a", &a_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("b", &b_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& keys = ctx->input(0);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(keys.shape()),
+                errors::InvalidArgument("SceKeyedRandomRows: keys must be a vector, got ",
+                                        keys.shape().DebugString()));
+    TensorShape shape;
+    OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape({keys.dim_size(0), width_}, &shape));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &out));
+    sce::KeyedRandomRows(static_cast<uint64_t>(seed_),
+                         reinterpret_cast<const uint64_t*>(keys.flat<int64_t>().data()),
+                         keys.dim_size(0), width_, distribution_, a_, b_,
+                         out->flat<float>().data());
+  }
+
+ private:
+  int64_t seed_ = 0;
+  int64_t width_ = 0;
+  sce::KeyedDistribution distribution_ = sce::KeyedDistribution::kUniform;
+  float a_ = 0.0f;
+  float b_ = 1.0f;
+};
+
+REGISTER_KERNEL_BUILDER(Name("SceKeyOwnerShards").Device(DEVICE_CPU), KeyOwnerShardsOp);
+REGISTER_KERNEL_BUILDER(Name("SceKeyedRandomRows").Device(DEVICE_CPU), KeyedRandomRowsOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMap").Device(DEVICE_CPU), KeyRowMapOp<sce::KeyRowMap>);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapStep").Device(DEVICE_CPU), KeyRowMapStepOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapExport").Device(DEVICE_CPU), KeyRowMapExportOp);

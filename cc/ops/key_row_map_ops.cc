@@ -17,6 +17,40 @@ absl::Status VectorOutputs(InferenceContext* c, int first, int count) {
   return absl::OkStatus();
 }
 
+// The owner shard of each key (sce::KeyOwnerShard): where a key's map and row live when an
+// open-vocabulary table is sharded over num_shards replicas. String keys pass their fingerprints.
+REGISTER_OP("SceKeyOwnerShards")
+    .Input("keys: int64")
+    .Output("owners: int32")
+    .Attr("num_shards: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle keys;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &keys));
+      c->set_output(0, keys);
+      return absl::OkStatus();
+    });
+
+// The initial values of rows given to new keys: [n, width], element (i, j) a function of (seed,
+// keys[i], j) only (sce::KeyedRandomRows), so a row's values depend on its key, not on the step,
+// the shard or the order of admission. distribution: "uniform" (a = low, b = high), "normal" or
+// "truncated_normal" (a = mean, b = stddev; truncated at two standard deviations).
+REGISTER_OP("SceKeyedRandomRows")
+    .Input("keys: int64")
+    .Output("values: float32")
+    .Attr("seed: int")
+    .Attr("width: int >= 0")
+    .Attr("distribution: {'uniform', 'normal', 'truncated_normal'}")
+    .Attr("a: float")
+    .Attr("b: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle keys;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &keys));
+      int64_t width;
+      TF_RETURN_IF_ERROR(c->GetAttr("width", &width));
+      c->set_output(0, c->Matrix(c->Dim(keys, 0), width));
+      return absl::OkStatus();
+    });
+
 // The handle of one shard's map, created on first use from the attributes. A second op naming
 // the same (container, shared_name) must give the same configuration.
 REGISTER_OP("SceKeyRowMap")
@@ -55,15 +89,17 @@ REGISTER_OP("SceKeyRowMapStep")
     });
 
 // The rows given to keys and not yet confirmed reset (KeyRowMap::rows_to_reset), in admission
-// order; <prefix>ConfirmReset removes the first `count` of them once the caller has
+// order, with the key each was given to (a string map's fingerprint; keys_to_reset), from which
+// its initial values are drawn; <prefix>ConfirmReset removes the first `count` of them once the caller has
 // (re)initialized them. The same pair for both key dtypes' maps (prefix SceKeyRowMap and
 // SceStringKeyRowMap): both reset the rows of the key map inside.
 #define SCE_REGISTER_RESET_OPS(prefix)                                             \
   REGISTER_OP(prefix "RowsToReset")                                                \
       .Input("handle: resource")                                                   \
       .Output("rows: int32")                                                       \
+      .Output("keys: int64")                                                       \
       .SetIsStateful()                                                             \
-      .SetShapeFn([](InferenceContext* c) { return VectorOutputs(c, 0, 1); });     \
+      .SetShapeFn([](InferenceContext* c) { return VectorOutputs(c, 0, 2); });     \
   REGISTER_OP(prefix "ConfirmReset")                                               \
       .Input("handle: resource")                                                   \
       .Input("count: int32")                                                       \

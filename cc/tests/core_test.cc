@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -34,6 +35,7 @@
 #include "cc/core/huge_pages.h"
 #include "cc/core/id_routing.h"
 #include "cc/core/key_row_map.h"
+#include "cc/core/key_values.h"
 #include "cc/core/string_key_row_map.h"
 #include "cc/core/lookup.h"
 #include "cc/core/layout.h"
@@ -1650,6 +1652,73 @@ void TestKeyRowMapMatchesReference() {
   }
   for (int count : per_shard) CHECK(count > 900 && count < 1100);
   CHECK_EQ(sce::KeyOwnerShard(12345, 1), 0);
+  const uint64_t some_keys[] = {static_cast<uint64_t>(-3), 0, 1, 2, 99};
+  int32_t owners[5];
+  sce::KeyOwnerShards(some_keys, 5, 4, owners);
+  // The numbers tests/reference/key_hashing.py computes (its mirror of the mix).
+  const int32_t want_owners[] = {3, 2, 0, 3, 2};
+  for (int i = 0; i < 5; ++i) CHECK_EQ(owners[i], want_owners[i]);
+
+  g_test = "key values: keyed uniforms are in (0, 1), a function of (seed, key, column) only";
+  CHECK_EQ(sce::KeyedUniform(0, 0, 0), 0x1.20dc88p-3f);
+  CHECK_EQ(sce::KeyedUniform(7, static_cast<uint64_t>(-5), 3), 0x1.2efe24p-2f);
+  CHECK_EQ(sce::KeyedUniform(123456789, uint64_t{1} << 40, 31), 0x1.ca6e6cp-2f);
+  std::vector<uint64_t> many(4000);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<uint64_t>(i) - 2000;
+  std::vector<float> uniforms(many.size() * 3);
+  sce::KeyedRandomRows(11, many.data(), static_cast<int64_t>(many.size()), 3,
+                       sce::KeyedDistribution::kUniform, 0.0, 1.0, uniforms.data());
+  double sum = 0.0;
+  for (size_t i = 0; i < many.size(); ++i) {
+    for (int j = 0; j < 3; ++j) {
+      const float u = uniforms[i * 3 + j];
+      CHECK(u > 0.0f && u < 1.0f);
+      CHECK_EQ(u, sce::KeyedUniform(11, many[i], j));
+      sum += u;
+    }
+  }
+  const double mean = sum / static_cast<double>(uniforms.size());
+  CHECK(mean > 0.49 && mean < 0.51);
+  CHECK(sce::KeyedUniform(11, 5, 0) != sce::KeyedUniform(12, 5, 0));
+  CHECK(sce::KeyedUniform(11, 5, 0) != sce::KeyedUniform(11, 5, 1));
+}
+
+void TestKeyedRandomRows() {
+  g_test = "key values: the inverse normal distribution function";
+  CHECK(std::fabs(sce::InverseNormal(0.5)) < 1e-15);
+  CHECK(std::fabs(sce::InverseNormal(0.975) - 1.959963984540054) < 1e-12);
+  CHECK(std::fabs(sce::InverseNormal(0.001) + 3.090232306167813) < 1e-11);
+  CHECK(std::fabs(sce::InverseNormal(1.0 / 16777216.0) + 5.294704084854597) < 1e-12);
+  for (int k = 1; k < 1000; ++k) {
+    const double p = k / 1000.0;
+    const double x = sce::InverseNormal(p);
+    CHECK(std::fabs(0.5 * std::erfc(-x / std::sqrt(2.0)) - p) < 1e-15 + 1e-13 * p);
+    CHECK(std::fabs(x + sce::InverseNormal(1.0 - p)) < 1e-12);
+  }
+
+  g_test = "key values: rows follow their distribution, the same however many are drawn";
+  std::vector<uint64_t> keys(2000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<uint64_t>(i) * 7919 - 5;
+  const int64_t n = static_cast<int64_t>(keys.size());
+  std::vector<float> normal(keys.size() * 4), truncated(keys.size() * 4), one(4);
+  sce::KeyedRandomRows(3, keys.data(), n, 4, sce::KeyedDistribution::kNormal, 1.0, 0.5,
+                       normal.data());
+  sce::KeyedRandomRows(3, keys.data(), n, 4, sce::KeyedDistribution::kTruncatedNormal, 0.0,
+                       2.0, truncated.data());
+  double mean = 0.0, square = 0.0;
+  for (size_t i = 0; i < normal.size(); ++i) {
+    mean += normal[i];
+    square += (normal[i] - 1.0) * (normal[i] - 1.0);
+    CHECK(std::fabs(truncated[i]) <= 4.0f);
+  }
+  mean /= static_cast<double>(normal.size());
+  CHECK(std::fabs(mean - 1.0) < 0.02);
+  CHECK(std::fabs(std::sqrt(square / static_cast<double>(normal.size())) - 0.5) < 0.02);
+  for (int64_t i : {int64_t{0}, int64_t{777}, n - 1}) {
+    sce::KeyedRandomRows(3, &keys[i], 1, 4, sce::KeyedDistribution::kNormal, 1.0, 0.5,
+                         one.data());
+    for (int j = 0; j < 4; ++j) CHECK_EQ(one[j], normal[i * 4 + j]);
+  }
 }
 
 
@@ -1684,8 +1753,18 @@ void TestKeyRowMapFind() {
     if (std::find(expected.begin(), expected.end(), row) == expected.end()) expected.push_back(row);
   }
   CHECK(fresh->rows_to_reset() == expected);
+  // Each listed row comes with the key it was last given to (step 2's key for a reused row).
+  std::map<int32_t, uint64_t> holder;
+  for (const MappedStep* s : {&first, &second}) {
+    for (size_t i = 0; i < s->new_rows.size(); ++i) holder[s->new_rows[i]] = s->new_keys[i];
+  }
+  CHECK_EQ(fresh->keys_to_reset().size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    CHECK_EQ(fresh->keys_to_reset()[i], holder[expected[i]]);
+  }
   fresh->ConfirmReset(1);
   CHECK(fresh->rows_to_reset() == std::vector<int32_t>(expected.begin() + 1, expected.end()));
+  CHECK_EQ(fresh->keys_to_reset().size(), expected.size() - 1);
   fresh->ConfirmReset(100);
   CHECK(fresh->rows_to_reset().empty());
   MappedStep third = MapKeys(fresh.get(), 3, {6});   // refused: every row is held
@@ -3451,7 +3530,7 @@ int main() {
       TestRowPrecisionConversions, TestStochasticRoundingIsUnbiased, TestLookupOf16BitRows,
       TestNarrowRowUpdate, TestRoundRowIsElementWise, TestKeyRowMapAdmission,
       TestKeyRowMapEviction, TestKeyRowMapStateAndErrors, TestKeyRowMapMatchesReference,
-      TestKeyRowMapFind, TestStringKeyRowMap, TestRangeScans,
+      TestKeyRowMapFind, TestKeyedRandomRows, TestStringKeyRowMap, TestRangeScans,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

@@ -362,18 +362,20 @@ def test_checkpoint_with_more_keys_than_the_capacity_fails_and_writes_nothing(tm
         np.testing.assert_array_equal(after[kind], before[kind])
 
 
-def _keras_model(batch=8):
+def keras_model(batch=8, strategy=None):
+    """(model, its EmbeddingLayer): string keys through a dynamic table with threshold 2."""
     import keras   # noqa: PLC0415
-    words = E.TableConfig(vocabulary_size=16, dim=DIM, name="words", combiner="sum",
-                          initializer=tf.constant_initializer(0.1))
-    layer = sce.EmbeddingLayer({"w": E.FeatureConfig(table=words, name="w")},
-                               optimizer=E.SGD(0.5), batch_size=batch,
-                               dynamic_vocabularies={"words": sce.DynamicVocabulary(
-                                   tf.string, admission_threshold=2)})
-    inputs = keras.Input(shape=(), dtype="string", name="w", batch_size=batch)
-    model = keras.Model(inputs, keras.layers.Dense(
-        1, kernel_initializer="ones")(layer({"w": inputs})["w"]))
-    model.compile(optimizer="sgd", loss="mse")
+    with (strategy or tf.distribute.get_strategy()).scope():
+        words = E.TableConfig(vocabulary_size=16, dim=DIM, name="words", combiner="sum",
+                              initializer=tf.constant_initializer(0.1))
+        layer = sce.EmbeddingLayer({"w": E.FeatureConfig(table=words, name="w")},
+                                   optimizer=E.SGD(0.5), batch_size=batch,
+                                   dynamic_vocabularies={"words": sce.DynamicVocabulary(
+                                       tf.string, admission_threshold=2)})
+        inputs = keras.Input(shape=(), dtype="string", name="w", batch_size=batch)
+        model = keras.Model(inputs, keras.layers.Dense(
+            1, kernel_initializer="ones")(layer({"w": inputs})["w"]))
+        model.compile(optimizer="sgd", loss="mse")
     return model, layer
 
 
@@ -383,7 +385,7 @@ def test_keras_fit_admits_keys_and_predict_evaluate_only_read_them(tmp_path):
     rng = np.random.default_rng(4)
     keys = np.array([b"k%d" % i for i in rng.integers(0, 6, 64)], dtype=object)
     labels = rng.normal(size=(64, 1)).astype(np.float32)
-    model, layer = _keras_model()
+    model, layer = keras_model()
     model.fit(tf.data.Dataset.from_tensor_slices((keys, labels)).batch(8), epochs=2, verbose=0)
     held, values = layer.embedding.export_dynamic_table("words")
     assert len(held) == len(set(keys.tolist()))
@@ -402,7 +404,7 @@ def test_keras_fit_admits_keys_and_predict_evaluate_only_read_them(tmp_path):
 
     path = str(tmp_path / "model.weights.h5")
     model.save_weights(path)
-    fresh, fresh_layer = _keras_model()
+    fresh, fresh_layer = keras_model()
     fresh.load_weights(path)
     for part, value in layer.embedding.dynamic_tables.logical_state("words").items():
         np.testing.assert_array_equal(
@@ -483,8 +485,8 @@ def test_rows_of_an_aborted_step_are_reset_by_the_next_lookup(training):
     assign_rows(variable, rows, tf.fill([9, DIM], 9.0), "items")   # an old key's leftovers
     table = embedding.dynamic_tables.table("items")
     table.map.map_step(tf.constant([11, 12], tf.int64), 0)   # mapped, never written
-    assert table.map.rows_to_reset().numpy().size == 2
+    assert table.map.rows_to_reset().rows.numpy().size == 2
     activations, _ = embedding.embedding_lookup(
         {"f1": tf.ragged.constant([[11], [12], [11], []], tf.int64)}, training=training)
     np.testing.assert_array_equal(activations["f1"].numpy()[:3], 0.5)
-    assert table.map.rows_to_reset().numpy().size == 0
+    assert table.map.rows_to_reset().rows.numpy().size == 0

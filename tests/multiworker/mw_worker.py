@@ -44,6 +44,10 @@ def parse():
     p.add_argument("--table-dtype", default="float32", help="the tables' storage dtype")
     p.add_argument("--pipelining", action="store_true",
                    help="pipeline_execution_with_tensor_core=True")
+    p.add_argument("--dynamic", action="store_true",
+                   help="table 'small' is an open vocabulary of int64 keys (threshold 2, rows "
+                        "given back after 3 unseen steps); its logical state goes to "
+                        "dynamic_<i>.npz")
     p.add_argument("--prefetch", action="store_true",
                    help="with --pipelining: every step also looks up the next step's batch "
                         "(next_features), the first one prefetched before the loop")
@@ -100,7 +104,10 @@ def main():
                                                max_unique_ids_per_table={"big": 1, "small": 1})
                                            if args.adapt_limits else None),
                                        table_placement={t: "replicated"
-                                                        for t in args.replicate.split(",") if t})
+                                                        for t in args.replicate.split(",") if t},
+                                       dynamic_vocabularies={"small": sce.DynamicVocabulary(
+                                           admission_threshold=2, steps_to_live=3)}
+                                       if args.dynamic else None)
     checkpoint = tf.train.Checkpoint(embedding=embedding)
     if args.restore and not args.restore_after_build:
         checkpoint.restore(args.restore)
@@ -116,6 +123,8 @@ def main():
             lengths = tf.random.stateless_uniform([PER_REPLICA_BATCH], seed, 0, 4, tf.int32)
             hot = tf.random.stateless_uniform([PER_REPLICA_BATCH * 3], seed + 1, 0, 40, tf.int32)
             ids = tf.where(hot % 5 == 0, vocab - 1 - hot, hot % vocab)
+            if args.dynamic and name == "c":   # arbitrary int64 keys for the open vocabulary
+                ids = tf.cast(ids, tf.int64) * 1000003 - 17
             out[name] = tf.RaggedTensor.from_row_lengths(ids[:tf.reduce_sum(lengths)], lengths)
         return out
 
@@ -169,6 +178,10 @@ def main():
     shards = {f"shard_rows/{v.name}": np.array(v.shape[0])
               for v in embedding.storage.local_variables()}
     np.savez(os.path.join(args.out, f"tables_{args.index}.npz"), **flat, **shards)
+    if args.dynamic:   # the whole logical state, read from every worker's maps (a collective)
+        state = embedding.dynamic_tables.logical_state("small")
+        state["unadmitted_ids"] = np.array(embedding.num_unadmitted_ids())
+        np.savez(os.path.join(args.out, f"dynamic_{args.index}.npz"), **state)
     with open(os.path.join(args.out, f"bytes_{args.index}.json"), "w") as f:
         json.dump(embedding.collective_bytes_sent(), f)
     with open(os.path.join(args.out, f"errors_{args.index}.json"), "w") as f:

@@ -322,9 +322,54 @@ def test_checkpoint_from_two_workers_restores_into_four(tmp_path):
         assert_tables_close(tables(out, i), reference)
 
 
-def test_killed_worker_fails_the_others_and_a_restart_resumes(tmp_path):
+def dynamic_state(out, index=0):
+    """The logical state of the open-vocabulary table 'small' (mw_worker.py --dynamic)."""
+    with np.load(out / f"dynamic_{index}.npz", allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def assert_dynamic_states_equal(actual, expected, counters=True):
+    """counters=False for a run restored from a checkpoint: the counters count the occurrences
+    since the embedding was made (they are not part of the logical state)."""
+    assert set(actual) == set(expected)
+    for part in expected:
+        if counters or part != "unadmitted_ids":
+            np.testing.assert_array_equal(actual[part], expected[part], err_msg=part)
+
+
+def test_dynamic_table_over_workers_is_one_process_table_and_restores_anywhere(tmp_path):
+    """An open vocabulary over 2 workers: each worker's maps hold the keys it owns, and every
+    worker reads the whole logical state (and counters), bit for bit that of one process with 2
+    replicas; the chief's checkpoint restores into one process or 2 workers and training goes on
+    exactly like an uninterrupted run."""
+    dynamic = ["--dynamic", "--exchange", "all_to_all"]
+    first, codes = run_cluster(tmp_path, "first", 2,
+                               dynamic + ["--steps", "2", "--save", str(tmp_path / "ckpt" / "c")])
+    check_ok(first, codes)
+    path = (first / "checkpoint_path").read_text()
+    single = run_single(tmp_path, "single", 2, dynamic + ["--steps", "2"])
+    assert len(dynamic_state(single)["keys"]) > 0
+    for i in range(2):
+        assert_dynamic_states_equal(dynamic_state(first, i), dynamic_state(single))
+        assert table_digests(tables(first, i)) == table_digests(tables(single))
+    uninterrupted = run_single(tmp_path, "uninterrupted", 2, dynamic + ["--steps", "4"])
+    resumed = ["--restore", path, "--steps", "2", "--first-step", "2"]
+    one = run_single(tmp_path, "resumed_one", 2, dynamic + resumed)
+    assert_dynamic_states_equal(dynamic_state(one), dynamic_state(uninterrupted), False)
+    out, codes = run_cluster(tmp_path, "resumed_two", 2,
+                             dynamic + resumed + ["--restore-after-build"])
+    check_ok(out, codes)
+    for i in range(2):
+        assert_dynamic_states_equal(dynamic_state(out, i), dynamic_state(uninterrupted), False)
+        assert table_digests(tables(out, i)) == table_digests(tables(uninterrupted))
+
+
+@pytest.mark.parametrize("extra", [(), ("--dynamic",)], ids=["fixed", "dynamic"])
+def test_killed_worker_fails_the_others_and_a_restart_resumes(tmp_path, extra):
+    extra = list(extra)
     ckpt = tmp_path / "ckpt" / "c"
-    first, codes = run_cluster(tmp_path, "first", 2, ["--steps", "2", "--save", str(ckpt)])
+    first, codes = run_cluster(tmp_path, "first", 2,
+                               extra + ["--steps", "2", "--save", str(ckpt)])
     check_ok(first, codes)
     path = (first / "checkpoint_path").read_text()
     # Training resumes; worker 1 is killed mid-training; worker 0 must fail, not hang.
@@ -334,7 +379,7 @@ def test_killed_worker_fails_the_others_and_a_restart_resumes(tmp_path):
     logs = [open(out / f"log_{i}.txt", "w") for i in range(2)]
     args = ["--workers", "2", "--ports", ports, "--out", str(out), "--restore", path,
             "--steps", "1000", "--first-step", "2", "--sleep-per-step", "0.05",
-            "--timeout", "15"]
+            "--timeout", "15"] + extra
     processes = [start(args[:2] + ["--index", str(i)] + args[2:], logs[i]) for i in range(2)]
     try:
         deadline = time.monotonic() + 120
@@ -361,12 +406,14 @@ def test_killed_worker_fails_the_others_and_a_restart_resumes(tmp_path):
         for log in logs:
             log.close()
     # Restarting both workers from the last checkpoint ends where an uninterrupted run ends.
-    out, codes = run_cluster(tmp_path, "restarted", 2, ["--restore", path, "--steps", "2",
-                                                        "--first-step", "2"])
+    out, codes = run_cluster(tmp_path, "restarted", 2, extra + ["--restore", path, "--steps", "2",
+                                                                "--first-step", "2"])
     check_ok(out, codes)
-    uninterrupted = tables(run_single(tmp_path, "uninterrupted", 2, ["--steps", "4"]))
+    single = run_single(tmp_path, "uninterrupted", 2, extra + ["--steps", "4"])
     for i in range(2):
-        assert_tables_close(tables(out, i), uninterrupted)
+        assert_tables_close(tables(out, i), tables(single))
+        if extra:
+            assert_dynamic_states_equal(dynamic_state(out, i), dynamic_state(single), False)
 
 
 KERAS_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keras_mwms_worker.py")

@@ -6,7 +6,9 @@ import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from tests.reference import key_hashing
 from tests.reference.key_row_map import ReferenceKeyRowMap
+from tf_sc_embedding.ops import key_row_map
 from tf_sc_embedding.ops.key_row_map import (STEP_STATS, STRING_STEP_STATS, KeyRowMap,
                                              KeyRowMapState, key_fingerprints)
 
@@ -254,3 +256,83 @@ def test_find_reads_rows_without_changing_the_map(key_dtype):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     m.map_step(as_keys([2]), 2)   # key 1 (last seen at 0) has expired by step 2
     assert m.find(as_keys([1])).numpy().tolist() == [-1]
+
+
+# ----------------------------------------------------------------------------- key hashes
+def test_owner_shards_and_keyed_uniforms_match_the_reference():
+    """SceKeyOwnerShards and SceKeyedRandomRows' uniforms against the numpy mirror of the core's mix."""
+    rng = np.random.default_rng(3)
+    keys = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, 200, dtype=np.int64)
+    keys[:3] = [0, -1, np.iinfo(np.int64).max]
+    for shards in (1, 2, 3, 4, 8):
+        got = key_row_map.key_owner_shards(keys, shards).numpy()
+        np.testing.assert_array_equal(got, [key_hashing.owner_shard(k, shards) for k in keys])
+    seed = -77   # any int64, negative included
+    got = key_row_map.keyed_random_rows(keys, seed, 5, "uniform", 0.0, 1.0).numpy()
+    want = np.array([[key_hashing.keyed_uniform(seed, k, c) for c in range(5)] for k in keys])
+    np.testing.assert_array_equal(got, want)
+    assert np.all((got > 0) & (got < 1))
+    assert key_row_map.keyed_random_rows(keys[:0], seed, 5, "normal", 0, 1).shape == (0, 5)
+
+
+@pytest.mark.parametrize("distribution,a,b", [("uniform", -0.5, 0.25), ("normal", 1.0, 0.5),
+                                              ("truncated_normal", 0.0, 0.1)])
+def test_keyed_random_rows_match_the_reference_however_many_are_drawn(distribution, a, b):
+    """SceKeyedRandomRows against the numpy mirror (the inverse normal distribution function of
+    Python's statistics module); a row is the same drawn alone or among others."""
+    keys = np.arange(-300, 300, 3, dtype=np.int64) * 1000003
+    got = key_row_map.keyed_random_rows(keys, 5, 3, distribution, a, b).numpy()
+    want = np.array([[key_hashing.keyed_value(5, k, c, distribution, a, b) for c in range(3)]
+                     for k in keys])
+    np.testing.assert_allclose(got, want, rtol=2e-7, atol=1e-7)
+    for i in (0, 17, len(keys) - 1):
+        alone = key_row_map.keyed_random_rows(keys[i:i + 1], 5, 3, distribution, a, b).numpy()
+        np.testing.assert_array_equal(alone[0], got[i])
+    if distribution == "truncated_normal":
+        assert np.all(np.abs(got) <= 2 * b)
+
+
+def test_key_hash_ops_reject_bad_shapes():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="vector|rank"):
+        key_row_map.key_owner_shards(tf.zeros([2, 2], tf.int64), 2)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="vector|rank"):
+        key_row_map.keyed_random_rows(tf.zeros([2, 2], tf.int64), 1, 3, "normal", 0, 1)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
+        key_row_map.key_owner_shards(tf.zeros([2], tf.int64), 0)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
+        key_row_map.keyed_random_rows(tf.zeros([2], tf.int64), 1, -1, "normal", 0, 1)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
+        key_row_map.keyed_random_rows(tf.zeros([2], tf.int64), 1, 2, "lognormal", 0, 1)
+
+
+def test_rows_to_reset_come_with_their_keys():
+    """RowsToReset lists each new row with the key it was given to (a string's fingerprint)."""
+    m = key_row_map.KeyRowMap("t", capacity=4)
+    m.map_step(tf.constant([7, -2, 7], tf.int64), 0)
+    listed = m.rows_to_reset()
+    assert sorted(listed.keys.numpy().tolist()) == [-2, 7]
+    found = m.find(listed.keys).numpy()
+    np.testing.assert_array_equal(found, listed.rows.numpy())
+    s = key_row_map.KeyRowMap("s", capacity=4, key_dtype=tf.string)
+    s.map_step(tf.constant([b"a", b"b"]), 0)
+    listed = s.rows_to_reset()
+    np.testing.assert_array_equal(
+        np.sort(listed.keys.numpy()),
+        np.sort(key_row_map.key_fingerprints(tf.constant([b"a", b"b"])).numpy()))
+
+
+def test_encoded_states_decode_to_the_same_state():
+    """encode_state / decode_state (how workers gather map states): every field, its dtype and
+    shape survive, for int64 and string maps, empty or not, odd string lengths included."""
+    int_map = key_row_map.KeyRowMap("t", capacity=4, admission_threshold=2)
+    string_map = key_row_map.KeyRowMap("s", capacity=4, admission_threshold=2,
+                                       key_dtype=tf.string)
+    for m, keys in ((int_map, tf.constant([7, -2, 7, 5], tf.int64)),
+                    (string_map, tf.constant([b"", b"abc", b"", b"\x00\xff12345678"]))):
+        for _ in range(2):   # empty, then after a step
+            state = type(m.export())(*[np.asarray(t) for t in m.export()])
+            back = key_row_map.decode_state(state, key_row_map.encode_state(state))
+            for name, want, got in zip(state._fields, state, back):
+                assert np.asarray(got).dtype == np.asarray(want).dtype, name
+                np.testing.assert_array_equal(got, want, err_msg=name)
+            m.map_step(keys, 0)

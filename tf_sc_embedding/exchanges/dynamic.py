@@ -3,26 +3,29 @@ in the step that consumes the batch, then looked up and updated as fixed tables 
 
 `preprocess` (enqueue) only checks the keys and keeps them: it may run ahead of training (in a
 `tf.data` pipeline), and a row taken back from an expired key while an older batch's update is
-still to come would receive that update for the wrong key. `lookup` then, per table, in one call
-over all its features' occurrences (feature order, then sample order):
+still to come would receive that update for the wrong key. `lookup` then, per table, over all
+its features' occurrences (feature order, then sample order):
 
-1. maps the keys to rows (dynamic_tables.DynamicTable.map_keys); an occurrence without a row
-   reads the scratch row, the one row beyond the table's capacity;
-2. writes the initial values and slot values of every row given to a key in this step, and
+1. brings the keys to the map that holds them: one replica maps every occurrence itself; over
+   several replicas each key goes to its owner shard's map (exchanges/key_exchange.py, one
+   all-gather and one all-to-all for all tables), with its occurrences, so admission counts
+   every replica's batch;
+2. maps the keys to table rows (dynamic_tables.DynamicTable.map_keys); an occurrence without a
+   row reads the owner's scratch row. The rows of a replica's map are rows that replica stores
+   (dynamic_shards.ShardRows);
+3. writes the initial values and slot values of every row given to a key in this step, and
    zeros into the scratch row (whose last update held the gradients of unadmitted keys). The
    map lists the rows to reset until the writes confirm them, so a step aborted between its
    mapping and its writes leaves them to the next step instead of unreset;
-3. looks the rows up as the all-to-all exchange does, without its exchange (one replica holds
-   every row): the routing op's unique rows are gathered from the variable and summed into the
-   activations by the gathered segment sum; backward, the same op sums the gradients to one row
-   per unique row, and the fused update writes those rows (all_to_all.owned_rows_inputs). Each
-   sample's rows are summed in input order, and the gradients of a row in sample order, so no
-   number depends on which physical row a key holds: a run restored from a checkpoint (whose
-   keys hold other rows) continues bit for bit, and the numbers are those of a fixed table
-   exchanged all-to-all.
-
-One replica only, for now: the embedding refuses dynamic tables over several replicas
-(embedding.py).
+4. sends each key's row back to the replicas that asked (a second all-to-all), and looks the
+   rows up as the all-to-all exchange does: over several replicas with its exchange; on one
+   replica without it, the routing op's unique rows gathered from the variable and summed into
+   the activations by the gathered segment sum, and backward the same op summing the gradients
+   to one row per unique row for the fused update (all_to_all.owned_rows_inputs). Each sample's
+   rows are summed in input order, and the gradients of a row in sample order, so no number
+   depends on which physical row a key holds: a run restored from a checkpoint (whose keys hold
+   other rows) continues bit for bit, and the numbers are those of a fixed table exchanged
+   all-to-all on as many replicas.
 """
 import collections
 
@@ -30,6 +33,7 @@ import tensorflow as tf
 
 from tf_sc_embedding.exchanges import all_to_all
 from tf_sc_embedding.exchanges import base
+from tf_sc_embedding.exchanges import key_exchange
 from tf_sc_embedding.ops import segment_sum
 from tf_sc_embedding.ops.assign_rows import assign_rows
 from tf_sc_embedding.table_storage import PARAMETERS, TableStorage
@@ -44,12 +48,19 @@ LookedUpTable = collections.namedtuple("LookedUpTable", [
 
 
 class DynamicExchange(base.Exchange):
-    """The dynamic tables of a plan (layout.EmbeddingPlan.dynamic) on one replica."""
+    """The dynamic tables of a plan (layout.EmbeddingPlan.dynamic)."""
 
     def __init__(self, layout, group, dynamic_tables, storage):
         super().__init__(layout, group)
         self._dynamic = dynamic_tables
         self._storage = storage
+        for stacked in layout.stacked_tables.values():
+            for placement in stacked.tables:   # the maps were made for the same placement
+                shards = dynamic_tables.table(placement.name).shards
+                if shards.rotation != (placement.layout.sparse_core_shard_rotation %
+                                       shards.num_shards):
+                    raise RuntimeError(f"table '{placement.name}': its maps give out rows for "
+                                       "another layout than the one built")
 
     def preprocess(self, ids_by_path, weights_by_path, observe_maxima=None):
         """{stacked name: per feature (keys as given, weights or ones)}: checked, not mapped."""
@@ -78,15 +89,32 @@ class DynamicExchange(base.Exchange):
             return self._lookup_after_checks(view, preprocessed, variables, training)
 
     def _lookup_after_checks(self, view, preprocessed, variables, training):
-        by_path = {}
-        resets = []
+        tables = []   # (placement, stacked table, its features' paths, their keys, ids)
         for stacked_name, stacked in self.stacked_tables.items():
             features = dict(zip([f.path for f in stacked.features], preprocessed[stacked_name]))
-            for table in stacked.tables:
-                mapped, written = self._map_table(view, table, stacked, features, variables,
-                                                  training)
-                by_path.update(mapped)
-                resets.extend(written)
+            for placement in stacked.tables:
+                table = self._dynamic.table(placement.name)
+                paths = [f.path for f in stacked.features if f.table.name == placement.name]
+                keys = [table.check_keys(features[p][0], p) for p in paths]
+                tables.append((placement, stacked, paths, keys, features))
+        keys = [tf.concat(table_keys, axis=0) for _, _, _, table_keys, _ in tables]
+        if view.num_replicas > 1:   # each key to its owner's map, once per replica
+            at_owner, route = key_exchange.send_keys(view, keys)
+            keys = [k.keys if not training else tf.repeat(k.keys, k.counts) for k in at_owner]
+        by_path, resets, rows_at_owner = {}, [], []
+        for (placement, stacked, _, _, _), owned in zip(tables, keys):
+            rows, written = self._map_table(view, placement, stacked, owned, variables, training)
+            rows_at_owner.append(rows)
+            resets.extend(written)
+        if view.num_replicas > 1:
+            if training:   # the row of each key's first occurrence (all of them read it)
+                rows_at_owner = [tf.gather(rows, tf.cumsum(k.counts, exclusive=True))
+                                 for rows, k in zip(rows_at_owner, at_owner)]
+            rows_at_owner = key_exchange.return_rows(view, route, rows_at_owner)
+        for (_, _, paths, table_keys, features), rows in zip(tables, rows_at_owner):
+            parts = tf.split(rows, [tf.size(k) for k in table_keys])
+            by_path.update({p: (_with_values(features[p][0], part), features[p][1])
+                            for p, part in zip(paths, parts)})
         with tf.control_dependencies(resets):
             routed = all_to_all.preprocess_and_route(
                 self, {p: ids for p, (ids, _) in by_path.items()},
@@ -94,7 +122,8 @@ class DynamicExchange(base.Exchange):
             return super().lookup(view, routed, variables)
 
     def _lookup_stacked(self, view, preprocessed, parameters):
-        del view   # one replica: every row is local
+        if view.num_replicas > 1:
+            return all_to_all.lookup(view, self.layout, preprocessed, parameters)
         S = self.layout.sparse_cores_per_replica
         activations, preserved = {}, {}
         for name, table in self.stacked_tables.items():
@@ -115,6 +144,8 @@ class DynamicExchange(base.Exchange):
         return activations, preserved
 
     def is_preserved(self, preserved):
+        if self.layout.num_replicas > 1:
+            return all_to_all.is_exchanged(preserved, self.layout)
         return (isinstance(preserved, dict) and set(preserved) == set(self.stacked_tables) and
                 all(isinstance(v, LookedUpTable) for v in preserved.values()))
 
@@ -122,11 +153,14 @@ class DynamicExchange(base.Exchange):
         return all_to_all.gradient_order(self.layout, name)
 
     def _update_arguments(self, replica_id):
-        del replica_id   # the one replica
-        return all_to_all.owned_rows_arguments(self.layout, 0)
+        return all_to_all.owned_rows_arguments(self.layout, replica_id)
 
     def update_inputs(self, view, preserved, gradients, flags=None):
-        del view, flags   # one replica; flags are never given: this exchange does not carry them
+        del flags   # never given: this exchange does not carry them (the step agrees on them)
+        if view.num_replicas > 1:
+            received, _ = all_to_all.exchange_gradients(view, self.layout, preserved, gradients)
+            return all_to_all.owned_rows_inputs(self.layout, view.replica_id, received,
+                                                padded=True), None
         S = self.layout.sparse_cores_per_replica
         rows = {}
         for name, table in self.stacked_tables.items():
@@ -144,37 +178,36 @@ class DynamicExchange(base.Exchange):
             rows[name] = (state.unique_rows, per_unique)
         return all_to_all.owned_rows_inputs(self.layout, 0, rows), None
 
-    def _map_table(self, view, placement, stacked, features, variables, training):
-        """({path: (row ids, weights)} of one table's features, the row writes to wait for).
+    def _map_table(self, view, placement, stacked, keys, variables, training):
+        """(table row of each key, the row writes to wait for) of the keys of one table that
+        this replica's map holds (one replica: every occurrence of the batch; several: those
+        the key exchange brought, every occurrence when training, each key once when not).
 
         The rows written are the map's rows to reset (this step's new rows, after those of a
-        step aborted before its writes ran) and the scratch row; the map forgets them only
-        once the writes ran. Not training: the keys are only found; the scratch row (which the
-        last update may have written) and any rows an aborted step left are reset."""
+        step aborted before its writes ran) and the replica's scratch row; the map forgets them
+        only once the writes ran. Not training: the keys are only found; the scratch row (which
+        the last update may have written) and any rows an aborted step left are reset."""
         table = self._dynamic.table(placement.name)
-        paths = [f.path for f in stacked.features if f.table.name == placement.name]
-        keys = [table.check_keys(features[p][0], p) for p in paths]
+        replica = view.replica_id
         if training:
-            rows, new_rows, step = table.map_keys(tf.concat(keys, axis=0))
+            rows, to_reset, _ = table.map_keys(replica, keys)
         else:
-            rows, new_rows, step = table.find_keys(tf.concat(keys, axis=0))
-        parts = tf.split(rows, [tf.size(k) for k in keys])
+            rows, to_reset, _ = table.find_keys(replica, keys)
         # Where the rows to write live: the same for the parameters and every slot.
-        replica, storage_rows = self._storage.storage_rows(placement.name,
-                                                           table.rows_to_write(new_rows))
-        mine = tf.equal(replica, view.replica_id)
+        owner, storage_rows = self._storage.storage_rows(placement.name,
+                                                         table.rows_to_write(replica, to_reset))
+        mine = tf.equal(owner, replica)
         storage_rows = tf.boolean_mask(storage_rows, mine)
         writes = []
         for kind in table.kinds:
             width = (placement.dim if kind == PARAMETERS
                      else TableStorage.stored_width(stacked, kind))
-            values = table.reset_values(new_rows, step, kind, width)
-            variable = variables[stacked.name][kind].shard(view.replica_id)
+            values = table.reset_values(to_reset, kind, width)
+            variable = variables[stacked.name][kind].shard(replica)
             writes.append(assign_rows(variable, storage_rows, tf.boolean_mask(values, mine),
                                       placement.name))
-        confirmed = table.confirm_reset(new_rows, writes)
-        return {p: (_with_values(features[p][0], part), features[p][1])
-                for p, part in zip(paths, parts)}, writes + [confirmed]
+        confirmed = table.confirm_reset(replica, to_reset, writes)
+        return rows, writes + [confirmed]
 
 
 def _ones_like(ids):

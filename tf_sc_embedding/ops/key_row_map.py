@@ -11,6 +11,7 @@ ops.
 import collections
 import itertools
 
+import numpy as np
 import tensorflow as tf
 
 from tf_sc_embedding._library import library as _lib
@@ -40,9 +41,80 @@ StringKeyRowMapState = collections.namedtuple(
 _map_ids = itertools.count()
 
 
+# The rows to reset (KeyRowMap.rows_to_reset): rows int32 [k], and the key each was last given to
+# (int64 [k]; a string map's fingerprint), from which its initial values are drawn.
+RowsToReset = collections.namedtuple("RowsToReset", ["rows", "keys"])
+
+
+def encode_state(state):
+    """A map state (numpy fields) as one int32 vector, to be gathered from other workers: per field its kind (0: integers, 1:
+    strings), its length and its values as int64 words; strings as their lengths, then their
+    bytes padded to whole words."""
+    words = []
+    for value in state:
+        value = np.asarray(value)
+        if value.dtype == object:
+            data = b"".join(bytes(v) for v in value.ravel())
+            data += b"\0" * (-len(data) % 8)
+            lengths = np.array([len(bytes(v)) for v in value.ravel()], np.int64)
+            words += [np.array([1, value.size], np.int64), lengths,
+                      np.frombuffer(data, np.int64)]
+        else:
+            words += [np.array([0, value.size], np.int64), value.astype(np.int64).ravel()]
+    return np.concatenate(words).view(np.int32)
+
+
+def decode_state(template, words):
+    """The inverse of encode_state: a state of the template's type and field dtypes."""
+    words = np.asarray(words, np.int32).view(np.int64)
+    fields, at = [], 0
+    for name, like in zip(template._fields, template):
+        strings, size = int(words[at]), int(words[at + 1])
+        at += 2
+        if strings:
+            lengths = words[at:at + size]
+            at += size
+            total = int(lengths.sum())
+            data = words[at:at + (total + 7) // 8].tobytes()
+            at += (total + 7) // 8
+            ends = np.cumsum(lengths)
+            fields.append(np.array([data[e - n:e] for e, n in zip(ends, lengths)], dtype=object))
+        else:
+            value = words[at:at + size].astype(np.asarray(like).dtype)
+            at += size
+            fields.append(value.reshape(np.shape(like)) if np.ndim(like) == 0 else value)
+    return type(template)(*fields)
+
+
 def key_fingerprints(keys):
     """int64 [n]: the 64-bit fingerprint (`tf.fingerprint`) of each string in `keys` ([n])."""
     return tf.reshape(tf.bitcast(tf.fingerprint(keys), tf.int64), [-1])
+
+
+def key_hashes(keys):
+    """int64 [n]: what identifies each key to the owner and value hashes: an int64 key itself,
+    a string key's fingerprint (the string map keys its rows by it too)."""
+    keys = tf.convert_to_tensor(keys)
+    if keys.dtype == tf.string:
+        return key_fingerprints(keys)
+    return tf.reshape(tf.cast(keys, tf.int64), [-1])
+
+
+def key_owner_shards(hashes, num_shards, name=None):
+    """int32 [n]: the owner shard, in [0, num_shards), of each key hash (key_hashes): a fixed
+    function of the key (docs/dynamic_vocabulary.md#several-replicas)."""
+    return _lib.sce_key_owner_shards(keys=tf.convert_to_tensor(hashes, tf.int64),
+                                     num_shards=int(num_shards), name=name)
+
+
+def keyed_random_rows(hashes, seed, width, distribution, a, b, name=None):
+    """float32 [n, width]: the initial values of rows given to keys with these hashes, element
+    (i, j) a function of (seed, hashes[i], j) only (cc/core/key_values.h). distribution:
+    "uniform" (a = low, b = high), "normal" or "truncated_normal" (a = mean, b = stddev)."""
+    return _lib.sce_keyed_random_rows(keys=tf.convert_to_tensor(hashes, tf.int64),
+                                      seed=int(seed), width=int(width),
+                                      distribution=distribution, a=float(a), b=float(b),
+                                      name=name)
 
 
 class KeyRowMap(tf.saved_model.experimental.TrackableResource):
@@ -117,11 +189,12 @@ class KeyRowMap(tf.saved_model.experimental.TrackableResource):
         return MappedKeys(*outputs)
 
     def rows_to_reset(self, name=None):
-        """int32 [k]: the rows given to keys and not yet confirmed reset, in admission order,
-        each once; rows of a step whose writes never ran stay listed (confirm_reset)."""
+        """RowsToReset: the rows given to keys and not yet confirmed reset, in admission order,
+        each once, with their keys' hashes; rows of a step whose writes never ran stay listed
+        (confirm_reset)."""
         op = (_lib.sce_string_key_row_map_rows_to_reset if self._strings
               else _lib.sce_key_row_map_rows_to_reset)
-        return op(handle=self.resource_handle, name=name)
+        return RowsToReset(*op(handle=self.resource_handle, name=name))
 
     def confirm_reset(self, count, name=None):
         """Removes the first `count` rows of rows_to_reset(), once they were (re)initialized."""

@@ -1,0 +1,260 @@
+"""Open-vocabulary tables over several replicas (docs/dynamic_vocabulary.md#several-replicas):
+keys exchanged to the map of their owner shard, against a fixed-vocabulary twin on as many
+replicas (bit for bit), the numpy reference of whole steps, and checkpoints restored into other
+replica counts."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_sc_embedding as sce
+from tests.api import parity_helpers as ph
+from tests.api import reference_training as ref
+from tests.api.test_dynamic_vocabulary import (DIM, OFFSETS, keras_model, key_values,
+                                               make_embedding, random_batches, train)
+from tests.reference import key_hashing
+from tests.reference.dynamic_training import ReferenceDynamicTable
+from tf_sc_embedding import fused_update
+
+E = tf.tpu.experimental.embedding
+BATCH = 16   # 4 replicas x 4 SparseCores
+
+
+def _first_appearance_numbers(batches):
+    number = {}
+    for batch in batches:
+        for samples in batch.values():
+            for sample in samples:
+                for k in sample:
+                    number.setdefault(k, len(number))
+    return number
+
+
+@pytest.mark.parametrize("replicas,key_dtype,kind,combiner,optimizer", [
+    (2, tf.int64, "ragged", "mean", "adagrad"),
+    (4, tf.string, "sparse", "sum", "adam"),
+    (2, tf.string, "dense", "sqrtn", "row_wise_adagrad"),
+    (4, tf.int64, "ragged", "mean", "ftrl"),
+])
+def test_identity_with_a_fixed_vocabulary_over_several_replicas(replicas, key_dtype, kind,
+                                                                 combiner, optimizer):
+    """Threshold 1, no eviction, room for every key, one initial value for every row: on R
+    replicas every activation and every key's row equal, bit for bit, those of a fixed table on R
+    replicas trained on the keys renumbered 0..n-1."""
+    rng = np.random.default_rng(11)
+    keys = key_values(rng, 40, key_dtype)
+    batches = random_batches(rng, 4, BATCH, keys, equal_lengths=kind == "dense")
+    number = _first_appearance_numbers(batches)
+    initializer = tf.constant_initializer(0.125)
+    strategy = ph.make_strategy(replicas)
+    with strategy.scope():
+        dynamic = make_embedding(
+            E.TableConfig(vocabulary_size=64, dim=DIM, initializer=initializer,
+                          combiner=combiner, name="items"), ph.make_optimizer(optimizer),
+            dynamic_vocabularies={"items": sce.DynamicVocabulary(key_dtype=key_dtype)})
+        fixed = make_embedding(
+            E.TableConfig(vocabulary_size=len(number), dim=DIM, initializer=initializer,
+                          combiner=combiner, name="items"), ph.make_optimizer(optimizer))
+    got = train(dynamic, batches, kind, key_dtype, strategy)
+    renumbered = [{f: [[number[k] for k in sample] for sample in samples]
+                   for f, samples in batch.items()} for batch in batches]
+    want = train(fixed, renumbered, kind, tf.int64, strategy)
+    for step, (a, b) in enumerate(zip(got, want)):
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=f"step {step} {name}")
+    exported_keys, values = dynamic.export_dynamic_table("items")
+    assert list(exported_keys) == sorted(number)
+    table = fixed.embedding_tables[fixed.tables.config("items")]
+    np.testing.assert_array_equal(values, table[[number[k] for k in exported_keys]])
+    assert dynamic.num_unadmitted_ids() == 0 and dynamic.num_refused_keys() == 0
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_admission_and_eviction_over_replicas_match_the_reference(replicas):
+    """Counts over every replica's batch decide admission; eviction is by step. With room in
+    every shard, the keys, rows and counters equal the one-map numpy reference."""
+    rng = np.random.default_rng(21 + replicas)
+    keys = np.arange(-9, 9, dtype=np.int64) * 7919
+    batches = random_batches(rng, 6, BATCH, keys)
+    config = ph.make_optimizer("adagrad")
+    strategy = ph.make_strategy(replicas)
+    with strategy.scope():
+        embedding = make_embedding(
+            E.TableConfig(vocabulary_size=96, dim=DIM, combiner="mean", name="items",
+                          initializer=tf.constant_initializer(0.5)), config,
+            dynamic_vocabularies={"items": sce.DynamicVocabulary(admission_threshold=3,
+                                                                 steps_to_live=1)})
+    reference = ReferenceDynamicTable(96, DIM, config, 0.5, 3, 1)
+    got = train(embedding, batches, "ragged", tf.int64, strategy)
+    for step, batch in enumerate(batches):
+        features = {f: ref.Feature("items", "mean", samples) for f, samples in batch.items()}
+        want = reference.train_step(features, lambda acts: {
+            f: ph.LOSS_SCALE * a + OFFSETS[f] for f, a in acts.items()})
+        for name in want:
+            ph.assert_close(got[step][name], want[name], f"step {step} activations {name}")
+    exported_keys, values = embedding.export_dynamic_table("items")
+    want_keys, want_values = reference.export()
+    assert list(exported_keys) == want_keys
+    ph.assert_close(values, want_values, "exported rows")
+    assert embedding.num_unadmitted_ids() == reference.counters["unadmitted_ids"] > 0
+    assert embedding.num_refused_keys() == reference.counters["refused_keys"] == 0
+
+
+def test_new_rows_are_drawn_from_their_keys_on_any_replica_count():
+    """A new row's random initial values depend on its table and key only: the same on 1, 2 and
+    4 replicas, whatever the step or the order of admission."""
+    exported = {}
+    batches = [{"f1": [[k] for k in range(100, 100 + BATCH)], "f2": [[]] * BATCH},
+               {"f1": [[-k] for k in range(BATCH)], "f2": [[5]] * BATCH}]
+    for replicas in (1, 2, 4):
+        strategy = ph.make_strategy(replicas)
+        with strategy.scope():
+            embedding = make_embedding(
+                E.TableConfig(vocabulary_size=64, dim=DIM, name="items",
+                              initializer=tf.initializers.TruncatedNormal(stddev=0.1)),
+                E.SGD(0.0), dynamic_vocabularies={"items": sce.DynamicVocabulary()})
+        train(embedding, batches if replicas != 2 else batches[::-1], "ragged", tf.int64,
+              strategy)
+        exported[replicas] = embedding.export_dynamic_table("items")
+    keys, values = exported[1]
+    for replicas in (2, 4):
+        np.testing.assert_array_equal(exported[replicas][0], keys)
+        np.testing.assert_array_equal(exported[replicas][1], values)
+    assert np.all(np.abs(values) <= 0.2) and len({tuple(v) for v in values}) == len(keys)
+    seed = fused_update.table_seed("items")
+    for key, row in zip(keys[:5], values[:5]):
+        want = [key_hashing.keyed_value(seed, key, c, "truncated_normal", 0.0, 0.1)
+                for c in range(DIM)]
+        np.testing.assert_allclose(row, want, rtol=2e-7, atol=1e-8)
+
+
+def _checkpoint_embedding(strategy, capacity=48):
+    with strategy.scope():
+        return make_embedding(
+            E.TableConfig(vocabulary_size=capacity, dim=DIM, name="items", combiner="mean",
+                          initializer=tf.initializers.TruncatedNormal(stddev=0.1)),
+            ph.make_optimizer("adagrad"), dynamic_vocabularies={
+                "items": sce.DynamicVocabulary(key_dtype=tf.string, admission_threshold=2,
+                                               steps_to_live=2)})
+
+
+@pytest.mark.parametrize("source,target", [(1, 2), (2, 4), (4, 1), (2, 2)])
+def test_checkpoint_restores_into_other_replica_counts(tmp_path, source, target):
+    """The logical state is the same after a restore on any replica count, and training goes on:
+    keys, counts and last-seen steps exactly as in the uninterrupted run on the target count,
+    values too on the same count (across counts, cross-replica sums round differently)."""
+    rng = np.random.default_rng(source * 10 + target)
+    keys = key_values(rng, 20, tf.string)
+    batches = random_batches(rng, 6, BATCH, keys)
+    strategy = ph.make_strategy(source)
+    original = _checkpoint_embedding(strategy)
+    train(original, batches[:3], "ragged", tf.string, strategy)
+    path = tf.train.Checkpoint(embedding=original).save(str(tmp_path / "ckpt"))
+    saved = original.dynamic_tables.logical_state("items")
+
+    strategy = ph.make_strategy(target)
+    restored = _checkpoint_embedding(strategy)
+    tf.train.Checkpoint(embedding=restored).restore(path).assert_consumed()
+    for part, value in restored.dynamic_tables.logical_state("items").items():
+        np.testing.assert_array_equal(value, saved[part], err_msg=part)
+    got = train(restored, batches[3:], "ragged", tf.string, strategy)
+
+    uninterrupted = _checkpoint_embedding(strategy)
+    want = train(uninterrupted, batches, "ragged", tf.string, strategy)[3:]
+    exact = source == target
+    for step, (a, b) in enumerate(zip(got, want)):
+        for name in a:
+            if exact:
+                np.testing.assert_array_equal(a[name], b[name], err_msg=f"step {step} {name}")
+            else:
+                ph.assert_close(a[name], b[name], f"step {step} {name}")
+    state = restored.dynamic_tables.logical_state("items")
+    reference = uninterrupted.dynamic_tables.logical_state("items")
+    for part in ("keys", "last_seen", "pending_keys", "pending_counts", "pending_last_seen",
+                 "last_step"):
+        np.testing.assert_array_equal(state[part], reference[part], err_msg=part)
+    for part in ("values", "slot_accumulators"):
+        if exact:
+            np.testing.assert_array_equal(state[part], reference[part], err_msg=part)
+        else:
+            ph.assert_close(state[part], reference[part], part)
+
+
+def test_restore_fails_when_a_replica_share_is_too_small_and_writes_nothing(tmp_path):
+    """The capacity is split evenly over the replicas: a checkpoint whose keys fit the table but
+    not one replica's share fails naming the table and changes nothing."""
+    rng = np.random.default_rng(8)
+    keys = key_values(rng, 20, tf.string)
+    one = ph.make_strategy(1)
+    original = _checkpoint_embedding(one, capacity=24)
+    train(original, random_batches(rng, 4, BATCH, keys), "ragged", tf.string, one)
+    held = len(original.export_dynamic_table("items")[0])
+    assert 12 < held <= 24
+    path = tf.train.Checkpoint(embedding=original).save(str(tmp_path / "ckpt"))
+    four = ph.make_strategy(4)
+    small = _checkpoint_embedding(four, capacity=held)
+    train(small, random_batches(rng, 2, BATCH, keys[:3]), "ragged", tf.string, four)
+    before = small.dynamic_tables.logical_state("items")
+    with pytest.raises(ValueError, match=r"table 'items'.*keys owned by replica \d, more than "
+                                         r"its \d+ rows.*split evenly.*Nothing was restored"):
+        tf.train.Checkpoint(embedding=small).restore(path)
+    after = small.dynamic_tables.logical_state("items")
+    for part in before:
+        np.testing.assert_array_equal(after[part], before[part], err_msg=part)
+
+
+def test_inference_over_replicas_reads_rows_without_admitting():
+    """training=False on several replicas: held keys read their rows, others zeros; the maps do
+    not change."""
+    strategy = ph.make_strategy(2)
+    with strategy.scope():
+        embedding = make_embedding(
+            E.TableConfig(vocabulary_size=32, dim=DIM, name="items",
+                          initializer=tf.constant_initializer(0.5)), E.SGD(0.0),
+            names=("f1",), dynamic_vocabularies={"items": sce.DynamicVocabulary()})
+    train(embedding, [{"f1": [[k] for k in range(BATCH)]}], "ragged", tf.int64, strategy)
+    before = embedding.dynamic_tables.logical_state("items")
+
+    @tf.function
+    def infer(features):
+        return strategy.run(lambda f: embedding(f, training=False)[0], args=(features,))
+
+    samples = [[k + 8] for k in range(BATCH)]   # keys 8..23: 8..15 held, 16..23 not
+    per_replica = [{"f1": tf.ragged.constant(samples[r * 8:(r + 1) * 8], tf.int64)}
+                   for r in range(2)]
+    outputs = infer(strategy.experimental_distribute_values_from_function(
+        lambda context: per_replica[context.replica_id_in_sync_group]))
+    got = np.concatenate([x.numpy() for x in strategy.experimental_local_results(outputs["f1"])])
+    np.testing.assert_array_equal(got[:8], np.full((8, DIM), 0.5, np.float32))
+    np.testing.assert_array_equal(got[8:], np.zeros((8, DIM), np.float32))
+    after = embedding.dynamic_tables.logical_state("items")
+    for part in before:
+        np.testing.assert_array_equal(after[part], before[part], err_msg=part)
+
+
+def test_a_capacity_below_the_replica_count_fails_at_construction():
+    strategy = ph.make_strategy(4)
+    with strategy.scope(), pytest.raises(ValueError, match="table 'items'.*at least one row per "
+                                                            "replica"):
+        make_embedding(E.TableConfig(vocabulary_size=3, dim=DIM, name="items"), E.SGD(0.1),
+                       dynamic_vocabularies={"items": sce.DynamicVocabulary()})
+
+
+def _keras_fit(strategy, keys, labels):
+    model, layer = keras_model(BATCH, strategy)
+    model.fit(tf.data.Dataset.from_tensor_slices((keys, labels)).batch(BATCH), epochs=2,
+              verbose=0)
+    return layer.embedding
+
+
+def test_keras_fit_over_two_replicas_admits_the_same_keys():
+    """EmbeddingLayer with a dynamic string table under MirroredStrategy: fit admits the keys
+    one replica admits (counted over both replicas' batches), with the same rows up to the
+    rounding of the cross-replica sums."""
+    rng = np.random.default_rng(4)
+    keys = np.array([b"k%d" % i for i in rng.integers(0, 9, 64)], dtype=object)
+    labels = rng.normal(size=(64, 1)).astype(np.float32)
+    one = _keras_fit(ph.make_strategy(1), keys, labels).dynamic_tables.logical_state("words")
+    two = _keras_fit(ph.make_strategy(2), keys, labels).dynamic_tables.logical_state("words")
+    for part in ("keys", "last_seen", "pending_keys", "pending_counts", "last_step"):
+        np.testing.assert_array_equal(two[part], one[part], err_msg=part)
+    ph.assert_close(two["values"], one["values"], "values")
