@@ -85,13 +85,18 @@ def batch_pool(vocab, batch, count, seed=0):
     return pool
 
 
-def iterator_over(pool, convert=None):
-    """An endless iterator over the pool (elements converted once, up front)."""
+def dataset_over(pool, convert=None):
+    """An endless dataset of the pool's elements (converted once, up front)."""
     elements = [convert(*e) if convert else e for e in pool]
     dataset = tf.data.Dataset.from_tensors(elements[0])
     for element in elements[1:]:
         dataset = dataset.concatenate(tf.data.Dataset.from_tensors(element))
-    return iter(dataset.repeat())
+    return dataset.repeat()
+
+
+def iterator_over(pool, convert=None):
+    """An endless iterator over the pool (elements converted once, up front)."""
+    return iter(dataset_over(pool, convert))
 
 
 def dense_head(num_features, dim):

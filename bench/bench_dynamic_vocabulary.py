@@ -3,7 +3,8 @@ dynamic against the same step with fixed vocabularies, on the same batches in th
 
 Workload: bench_api.py's Criteo-like batches (26 features, one table each, vocabularies capped at
 --cap, dim 32, batch 4096, weighted ragged ids, combiner sum, fused Adagrad, a dense logistic
-loss), one replica. The dynamic run feeds every id through a fixed 64-bit permutation (an odd
+loss), one replica (or --replicas R of MirroredStrategy in one process, each taking 1/R of every
+batch). The dynamic run feeds every id through a fixed 64-bit permutation (an odd
 multiplier, then an xor), so its int64 keys have the fixed run's distinct counts and
 frequencies; each dynamic table holds as many rows as the fixed one. Before timing, --warm-steps
 steps admit the keys, so the timed steps meet mostly known keys plus the new ones each batch
@@ -19,7 +20,7 @@ ours, the same warm-up and step count back to back): its step, and the resident 
 tables add per key held, beside the bytes of values and Adagrad slots each key carries.
 
 Usage: python bench/bench_dynamic_vocabulary.py [--cap 1000000] [--rounds 30] [--threshold 1]
-       [--peer-python /path/to/tfra-venv/bin/python]
+       [--replicas 1] [--peer-python /path/to/tfra-venv/bin/python]
 """
 import argparse
 import json
@@ -36,8 +37,8 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tf_sc_embedding as sce  # noqa: E402
-from bench_api import (back_to_back, batch_pool, capped_vocabulary, dense_head,  # noqa: E402
-                       interleaved, iterator_over, logistic_loss)
+from bench_api import (back_to_back, batch_pool, capped_vocabulary, dataset_over,  # noqa: E402
+                       dense_head, interleaved, iterator_over, logistic_loss)
 
 E = tf.tpu.experimental.embedding
 MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)   # odd: a bijection of the 64-bit integers
@@ -88,20 +89,22 @@ def run_peer(python, pool, dim, args):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def step_function(vocab, dim, pool, dynamic=None):
+def step_function(vocab, dim, pool, dynamic=None, strategy=None):
+    """(embedding, a function running one training step) on the pool's batches; with a
+    strategy of R replicas, each replica takes 1/R of every batch."""
+    strategy = strategy or tf.distribute.get_strategy()
     tables = [E.TableConfig(vocabulary_size=v, dim=dim, name=f"t{i}", combiner="sum",
                             initializer=tf.initializers.RandomUniform(-0.05, 0.05, seed=i))
               for i, v in enumerate(vocab)]
     features = {f"f{i}": E.FeatureConfig(table=t) for i, t in enumerate(tables)}
     vocabularies = ({t.name: dynamic for t in tables} if dynamic is not None else {})
-    embedding = sce.TPUEmbeddingV2(features, E.Adagrad(0.05, initial_accumulator_value=0.1),
-                                   dynamic_vocabularies=vocabularies)
+    with strategy.scope():
+        embedding = sce.TPUEmbeddingV2(features, E.Adagrad(0.05, initial_accumulator_value=0.1),
+                                       dynamic_vocabularies=vocabularies)
     head = dense_head(len(vocab), dim)
     names = [f"f{i}" for i in range(len(vocab))]
 
-    @tf.function
-    def step(iterator):
-        ids, weights, labels = next(iterator)
+    def replica_step(ids, weights, labels):
         activations, preserved = embedding.embedding_lookup(ids, weights)
         with tf.GradientTape() as tape:
             tape.watch(activations)
@@ -109,8 +112,27 @@ def step_function(vocab, dim, pool, dynamic=None):
         embedding.apply_gradients(tape.gradient(loss, activations), preserved)
         return loss
 
-    iterator = iterator_over(pool)
-    return embedding, lambda: step(iterator).numpy()
+    if strategy.num_replicas_in_sync == 1:
+        @tf.function
+        def step(iterator):
+            return replica_step(*next(iterator))
+
+        iterator = iterator_over(pool)
+        return embedding, lambda: step(iterator).numpy()
+
+    @tf.function
+    def distributed_step(iterator):
+        losses = strategy.run(replica_step, args=next(iterator))
+        return strategy.reduce("SUM", losses, axis=None)
+
+    # Replica r of a process takes the r-th of its consecutive elements: each batch's slices.
+    replicas = strategy.num_replicas_in_sync
+    share = int(pool[0][2].shape[0]) // replicas
+    slices = [tf.nest.map_structure(lambda t, r=r: t[r * share:(r + 1) * share], element)
+              for element in pool for r in range(replicas)]
+    iterator = iter(strategy.distribute_datasets_from_function(
+        lambda context: dataset_over(slices)))
+    return embedding, lambda: distributed_step(iterator).numpy()
 
 
 def main():
@@ -124,21 +146,32 @@ def main():
     parser.add_argument("--threshold", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--peer-python", help="python of a TFRA virtual environment")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="a MirroredStrategy over this many logical CPUs (the batch is the "
+                             "global one)")
     args = parser.parse_args()
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    strategy = None
+    if args.replicas > 1:
+        tf.config.set_logical_device_configuration(
+            tf.config.list_physical_devices("CPU")[0],
+            [tf.config.LogicalDeviceConfiguration()] * args.replicas)
+        strategy = tf.distribute.MirroredStrategy(
+            [f"/cpu:{i}" for i in range(args.replicas)])
     vocab = capped_vocabulary(args.cap)
     pool = batch_pool(vocab, args.batch, args.batches)
-    fixed, fixed_step = step_function(vocab, args.dim, pool)
+    fixed, fixed_step = step_function(vocab, args.dim, pool, strategy=strategy)
     keyed = as_keys(pool)
     dynamic, dynamic_step = step_function(
-        vocab, args.dim, keyed, sce.DynamicVocabulary(admission_threshold=args.threshold))
+        vocab, args.dim, keyed, sce.DynamicVocabulary(admission_threshold=args.threshold),
+        strategy)
     for _ in range(args.warm_steps):
         fixed_step()
         dynamic_step()
     functions = {"fixed": fixed_step, "dynamic": dynamic_step}
     print(f"26 tables capped at {args.cap}, batch {args.batch}, dim {args.dim}, "
-          f"{args.threads} threads, threshold {args.threshold}, "
+          f"{args.threads} threads, {args.replicas} replica(s), threshold {args.threshold}, "
           f"keys held: {sum(len(dynamic.export_dynamic_table(f't{i}')[0]) for i in range(26))}")
     for label, medians in (("interleaved", interleaved(functions, args.rounds)),
                            ("back to back", back_to_back(functions, args.rounds))):
