@@ -31,7 +31,7 @@ PAD = 2**31 - 1
 OPS = ("coo", "list_of_coo", "sort", "stats", "splits", "csr_wrapped", "minibatches_in_csr",
        "lookup", "update", "update_in_place", "stacker", "finite_check", "raise_limits", "stacked_coo",
        "stacked_splits", "gathered_segment_sum", "replica_chunks",
-       "id_routing", "owner_csr", "key_row_map", "assign_rows")
+       "id_routing", "owner_csr", "key_row_map", "key_hashes", "assign_rows")
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
 
 
@@ -274,6 +274,17 @@ def make_case(seed, index):
             keys = sorted(set(case["state"][0]))
             case["state"] = [keys, [rng.randint(0, 3) for _ in keys], [], [], []]
             case["last_step"] = a(3, 6)
+    elif op == "key_hashes":
+        width = a(rng.randint(0, 6), 8)
+        # Valid widths above 2^16 would allocate gigabytes: only the overflow bound is probed.
+        width = 2**62 if 2**16 < width < 2**62 else width
+        case.update(keys=[rng.randint(-I64 - 1, I64) for _ in range(rng.randint(0, 12))],
+                    rank=a.choice(1, [0, 2]), shards=a(rng.randint(1, 8), 8), width=width,
+                    seed=attr(rng, 100),
+                    distribution=a.choice(rng.choice(["uniform", "normal", "truncated_normal"]),
+                                          ["lognormal", ""]),
+                    low=rng.choice([0.0, -1.5, 1e30, float("nan"), float("inf")]),
+                    high=rng.choice([1.0, 0.25, -1e30, float("nan")]))
     elif op == "assign_rows":
         # The variable is small (its size is no argument of the op); rows and widths are probed.
         height, width, n = min(max(a(5, 9, 0), 0), 64), min(max(a(3, 6, 0), 0), 64), \
@@ -503,6 +514,16 @@ def run_case(case):
                     np.int64(case["last_step"]), np.array(keys, np.int64), None, last_seen,
                     pending_keys, counts, pending_seen))
             return outputs, tuple(m.export())
+        if op == "key_hashes":
+            from tf_sc_embedding.ops import key_row_map  # noqa: PLC0415
+            keys = np.array(case["keys"], np.int64)
+            if case["rank"] != 1:
+                keys = keys.reshape([1] * case["rank"]) if keys.size == 1 else \
+                    keys.reshape([-1, 1])
+            return (key_row_map.key_owner_shards(keys, case["shards"]),
+                    key_row_map.keyed_random_rows(keys, case["seed"], case["width"],
+                                                  case["distribution"], case["low"],
+                                                  case["high"]))
         if op == "assign_rows":
             from tf_sc_embedding.ops.assign_rows import assign_rows  # noqa: PLC0415
             variable = tf.Variable(tf.zeros([case["height"], case["width"]], case["dtype"]))

@@ -37,6 +37,8 @@ COUNTERS = STRING_STEP_STATS
 # The checkpoint tensors of a table's logical state besides its values and slots.
 _STATE_KEYS = ("last_step", "keys", "last_seen", "pending_keys", "pending_counts",
                "pending_last_seen")
+# The largest step a map takes (cc/core/key_row_map.h, kMaxKeyRowMapStep).
+_MAX_STEP = 2**31 - 1
 
 
 class DynamicTable:
@@ -85,14 +87,19 @@ class DynamicTable:
         return next(iter(self.maps.values()))
 
     # ----------------------------------------------------------------- a step
-    def map_keys(self, replica, keys):
+    def last_step(self, replica):
+        """int64: the last step a replica's map mapped (-1 before the first)."""
+        return self.maps[replica].sizes()[2]
+
+    def map_keys(self, replica, keys, step=None):
         """(rows int32 [n], RowsToReset in table rows, step int64) of the keys a replica's map
         maps in one step ([n], every occurrence the shard owns, in batch order): an occurrence
         without a row reads the replica's scratch row. The rows to reset are this step's new
         rows, after any of an earlier step whose writes never ran (confirm_reset confirms them
-        once written)."""
+        once written). step: the step to map (None: one past the map's last)."""
         key_map = self.maps[replica]
-        step = key_map.sizes()[2] + 1
+        if step is None:
+            step = key_map.sizes()[2] + 1
         mapped = key_map.map_step(keys, step)
         stats = mapped.stats
         if stats.shape[0] != len(COUNTERS):
@@ -255,6 +262,7 @@ class DynamicTable:
             if value is None or tuple(np.shape(value)) != expected:
                 fail(f"has {kind} of shape {None if value is None else list(np.shape(value))}, "
                      f"expected {list(expected)}")
+        self._check_map_rules(state, fail)
         W = self.shards.num_replicas
         if W > 1:
             owners, pending_owners = self._owners(state)
@@ -270,27 +278,53 @@ class DynamicTable:
                     fail(f"holds {counted} pending keys owned by replica {replica}, more than "
                          f"its pending capacity of {room}")
 
+    def _check_map_rules(self, state, fail):
+        """The checks of the maps' own import (cc/core/key_row_map.cc), made on the whole state
+        before any map changes: each owner's part then passes them too (a part of an ascending
+        list ascends), so no map can reject its part after another imported its own, and every
+        worker, which reads the whole state, fails alike before any collective."""
+        last_step = int(np.asarray(state["last_step"]))
+        if not -1 <= last_step <= _MAX_STEP:
+            fail(f"has last_step {last_step}, outside [-1, {_MAX_STEP}]")
+        keys, last_seen = np.asarray(state["keys"]), np.asarray(state["last_seen"], np.int64)
+        pending = np.asarray(state["pending_keys"], np.int64)
+        counts = np.asarray(state["pending_counts"], np.int64)
+        pending_seen = np.asarray(state["pending_last_seen"], np.int64)
+        if len(last_seen) != len(keys) or not len(pending) == len(counts) == len(pending_seen):
+            fail("has keys, counts and last-seen steps of different lengths")
+        if self.key_dtype == tf.string:
+            held = np.sort(key_hashes(tf.constant(keys.astype(object), tf.string)).numpy())
+            if len(held) and np.any(held[1:] == held[:-1]):
+                fail("holds a string key twice, or two string keys with the same fingerprint")
+        else:
+            held = keys.astype(np.int64)
+            if len(held) and np.any(held[1:] <= held[:-1]):
+                fail("holds keys that are not strictly ascending")
+        if len(pending) and np.any(pending[1:] <= pending[:-1]):
+            fail("holds pending keys that are not strictly ascending")
+        if np.any(counts < 1):
+            fail("holds a pending count below 1")
+        for name, seen in (("last-seen", last_seen), ("pending last-seen", pending_seen)):
+            if np.any((seen < 0) | (seen > last_step)):
+                fail(f"holds a {name} step outside [0, last_step={last_step}]")
+        if len(pending) and len(held) and np.any(np.isin(pending, held)):
+            fail("holds a key both with a row and pending")
+
     def import_logical_state(self, state, gather=None):
         """Replaces the maps' state (each key goes to its owner's map, which gives it a row) and
         returns {kind: values by table row} for rows [0, last row held], to be written to the
-        table. A map that rejects its part leaves every map as it was."""
+        table. check_logical_state has checked every rule the maps' import checks."""
         owners, pending_owners = (self._owners(state) if self.shards.num_replicas > 1 else
                                   (np.zeros(len(state["keys"]), np.int32),
                                    np.zeros(len(state["pending_keys"]), np.int32)))
-        before = {replica: key_map.export() for replica, key_map in self.maps.items()}
-        try:
-            for replica, key_map in sorted(self.maps.items()):
-                mine, pending = owners == replica, pending_owners == replica
-                part = {name: np.asarray(value)[pending if name.startswith("pending") else mine]
-                        for name, value in state.items()
-                        if name in ("keys", "last_seen", "pending_keys", "pending_counts",
-                                    "pending_last_seen")}
-                part["last_step"] = state["last_step"]
-                key_map.import_state(self._map_state(part))
-        except Exception:
-            for replica, key_map in self.maps.items():
-                key_map.import_state(before[replica])
-            raise
+        for replica, key_map in sorted(self.maps.items()):
+            mine, pending = owners == replica, pending_owners == replica
+            part = {name: np.asarray(value)[pending if name.startswith("pending") else mine]
+                    for name, value in state.items()
+                    if name in ("keys", "last_seen", "pending_keys", "pending_counts",
+                                "pending_last_seen")}
+            part["last_step"] = state["last_step"]
+            key_map.import_state(self._map_state(part))
         merged, rows = self.export_state(gather)   # the same key order as the state
         height = int(rows.max()) + 1 if len(rows) else 0
         by_row = {}

@@ -257,7 +257,8 @@ class TPUEmbeddingV2(tf.Module):
     # ----------------------------------------------------------------------------- dynamic tables
     def export_dynamic_table(self, table):
         """(keys, values) of an open-vocabulary table (a name or its TableConfig): numpy, the keys
-        holding rows in ascending order ([n]; bytes for string keys) and their rows ([n, dim])."""
+        holding rows in ascending order ([n]; bytes for string keys) and their rows ([n, dim]).
+        With several worker processes a collective: every worker must call it."""
         name = table.name if isinstance(table, tf.tpu.experimental.embedding.TableConfig) else table
         return self._dynamic.export(name)
 
@@ -268,11 +269,14 @@ class TPUEmbeddingV2(tf.Module):
 
     def num_unadmitted_ids(self):
         """Occurrences of keys that held no row (below the admission threshold, refused, or a
-        string whose fingerprint another string holds): they read zeros and trained nothing."""
+        string whose fingerprint another string holds): they read zeros and trained nothing.
+        Counted since the embedding was made, over every replica; with several worker processes
+        a collective: every worker must call it."""
         return self._dynamic.counter("unadmitted_ids")
 
     def num_refused_keys(self):
-        """Admissions refused because every row of the table was held."""
+        """Admissions refused because every row of the key's shard was held (a collective with
+        several worker processes, like num_unadmitted_ids)."""
         return self._dynamic.counter("refused_keys")
 
     # ----------------------------------------------------------------------------- checkpoints

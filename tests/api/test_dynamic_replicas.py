@@ -258,3 +258,67 @@ def test_keras_fit_over_two_replicas_admits_the_same_keys():
     for part in ("keys", "last_seen", "pending_keys", "pending_counts", "last_step"):
         np.testing.assert_array_equal(two[part], one[part], err_msg=part)
     ph.assert_close(two["values"], one["values"], "values")
+
+
+@pytest.mark.parametrize("corrupt", ["held_and_pending", "unsorted", "zero_count",
+                                     "seen_after_last"])
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_state_the_maps_would_reject_fails_before_any_map_changes(replicas, corrupt):
+    """Every rule of the maps' own import is checked on the whole state first: a state that
+    breaks one (here in the part of the last replica's map) fails naming the table, and every
+    key keeps its row and values (the maps give rows in admission order, not key order, so a
+    map re-imported by key order would point its keys at other keys' values)."""
+    rng = np.random.default_rng(31)
+    strategy = ph.make_strategy(replicas)
+    with strategy.scope():
+        embedding = make_embedding(
+            E.TableConfig(vocabulary_size=48, dim=DIM, name="items",
+                          initializer=tf.initializers.TruncatedNormal(stddev=0.1)),
+            ph.make_optimizer("adagrad"),
+            dynamic_vocabularies={"items": sce.DynamicVocabulary(admission_threshold=2)})
+    keys = np.arange(1, 25, dtype=np.int64) * 7919
+    once = -np.arange(1, 2 * BATCH + 1, dtype=np.int64)   # seen once each: pending
+    train(embedding, random_batches(rng, 3, BATCH, keys) + [
+        {"f1": [[k] for k in once[:BATCH]], "f2": [[k] for k in once[BATCH:]]}],
+        "ragged", tf.int64, strategy)
+    state = embedding.dynamic_tables.logical_state("items")
+    bad = {part: np.array(value, copy=True) for part, value in state.items()}
+    held = [k for k in bad["keys"] if key_hashing.owner_shard(k, replicas) == replicas - 1]
+    assert len(bad["keys"]) >= 2 and len(bad["pending_keys"]) >= 1 and held
+    if corrupt == "held_and_pending":
+        pending = np.sort(np.append(bad["pending_keys"], held[0]))
+        at = int(np.searchsorted(pending, held[0]))
+        bad["pending_keys"] = pending
+        bad["pending_counts"] = np.insert(bad["pending_counts"], at, 1)
+        bad["pending_last_seen"] = np.insert(bad["pending_last_seen"], at, 0)
+    elif corrupt == "unsorted":
+        bad["keys"][[0, 1]] = bad["keys"][[1, 0]]
+    elif corrupt == "zero_count":
+        bad["pending_counts"][0] = 0
+    else:
+        bad["last_seen"][list(bad["keys"]).index(held[0])] = int(bad["last_step"]) + 1
+    with pytest.raises(ValueError, match="table 'items'.*Nothing was restored"):
+        embedding.dynamic_tables.restore("items", bad)
+    after = embedding.dynamic_tables.logical_state("items")
+    for part in state:
+        np.testing.assert_array_equal(after[part], state[part], err_msg=part)
+
+
+def test_every_map_of_a_table_maps_the_same_step():
+    """The maps agree on the step (their last steps ride in the key exchange's all-gather): a
+    map left behind or ahead, as a step aborted on some replicas leaves it, is brought to the
+    same step by the next one, so keys expire alike on every shard."""
+    strategy = ph.make_strategy(2)
+    with strategy.scope():
+        embedding = make_embedding(
+            E.TableConfig(vocabulary_size=32, dim=DIM, name="items"), E.SGD(0.1),
+            names=("f1",), dynamic_vocabularies={"items": sce.DynamicVocabulary(
+                steps_to_live=2)})
+    batch = [{"f1": [[k] for k in range(BATCH)]}]
+    train(embedding, batch, "ragged", tf.int64, strategy)
+    table = embedding.dynamic_tables.table("items")
+    assert [int(table.last_step(r)) for r in (0, 1)] == [0, 0]
+    table.maps[1].map_step(tf.constant([], tf.int64), 4)   # replica 1's map ran ahead
+    train(embedding, batch, "ragged", tf.int64, strategy)
+    assert [int(table.last_step(r)) for r in (0, 1)] == [5, 5]
+    assert int(embedding.dynamic_tables.logical_state("items")["last_step"]) == 5

@@ -98,12 +98,16 @@ class DynamicExchange(base.Exchange):
                 keys = [table.check_keys(features[p][0], p) for p in paths]
                 tables.append((placement, stacked, paths, keys, features))
         keys = [tf.concat(table_keys, axis=0) for _, _, _, table_keys, _ in tables]
+        steps = [None] * len(tables)   # one replica: its map's next step
         if view.num_replicas > 1:   # each key to its owner's map, once per replica
-            at_owner, route = key_exchange.send_keys(view, keys)
+            last_steps = [self._dynamic.table(p.name).last_step(view.replica_id)
+                          for p, _, _, _, _ in tables]
+            at_owner, route, steps = key_exchange.send_keys(view, keys, last_steps)
             keys = [k.keys if not training else tf.repeat(k.keys, k.counts) for k in at_owner]
         by_path, resets, rows_at_owner = {}, [], []
-        for (placement, stacked, _, _, _), owned in zip(tables, keys):
-            rows, written = self._map_table(view, placement, stacked, owned, variables, training)
+        for (placement, stacked, _, _, _), owned, step in zip(tables, keys, steps):
+            rows, written = self._map_table(view, placement, stacked, owned, variables, training,
+                                            step)
             rows_at_owner.append(rows)
             resets.extend(written)
         if view.num_replicas > 1:
@@ -178,10 +182,11 @@ class DynamicExchange(base.Exchange):
             rows[name] = (state.unique_rows, per_unique)
         return all_to_all.owned_rows_inputs(self.layout, 0, rows), None
 
-    def _map_table(self, view, placement, stacked, keys, variables, training):
+    def _map_table(self, view, placement, stacked, keys, variables, training, step=None):
         """(table row of each key, the row writes to wait for) of the keys of one table that
         this replica's map holds (one replica: every occurrence of the batch; several: those
-        the key exchange brought, every occurrence when training, each key once when not).
+        the key exchange brought, every occurrence when training, each key once when not);
+        step: the step every replica's map of the table maps (None: this map's next one).
 
         The rows written are the map's rows to reset (this step's new rows, after those of a
         step aborted before its writes ran) and the replica's scratch row; the map forgets them
@@ -190,7 +195,7 @@ class DynamicExchange(base.Exchange):
         table = self._dynamic.table(placement.name)
         replica = view.replica_id
         if training:
-            rows, to_reset, _ = table.map_keys(replica, keys)
+            rows, to_reset, _ = table.map_keys(replica, keys, step)
         else:
             rows, to_reset, _ = table.find_keys(replica, keys)
         # Where the rows to write live: the same for the parameters and every slot.

@@ -6,7 +6,8 @@ A dynamic table over W replicas keeps each key in the map of its owner shard
 distinct key of its batch once, with the number of its occurrences, to the key's owner; the owner
 maps what it receives (its map sees every occurrence over all replicas, so admission counts do
 not depend on how the batch was split) and answers each key with its table row. For all tables
-at once this costs one all-gather of the counts and two all-to-alls:
+at once this costs one all-gather of the counts (and of the maps' last steps, so that every map
+of a table maps the same step) and two all-to-alls:
 
 1. `send_keys`: per table, the batch's distinct keys (`tf.unique`, first-appearance order) are
    grouped by owner (stable) and sent as int32 triples (hash low word, high word, occurrences);
@@ -37,11 +38,13 @@ _STRING_WORDS = 4   # ... and the string's length in bytes
 _BYTE_STRINGS = [bytes([b]) for b in range(256)]
 
 
-def send_keys(view, keys_by_table):
-    """(per table KeysAtOwner of the keys this replica owns, KeyRoute).
+def send_keys(view, keys_by_table, last_steps):
+    """(per table KeysAtOwner of the keys this replica owns, KeyRoute, per table the step every
+    replica's map maps: one past the largest last step of all of them, int64).
 
     keys_by_table: per dynamic table, every occurrence of its keys in this replica's batch ([n],
-    int64 or string)."""
+    int64 or string); last_steps: per table, this replica's map's last step (ride in the
+    all-gather of the counts)."""
     W = view.num_replicas
     positions, orders, payloads, counts = [], [], [], []
     byte_payloads, byte_counts = [], []
@@ -66,7 +69,13 @@ def send_keys(view, keys_by_table):
     T = len(keys_by_table)
     send_counts = tf.stack(counts + byte_counts, axis=1)                 # [W dest, entries]
     widths = [int(p.shape[1]) for p in payloads] + [1] * len(byte_payloads)
-    every = tf.reshape(view.all_gather(send_counts[None]), [W, W, -1])   # [source, dest, entries]
+    # One more row, the maps' last steps (steps fit in int32: cc/core/key_row_map.h).
+    steps_row = tf.pad(tf.cast(tf.stack(last_steps), tf.int32)[None, :],
+                       [[0, 0], [0, len(byte_payloads)]])
+    gathered = tf.reshape(view.all_gather(tf.concat([send_counts, steps_row], axis=0)[None]),
+                          [W, W + 1, -1])                                # [source, dest, entries]
+    steps = tf.cast(tf.reduce_max(gathered[:, W, :T], axis=0), tf.int64) + 1
+    every = gathered[:, :W, :]
     recv_counts = every[:, view.replica_id, :]
     chunk = tf.reduce_max(tf.reduce_sum(every * tf.constant(widths)[None, None, :], axis=2))
     answer_chunk = tf.reduce_max(tf.reduce_sum(every[:, :, :T], axis=2))
@@ -82,7 +91,7 @@ def send_keys(view, keys_by_table):
             owned = tf.reshape(tf.bitcast(words[:, :2], tf.int64), [-1])
         at_owner.append(KeysAtOwner(owned, words[:, 2]))
     return at_owner, KeyRoute(positions, orders, send_counts[:, :T], recv_counts[:, :T],
-                              answer_chunk)
+                              answer_chunk), tf.unstack(steps, num=T)
 
 
 def return_rows(view, route, rows_at_owner):
