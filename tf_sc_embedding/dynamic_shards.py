@@ -29,7 +29,6 @@ class ShardRows:
 
     def __init__(self, table_name, capacity, num_replicas, sparse_cores_per_replica,
                  rotation=0):
-        self.table_name = table_name
         self.total_capacity = int(capacity)
         self.num_replicas = int(num_replicas)
         self.sparse_cores = int(sparse_cores_per_replica)
@@ -49,10 +48,6 @@ class ShardRows:
         if num_replicas == 1:
             return int(capacity) + 1
         return (largest // int(sparse_cores_per_replica) + 1) * shards
-
-    def with_rotation(self, rotation):
-        return ShardRows(self.table_name, self.total_capacity, self.num_replicas,
-                         self.sparse_cores, rotation)
 
     def capacity(self, replica):
         """Rows replica `replica`'s map gives out."""

@@ -8,11 +8,9 @@ import tensorflow as tf
 
 import tf_sc_embedding as sce
 from tests.api import parity_helpers as ph
-from tests.api import reference_training as ref
-from tests.api.test_dynamic_vocabulary import (DIM, OFFSETS, keras_model, key_values,
-                                               make_embedding, random_batches, train)
+from tests.api.test_dynamic_vocabulary import (DIM, keras_model, key_values, make_embedding,
+                                               random_batches, run_against_reference, train)
 from tests.reference import key_hashing
-from tests.reference.dynamic_training import ReferenceDynamicTable
 from tf_sc_embedding import fused_update
 
 E = tf.tpu.experimental.embedding
@@ -72,29 +70,9 @@ def test_identity_with_a_fixed_vocabulary_over_several_replicas(replicas, key_dt
 def test_admission_and_eviction_over_replicas_match_the_reference(replicas):
     """Counts over every replica's batch decide admission; eviction is by step. With room in
     every shard, the keys, rows and counters equal the one-map numpy reference."""
-    rng = np.random.default_rng(21 + replicas)
-    keys = np.arange(-9, 9, dtype=np.int64) * 7919
-    batches = random_batches(rng, 6, BATCH, keys)
-    config = ph.make_optimizer("adagrad")
-    strategy = ph.make_strategy(replicas)
-    with strategy.scope():
-        embedding = make_embedding(
-            E.TableConfig(vocabulary_size=96, dim=DIM, combiner="mean", name="items",
-                          initializer=tf.constant_initializer(0.5)), config,
-            dynamic_vocabularies={"items": sce.DynamicVocabulary(admission_threshold=3,
-                                                                 steps_to_live=1)})
-    reference = ReferenceDynamicTable(96, DIM, config, 0.5, 3, 1)
-    got = train(embedding, batches, "ragged", tf.int64, strategy)
-    for step, batch in enumerate(batches):
-        features = {f: ref.Feature("items", "mean", samples) for f, samples in batch.items()}
-        want = reference.train_step(features, lambda acts: {
-            f: ph.LOSS_SCALE * a + OFFSETS[f] for f, a in acts.items()})
-        for name in want:
-            ph.assert_close(got[step][name], want[name], f"step {step} activations {name}")
-    exported_keys, values = embedding.export_dynamic_table("items")
-    want_keys, want_values = reference.export()
-    assert list(exported_keys) == want_keys
-    ph.assert_close(values, want_values, "exported rows")
+    embedding, reference = run_against_reference(
+        21 + replicas, threshold=3, steps_to_live=1, capacity=96, optimizer="adagrad",
+        combiner="mean", distinct=18, steps=6, replicas=replicas, batch=BATCH)
     assert embedding.num_unadmitted_ids() == reference.counters["unadmitted_ids"] > 0
     assert embedding.num_refused_keys() == reference.counters["refused_keys"] == 0
 

@@ -139,19 +139,24 @@ def test_identity_with_a_fixed_vocabulary(key_dtype, kind, combiner, optimizer):
             ph.assert_close(values, rows, "rows")
 
 
-def _run_against_reference(seed, threshold, steps_to_live, capacity, optimizer, combiner,
-                           distinct, steps=5):
+def run_against_reference(seed, threshold, steps_to_live, capacity, optimizer, combiner,
+                          distinct, steps=5, replicas=1, batch=8):
+    """Trains `steps` random batches through the class (on `replicas` replicas) and through the
+    numpy reference, comparing activations, exported rows and counters; returns (embedding,
+    reference)."""
     rng = np.random.default_rng(seed)
     keys = np.arange(-distinct // 2, distinct - distinct // 2, dtype=np.int64) * 7919
-    batches = random_batches(rng, steps, 8, keys)
+    batches = random_batches(rng, steps, batch, keys)
     config = ph.make_optimizer(optimizer)
-    embedding = make_embedding(
-        E.TableConfig(vocabulary_size=capacity, dim=DIM, initializer=tf.constant_initializer(0.5),
-                      combiner=combiner, name="items"), config,
-        dynamic_vocabularies={"items": sce.DynamicVocabulary(
-            admission_threshold=threshold, steps_to_live=steps_to_live)})
+    strategy = ph.make_strategy(replicas) if replicas > 1 else None
+    with (strategy or tf.distribute.get_strategy()).scope():
+        embedding = make_embedding(
+            E.TableConfig(vocabulary_size=capacity, dim=DIM, combiner=combiner, name="items",
+                          initializer=tf.constant_initializer(0.5)), config,
+            dynamic_vocabularies={"items": sce.DynamicVocabulary(
+                admission_threshold=threshold, steps_to_live=steps_to_live)})
     reference = ReferenceDynamicTable(capacity, DIM, config, 0.5, threshold, steps_to_live or 0)
-    got = train(embedding, batches, "ragged", tf.int64)
+    got = train(embedding, batches, "ragged", tf.int64, strategy)
     for step, batch in enumerate(batches):
         features = {f: ref.Feature("items", combiner, samples) for f, samples in batch.items()}
         want = reference.train_step(features, lambda acts: {
@@ -164,11 +169,12 @@ def _run_against_reference(seed, threshold, steps_to_live, capacity, optimizer, 
     ph.assert_close(values, want_values, "exported rows")
     assert embedding.num_unadmitted_ids() == reference.counters["unadmitted_ids"]
     assert embedding.num_refused_keys() == reference.counters["refused_keys"]
+    return embedding, reference
 
 
 def test_admission_eviction_and_capacity_match_the_reference():
     # 12 distinct keys over 8 rows, threshold 2, rows given back after 1 unseen step.
-    _run_against_reference(3, threshold=2, steps_to_live=1, capacity=8, optimizer="adagrad",
+    run_against_reference(3, threshold=2, steps_to_live=1, capacity=8, optimizer="adagrad",
                            combiner="mean", distinct=12, steps=6)
 
 
@@ -180,7 +186,7 @@ def test_admission_eviction_and_capacity_match_the_reference():
        distinct=st.integers(1, 16))
 def test_property_matches_the_reference(seed, threshold, steps_to_live, capacity, optimizer,
                                         combiner, distinct):
-    _run_against_reference(seed, threshold, steps_to_live, capacity, optimizer, combiner,
+    run_against_reference(seed, threshold, steps_to_live, capacity, optimizer, combiner,
                            distinct, steps=4)
 
 
