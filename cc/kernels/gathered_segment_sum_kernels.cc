@@ -130,6 +130,33 @@ class GatheredSegmentSumToFeaturesOp : public FeatureSegmentSumBase {
     args.num_rows = rows.dim_size(0);
     args.width = rows.dim_size(1);
     args.num_segments = stacked_rows_;
+    OpInputList row_indices;
+    OP_REQUIRES_OK(ctx, ctx->input_list("row_indices", &row_indices));
+    OP_REQUIRES(ctx, row_indices.size() <= 1,
+                absl::InvalidArgumentError(absl::StrCat(
+                    where_, ": at most one row_indices vector, got ", row_indices.size())));
+    // With row indices, position p is the row rows[row_indices[p]], read in place: one pointer
+    // per index, each checked to lie in rows first.
+    std::vector<const float*> indexed_rows;
+    if (row_indices.size() == 1) {
+      const Tensor& indices = row_indices[0];
+      OP_REQUIRES(ctx, indices.dims() == 1,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      where_, ": row_indices must be a vector, got ",
+                      indices.shape().DebugString())));
+      const int32_t* index = indices.flat<int32_t>().data();
+      const int64_t count = indices.NumElements();
+      indexed_rows.resize(count);
+      for (int64_t p = 0; p < count; ++p) {
+        OP_REQUIRES(ctx, index[p] >= 0 && index[p] < args.num_rows,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        where_, ": row_indices[", p, "] = ", index[p], " is outside the ",
+                        args.num_rows, " rows")));
+        indexed_rows[p] = args.rows + static_cast<int64_t>(index[p]) * args.width;
+      }
+      args.row_table = indexed_rows.data();
+      args.num_rows = count;
+    }
     OP_REQUIRES_OK(ctx, ToTf(sce::ValidateGatheredSegmentSum(args, where_)));
     OpOutputList outputs;
     OP_REQUIRES_OK(ctx, ctx->output_list("activations", &outputs));

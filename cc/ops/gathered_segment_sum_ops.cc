@@ -53,14 +53,18 @@ REGISTER_OP("SceGatheredSegmentSum")
 // at start_f in each SparseCore's M rows; that row is row s * feature_rows_per_sc[f] + k of
 // feature f's [sparse_cores * feature_rows_per_sc[f], width] matrix.
 //
-// ToFeatures: rows -> activations, written straight into one output per feature.
+// ToFeatures: rows -> activations, written straight into one output per feature. With one
+// row_indices vector (K = 1), position p reads rows[row_indices[p]]: a lookup reads the unique
+// rows of an id list in place in the table instead of gathering a copy of them first.
 REGISTER_OP("SceGatheredSegmentSumToFeatures")
     .Input("rows: float")
     .Input("positions: int32")
     .Input("gains: float")
     .Input("segment_ids: int32")
+    .Input("row_indices: K * int32")
     .Output("activations: N * float")
     .Attr("N: int >= 1")
+    .Attr("K: int >= 0 = 0")
     .Attr("sparse_cores: int >= 1")
     .Attr("feature_rows_per_sc: list(int)")
     .Attr("table_name: string = ''")
@@ -75,6 +79,17 @@ REGISTER_OP("SceGatheredSegmentSumToFeatures")
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
       TF_RETURN_IF_ERROR(c->GetAttr("sparse_cores", &cores));
       TF_RETURN_IF_ERROR(c->GetAttr("feature_rows_per_sc", &rows_per_sc));
+      int64_t k;
+      TF_RETURN_IF_ERROR(c->GetAttr("K", &k));
+      if (k > 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "SceGatheredSegmentSumToFeatures, table '", table, "': at most one row_indices "
+            "vector, got ", k));
+      }
+      for (int64_t i = 0; i < k; ++i) {
+        ShapeHandle indices;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(4 + i), 1, &indices));
+      }
       if (static_cast<int64_t>(rows_per_sc.size()) != n) {
         return absl::InvalidArgumentError(absl::StrCat(
             "SceGatheredSegmentSumToFeatures, table '", table, "': feature_rows_per_sc has ",

@@ -48,6 +48,10 @@ def parse():
                    help="table 'small' is an open vocabulary of int64 keys (threshold 2, rows "
                         "given back after 3 unseen steps); its logical state goes to "
                         "dynamic_<i>.npz")
+    p.add_argument("--identity", action="store_true",
+                   help="with --dynamic: threshold 1, no eviction and 64 rows (room for every "
+                        "key on any shard), the conditions under which the open vocabulary "
+                        "equals the fixed table trained on the keys' ids")
     p.add_argument("--prefetch", action="store_true",
                    help="with --pipelining: every step also looks up the next step's batch "
                         "(next_features), the first one prefetched before the loop")
@@ -82,7 +86,8 @@ def main():
     E = tf.tpu.experimental.embedding
     big = E.TableConfig(vocabulary_size=1000, dim=8, name="big", combiner="sum",
                         initializer=tf.constant_initializer(0.01))
-    small = E.TableConfig(vocabulary_size=37, dim=4, name="small", combiner="mean",
+    small = E.TableConfig(vocabulary_size=64 if args.identity else 37, dim=4, name="small",
+                          combiner="mean",
                           initializer=tf.constant_initializer(-0.02))
     features = {"a": E.FeatureConfig(table=big), "b": E.FeatureConfig(table=big),
                 "c": E.FeatureConfig(table=small)}
@@ -106,7 +111,8 @@ def main():
                                        table_placement={t: "replicated"
                                                         for t in args.replicate.split(",") if t},
                                        dynamic_vocabularies={"small": sce.DynamicVocabulary(
-                                           admission_threshold=2, steps_to_live=3)}
+                                           admission_threshold=1 if args.identity else 2,
+                                           steps_to_live=None if args.identity else 3)}
                                        if args.dynamic else None)
     checkpoint = tf.train.Checkpoint(embedding=embedding)
     if args.restore and not args.restore_after_build:

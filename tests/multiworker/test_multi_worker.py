@@ -18,6 +18,8 @@ import time
 import numpy as np
 import pytest
 
+from tf_sc_embedding.dynamic_tables import value_part
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mw_worker.py")
 PROCESS_TIMEOUT = 240
 RTOL, ATOL = 1e-5, 1e-6
@@ -362,6 +364,34 @@ def test_dynamic_table_over_workers_is_one_process_table_and_restores_anywhere(t
     for i in range(2):
         assert_dynamic_states_equal(dynamic_state(out, i), dynamic_state(uninterrupted), False)
         assert table_digests(tables(out, i)) == table_digests(tables(uninterrupted))
+
+
+def test_dynamic_table_over_two_workers_equals_a_fixed_table_bit_for_bit(tmp_path):
+    """Identity with a fixed vocabulary over 2 workers: threshold 1, no eviction, room for every
+    key and one initial value for every row. The open vocabulary's keys are the fixed run's ids
+    through an injective map (id * 1000003 - 17, mw_worker.py), so each key's values and slots
+    must equal, bit for bit, the fixed table's row of its id, and the other table is untouched
+    by the difference."""
+    common = ["--exchange", "all_to_all", "--steps", "3"]
+    dynamic, codes = run_cluster(tmp_path, "dynamic", 2, common + ["--dynamic", "--identity"])
+    check_ok(dynamic, codes)
+    fixed, codes = run_cluster(tmp_path, "fixed", 2, common)
+    check_ok(fixed, codes)
+    for i in range(2):
+        state, want = dynamic_state(dynamic, i), tables(fixed, i)
+        keys = state["keys"]
+        assert 0 < len(keys) <= 37 and state["unadmitted_ids"] == 0
+        ids = (keys + 17) // 1000003
+        np.testing.assert_array_equal(ids * 1000003 - 17, keys)
+        kinds = [k.split("/", 1)[1] for k in want if k.startswith("small/")]
+        assert len(kinds) == 2   # the values and Adagrad's accumulators
+        for kind in kinds:
+            np.testing.assert_array_equal(state[value_part(kind)], want[f"small/{kind}"][ids],
+                                          err_msg=kind)
+        got = tables(dynamic, i)
+        for name in want:
+            if name.startswith("big/"):
+                np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
 @pytest.mark.parametrize("extra", [(), ("--dynamic",)], ids=["fixed", "dynamic"])

@@ -195,6 +195,63 @@ def test_per_feature_forms_equal_the_stacked_sum_split_or_concatenated(case):
                                                rows.shape[0]))
 
 
+@settings(**SETTINGS)
+@given(feature_cases(), st.integers(0, 5), st.randoms(use_true_random=False))
+def test_row_indices_read_in_place_what_a_gather_would_copy(case, extra_rows, random):
+    """rows[row_indices] read in place equal, bit for bit, the gathered rows summed."""
+    rows, positions, gains, segments, S, per_sc = case
+    table = np.random.default_rng(random.randrange(1 << 30)).normal(
+        size=(rows.shape[0] + extra_rows, rows.shape[1])).astype(np.float32)
+    indices = np.array(random.sample(range(table.shape[0]), rows.shape[0]), np.int32)
+    table[indices] = rows
+    got = gathered_segment_sum_to_features(table, positions, gains, segments, S, per_sc,
+                                           row_indices=indices)
+    want = gathered_segment_sum_to_features(rows, positions, gains, segments, S, per_sc)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+
+
+def test_row_indices_gradient_is_the_gathered_gradient_scattered_and_bad_indices_fail():
+    rng = np.random.default_rng(9)
+    S, per_sc = 2, [2, 3]
+    table = tf.constant(rng.normal(size=(9, 4)).astype(np.float32))
+    indices = np.array([7, 2, 4], np.int32)
+    positions = rng.integers(0, 3, 20).astype(np.int32)
+    gains = tf.constant(rng.normal(size=20).astype(np.float32))
+    segments = rng.integers(0, 10, 20).astype(np.int32)
+    weights = [tf.constant(rng.normal(size=(S * n, 4)).astype(np.float32)) for n in per_sc]
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([table, gains])
+        parts = gathered_segment_sum_to_features(table, positions, gains, segments, S, per_sc,
+                                                 row_indices=indices)
+        loss = tf.add_n([tf.reduce_sum(p * w) for p, w in zip(parts, weights)])
+        gathered = gathered_segment_sum_to_features(tf.gather(table, indices), positions, gains,
+                                                    segments, S, per_sc)
+        reference_loss = tf.add_n([tf.reduce_sum(p * w) for p, w in zip(gathered, weights)])
+    for got, want in zip(tape.gradient(loss, [table, gains]),
+                         tape.gradient(reference_loss, [table, gains])):
+        np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(),
+                                   tf.convert_to_tensor(want).numpy(), rtol=1e-6, atol=1e-6)
+    one = np.ones(1, np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"table 'video'.*row_indices\[1\] = 9 is outside the 9 rows"):
+        gathered_segment_sum_to_features(table, [0], one, [0], S, per_sc,
+                                         row_indices=np.array([0, 9], np.int32),
+                                         table_name="video")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"row_indices\[0\] = -1"):
+        gathered_segment_sum_to_features(table, [0], one, [0], S, per_sc,
+                                         row_indices=np.array([-1], np.int32))
+    # A position beyond the indices (not beyond the table) fails too.
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"positions\[0\] = 2"):
+        gathered_segment_sum_to_features(table, [2], one, [0], S, per_sc,
+                                         row_indices=np.array([0, 1], np.int32))
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="row_indices|rank"):
+        library.sce_gathered_segment_sum_to_features(
+            rows=table, positions=[0], gains=one, segment_ids=[0],
+            row_indices=[np.zeros((1, 1), np.int32)], N=2, sparse_cores=S,
+            feature_rows_per_sc=per_sc)
+
+
 def test_per_feature_gradient_matches_the_stacked_op():
     rng = np.random.default_rng(5)
     S, per_sc = 2, [3, 1, 2]
@@ -240,8 +297,8 @@ def test_per_feature_forms_check_the_feature_count_and_take_rows_without_columns
     # The raw op with N not matching feature_rows_per_sc (eager: no shape function runs).
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"table 'video'.*N = 1 features"):
         library.sce_gathered_segment_sum_to_features(
-            rows=np.zeros((2, 3), np.float32), positions=[0], gains=one, segment_ids=[0], N=1,
-            sparse_cores=2, feature_rows_per_sc=[1, 1], table_name="video")
+            rows=np.zeros((2, 3), np.float32), positions=[0], gains=one, segment_ids=[0],
+            row_indices=[], N=1, sparse_cores=2, feature_rows_per_sc=[1, 1], table_name="video")
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"N = 3 features"):
         library.sce_gathered_segment_sum_from_features(
             gradients=[np.zeros((2, 3), np.float32)] * 3, positions=[0], gains=one,

@@ -19,9 +19,10 @@ its features' occurrences (feature order, then sample order):
    mapping and its writes leaves them to the next step instead of unreset;
 4. sends each key's row back to the replicas that asked (a second all-to-all), and looks the
    rows up as the all-to-all exchange does: over several replicas with its exchange; on one
-   replica without it, the routing op's unique rows gathered from the variable and summed into
-   the activations by the gathered segment sum, and backward the same op summing the gradients
-   to one row per unique row for the fused update (all_to_all.owned_rows_inputs). Each sample's
+   replica without it, the routing op's unique rows read in place in the variable and summed
+   into the activations by the gathered segment sum, and backward the same op summing the
+   gradients to one row per unique row for the fused update (all_to_all.owned_rows_inputs),
+   padded to a multiple of the SparseCores by the segment sum itself. Each sample's
    rows are summed in input order, and the gradients of a row in sample order, so no number
    depends on which physical row a key holds: a run restored from a checkpoint (whose keys hold
    other rows) continues bit for bit, and the numbers are those of a fixed table exchanged
@@ -119,10 +120,11 @@ class DynamicExchange(base.Exchange):
             parts = tf.split(rows, [tf.size(k) for k in table_keys])
             by_path.update({p: (_with_values(features[p][0], part), features[p][1])
                             for p, part in zip(paths, parts)})
+        # The rows' preprocessing does not wait for the row writes; only reading the tables does.
+        routed = all_to_all.preprocess_and_route(
+            self, {p: ids for p, (ids, _) in by_path.items()},
+            {p: weights for p, (_, weights) in by_path.items()})
         with tf.control_dependencies(resets):
-            routed = all_to_all.preprocess_and_route(
-                self, {p: ids for p, (ids, _) in by_path.items()},
-                {p: weights for p, (_, weights) in by_path.items()})
             return super().lookup(view, routed, variables)
 
     def _lookup_stacked(self, view, preprocessed, parameters):
@@ -132,19 +134,32 @@ class DynamicExchange(base.Exchange):
         activations, preserved = {}, {}
         for name, table in self.stacked_tables.items():
             routed = preprocessed[name]
-            rows = tf.gather(parameters[name], routed.unique_rows)
-            rows = all_to_all.quantized(tf.cast(rows, tf.float32), table.quantization)
             blocks = all_to_all.feature_blocks(self.layout, table)
-            if blocks is not None:
+            if (blocks is not None and table.quantization is None and
+                    table.dtype == "float32"):
+                # The unique rows are read in place in the variable's value (not copied), not
+                # gathered into a copy first.
                 activations[name] = segment_sum.gathered_segment_sum_to_features(
-                    rows, routed.unique_positions, routed.gains, routed.row_ids, S, blocks,
-                    table_name=name)
+                    parameters[name].read_value(), routed.unique_positions, routed.gains,
+                    routed.row_ids, S, blocks, row_indices=routed.unique_rows, table_name=name)
             else:
-                activations[name] = segment_sum.gathered_segment_sum(
-                    rows, routed.unique_positions, routed.gains, routed.row_ids,
-                    table.sample_count, table_name=name)
+                # 16-bit or quantized rows are gathered, widened and quantized first.
+                rows = tf.gather(parameters[name], routed.unique_rows)
+                rows = all_to_all.quantized(tf.cast(rows, tf.float32), table.quantization)
+                if blocks is not None:
+                    activations[name] = segment_sum.gathered_segment_sum_to_features(
+                        rows, routed.unique_positions, routed.gains, routed.row_ids, S, blocks,
+                        table_name=name)
+                else:
+                    activations[name] = segment_sum.gathered_segment_sum(
+                        rows, routed.unique_positions, routed.gains, routed.row_ids,
+                        table.sample_count, table_name=name)
+            # The update's rows come out only once the lookup read the table: a value of the
+            # table still alive when the update writes would make it copy the whole table.
+            with tf.control_dependencies(tf.nest.flatten(activations[name])):
+                unique_rows = tf.identity(routed.unique_rows)
             preserved[name] = LookedUpTable(routed.row_ids, routed.unique_positions, routed.gains,
-                                            routed.unique_rows)
+                                            unique_rows)
         return activations, preserved
 
     def is_preserved(self, preserved):
@@ -169,18 +184,21 @@ class DynamicExchange(base.Exchange):
         rows = {}
         for name, table in self.stacked_tables.items():
             state = preserved[name]
-            unique = tf.size(state.unique_rows)
+            # One gradient row per unique row, then zero rows up to a multiple of S, as the
+            # owner's update reads them (all_to_all.owned_rows_inputs, padded): written by the
+            # segment sum itself, with no padded copy.
+            padded = (tf.size(state.unique_rows) + S - 1) // S * S
             blocks = all_to_all.feature_blocks(self.layout, table)
             if blocks is not None:
                 per_unique = segment_sum.gathered_segment_sum_from_features(
                     gradients[name], state.sample_rows, state.gains, state.unique_positions,
-                    unique, S, blocks, table_name=name)
+                    padded, S, blocks, table_name=name)
             else:
                 per_unique = segment_sum.gathered_segment_sum(
                     gradients[name], state.sample_rows, state.gains, state.unique_positions,
-                    unique, table_name=name)
+                    padded, table_name=name)
             rows[name] = (state.unique_rows, per_unique)
-        return all_to_all.owned_rows_inputs(self.layout, 0, rows), None
+        return all_to_all.owned_rows_inputs(self.layout, 0, rows, padded=True), None
 
     def _map_table(self, view, placement, stacked, keys, variables, training, step=None):
         """(table row of each key, the row writes to wait for) of the keys of one table that
@@ -201,16 +219,19 @@ class DynamicExchange(base.Exchange):
         # Where the rows to write live: the same for the parameters and every slot.
         owner, storage_rows = self._storage.storage_rows(placement.name,
                                                          table.rows_to_write(replica, to_reset))
-        mine = tf.equal(owner, replica)
-        storage_rows = tf.boolean_mask(storage_rows, mine)
+        mine = None   # one replica stores every row
+        if view.num_replicas > 1:
+            mine = tf.equal(owner, replica)
+            storage_rows = tf.boolean_mask(storage_rows, mine)
         writes = []
         for kind in table.kinds:
             width = (placement.dim if kind == PARAMETERS
                      else TableStorage.stored_width(stacked, kind))
             values = table.reset_values(to_reset, kind, width)
+            if mine is not None:
+                values = tf.boolean_mask(values, mine)
             variable = variables[stacked.name][kind].shard(replica)
-            writes.append(assign_rows(variable, storage_rows, tf.boolean_mask(values, mine),
-                                      placement.name))
+            writes.append(assign_rows(variable, storage_rows, values, placement.name))
         confirmed = table.confirm_reset(replica, to_reset, writes)
         return rows, writes + [confirmed]
 

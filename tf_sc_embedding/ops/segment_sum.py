@@ -43,16 +43,20 @@ def _gathered_segment_sum_grad(op, grad):
 
 
 def gathered_segment_sum_to_features(rows, positions, gains, segment_ids, sparse_cores,
-                                     feature_rows_per_sc, table_name="", name=None):
+                                     feature_rows_per_sc, row_indices=None, table_name="",
+                                     name=None):
     """gathered_segment_sum into one activation matrix per feature, with no split afterwards.
 
     segment_ids are stacked rows s * M + start_f + k (M = sum(feature_rows_per_sc), feature f at
     offset start_f of each SparseCore's M rows); that row is row s * feature_rows_per_sc[f] + k of
     feature f's [sparse_cores * feature_rows_per_sc[f], width] result
-    (docs/lookup.md#activation-row-order). Differentiable with respect to rows and gains.
+    (docs/lookup.md#activation-row-order). With row_indices (int32 [u], each in [0, rows)),
+    position p stands for rows[row_indices[p]], read in place: the same result as gathering
+    those rows first, without the gathered copy. Differentiable with respect to rows and gains.
     """
     return _lib.sce_gathered_segment_sum_to_features(
         rows=rows, positions=positions, gains=gains, segment_ids=segment_ids,
+        row_indices=[] if row_indices is None else [row_indices],
         N=len(feature_rows_per_sc), sparse_cores=sparse_cores,
         feature_rows_per_sc=list(feature_rows_per_sc),
         table_name=table_name, name=name)
@@ -72,17 +76,25 @@ def gathered_segment_sum_from_features(gradients, positions, gains, segment_ids,
 
 @tf.RegisterGradient("SceGatheredSegmentSumToFeatures")
 def _to_features_grad(op, *grads):
-    """d rows: the per-feature gradients summed back per row (the FromFeatures op);
-    d gains[i]: <rows[positions[i]], grad of entry i's activation row>."""
-    rows, positions, gains, segment_ids = op.inputs
+    """d rows: the per-feature gradients summed back per row (the FromFeatures op; with row
+    indices, per index, then as IndexedSlices of rows); d gains[i]: <rows[positions[i]], grad of
+    entry i's activation row>."""
+    rows, positions, gains, segment_ids = op.inputs[:4]
+    indices = op.inputs[4] if len(op.inputs) > 4 else None
     cores, per_sc = _attr(op, "sparse_cores"), list(_attr(op, "feature_rows_per_sc"))
     grads = [tf.zeros_like(out) if g is None else g for g, out in zip(grads, op.outputs)]
-    d_rows = gathered_segment_sum_from_features(
-        grads, segment_ids, gains, positions, tf.shape(rows)[0], cores, per_sc,
+    num_read = tf.shape(rows)[0] if indices is None else tf.size(indices)
+    d_read = gathered_segment_sum_from_features(
+        grads, segment_ids, gains, positions, num_read, cores, per_sc,
         table_name=_attr(op, "table_name"))
+    if indices is None:
+        d_rows = d_read
+    else:
+        d_rows = tf.IndexedSlices(d_read, indices, tf.shape(rows))
+        rows = tf.gather(rows, indices)
     width = tf.shape(rows)[1]
     stacked = tf.reshape(tf.concat([tf.reshape(g, [cores, p, width])
                                     for g, p in zip(grads, per_sc)], axis=1),
                          [cores * sum(per_sc), width])
     d_gains = tf.reduce_sum(tf.gather(rows, positions) * tf.gather(stacked, segment_ids), axis=1)
-    return [d_rows, None, d_gains, None]
+    return [d_rows, None, d_gains, None] + [None] * (len(op.inputs) - 4)
