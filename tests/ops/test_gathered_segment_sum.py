@@ -195,6 +195,18 @@ def test_per_feature_forms_equal_the_stacked_sum_split_or_concatenated(case):
                                                rows.shape[0]))
 
 
+def gradient_case(seed, num_rows, num_positions, num_entries, S, per_sc, width=4):
+    """(rows, positions < num_positions, gains, segments, per-feature loss weights) of one
+    gradient check of the per-feature form."""
+    rng = np.random.default_rng(seed)
+    rows = tf.constant(rng.normal(size=(num_rows, width)).astype(np.float32))
+    positions = rng.integers(0, num_positions, num_entries).astype(np.int32)
+    gains = tf.constant(rng.normal(size=num_entries).astype(np.float32))
+    segments = rng.integers(0, S * sum(per_sc), num_entries).astype(np.int32)
+    weights = [tf.constant(rng.normal(size=(S * n, width)).astype(np.float32)) for n in per_sc]
+    return rows, positions, gains, segments, weights
+
+
 @settings(**SETTINGS)
 @given(feature_cases(), st.integers(0, 5), st.randoms(use_true_random=False))
 def test_row_indices_read_in_place_what_a_gather_would_copy(case, extra_rows, random):
@@ -212,14 +224,9 @@ def test_row_indices_read_in_place_what_a_gather_would_copy(case, extra_rows, ra
 
 
 def test_row_indices_gradient_is_the_gathered_gradient_scattered_and_bad_indices_fail():
-    rng = np.random.default_rng(9)
     S, per_sc = 2, [2, 3]
-    table = tf.constant(rng.normal(size=(9, 4)).astype(np.float32))
+    table, positions, gains, segments, weights = gradient_case(9, 9, 3, 20, S, per_sc)
     indices = np.array([7, 2, 4], np.int32)
-    positions = rng.integers(0, 3, 20).astype(np.int32)
-    gains = tf.constant(rng.normal(size=20).astype(np.float32))
-    segments = rng.integers(0, 10, 20).astype(np.int32)
-    weights = [tf.constant(rng.normal(size=(S * n, 4)).astype(np.float32)) for n in per_sc]
     with tf.GradientTape(persistent=True) as tape:
         tape.watch([table, gains])
         parts = gathered_segment_sum_to_features(table, positions, gains, segments, S, per_sc,
@@ -253,13 +260,8 @@ def test_row_indices_gradient_is_the_gathered_gradient_scattered_and_bad_indices
 
 
 def test_per_feature_gradient_matches_the_stacked_op():
-    rng = np.random.default_rng(5)
     S, per_sc = 2, [3, 1, 2]
-    rows = tf.constant(rng.normal(size=(7, 4)).astype(np.float32))
-    positions = rng.integers(0, 7, 30).astype(np.int32)
-    gains = tf.constant(rng.normal(size=30).astype(np.float32))
-    segments = rng.integers(0, 12, 30).astype(np.int32)
-    weights = [tf.constant(rng.normal(size=(S * n, 4)).astype(np.float32)) for n in per_sc]
+    rows, positions, gains, segments, weights = gradient_case(5, 7, 7, 30, S, per_sc)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch([rows, gains])
         parts = gathered_segment_sum_to_features(rows, positions, gains, segments, S, per_sc)
