@@ -49,8 +49,8 @@ def parse():
                         "given back after 3 unseen steps); its logical state goes to "
                         "dynamic_<i>.npz")
     p.add_argument("--identity", action="store_true",
-                   help="with --dynamic: threshold 1, no eviction and 64 rows (room for every "
-                        "key on any shard), the conditions under which the open vocabulary "
+                   help="with --dynamic: threshold 1, no eviction and 128 rows (64 per shard "
+                        "over 2 replicas: room for all 37 keys on either), the conditions under which the open vocabulary "
                         "equals the fixed table trained on the keys' ids")
     p.add_argument("--prefetch", action="store_true",
                    help="with --pipelining: every step also looks up the next step's batch "
@@ -86,7 +86,7 @@ def main():
     E = tf.tpu.experimental.embedding
     big = E.TableConfig(vocabulary_size=1000, dim=8, name="big", combiner="sum",
                         initializer=tf.constant_initializer(0.01))
-    small = E.TableConfig(vocabulary_size=64 if args.identity else 37, dim=4, name="small",
+    small = E.TableConfig(vocabulary_size=128 if args.identity else 37, dim=4, name="small",
                           combiner="mean",
                           initializer=tf.constant_initializer(-0.02))
     features = {"a": E.FeatureConfig(table=big), "b": E.FeatureConfig(table=big),

@@ -19,7 +19,8 @@ its features' occurrences (feature order, then sample order):
    mapping and its writes leaves them to the next step instead of unreset;
 4. sends each key's row back to the replicas that asked (a second all-to-all), and looks the
    rows up as the all-to-all exchange does: over several replicas with its exchange; on one
-   replica without it, the routing op's unique rows read in place in the variable and summed
+   replica without it, the routing op's unique rows read in place in the variable (float32
+   rows, no quantization, one activation matrix per feature; else gathered first) and summed
    into the activations by the gathered segment sum, and backward the same op summing the
    gradients to one row per unique row for the fused update (all_to_all.owned_rows_inputs),
    padded to a multiple of the SparseCores by the segment sum itself. Each sample's
