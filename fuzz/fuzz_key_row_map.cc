@@ -158,6 +158,44 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (size_t k = 0; k < new_keys.size(); ++k) {
       SCE_FUZZ_CHECK(step_rows.count(new_keys[k]) && step_rows[new_keys[k]] == new_rows[k]);
     }
+    {   // Numbering the step's rows: first-occurrence order, kNoRow once, the map unchanged;
+        // a row not given in this step (or out of range) fails and changes nothing.
+      const sce::KeyRowMapState before = map->Export();
+      std::vector<int32_t> numbered = rows;
+      if (!numbered.empty() && in.ConsumeIntegralInRange<int>(0, 7) == 0) {
+        numbered[in.ConsumeIntegralInRange<size_t>(0, numbered.size() - 1)] =
+            in.ConsumeIntegralInRange<int32_t>(-3, static_cast<int32_t>(config.capacity) + 2);
+      }
+      // Given in the last step: held by a key last seen at that step (by this call, or by an
+      // earlier call for the same step).
+      std::set<int32_t> seen_now;
+      for (size_t k = 0; k < before.rows.size(); ++k) {
+        if (before.last_seen[k] == step) seen_now.insert(before.rows[k]);
+      }
+      bool given = true;
+      for (int32_t row : numbered) given = given && (row == sce::kNoRow || seen_now.count(row));
+      std::vector<int32_t> positions(numbered.size(), 12345), unique{7};
+      const bool ok = map->NumberStepRows(numbered.empty() ? nullptr : numbered.data(),
+                                          static_cast<int64_t>(numbered.size()),
+                                          positions.empty() ? nullptr : positions.data(),
+                                          &unique).ok();
+      SCE_FUZZ_CHECK(SameLogicalState(before, map->Export()));
+      SCE_FUZZ_CHECK(ok == given);
+      if (ok) {
+        std::vector<int32_t> expected_unique;
+        for (size_t i = 0; i < numbered.size(); ++i) {
+          auto at = std::find(expected_unique.begin(), expected_unique.end(), numbered[i]);
+          if (at == expected_unique.end()) {
+            expected_unique.push_back(numbered[i]);
+            at = expected_unique.end() - 1;
+          }
+          SCE_FUZZ_CHECK(positions[i] == at - expected_unique.begin());
+        }
+        SCE_FUZZ_CHECK(unique == expected_unique);
+      } else {
+        SCE_FUZZ_CHECK(unique.empty());
+      }
+    }
     for (int32_t row : new_rows) {   // the rows to reset: every admission's row, listed once
       if (std::find(expected_reset.begin(), expected_reset.end(), row) == expected_reset.end()) {
         expected_reset.push_back(row);

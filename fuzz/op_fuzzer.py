@@ -269,7 +269,12 @@ def make_case(seed, index):
                             [rng.choice(universe) for _ in range(rng.randint(0, 12))]]
                            for i in range(rng.randint(1, 5))],
                     state=[int_list(rng, rng.randint(0, 6), 2**40) for _ in range(5)],
-                    last_step=attr(rng, 6), strings=rng.random() < 0.3)
+                    last_step=attr(rng, 6), strings=rng.random() < 0.3,
+                    # rows to number after the import: the last step's (often no longer given:
+                    # an error), or arbitrary ones of any rank
+                    number=rng.choice([None, "last", "last", "any"]),
+                    number_rows=int_list(rng, rng.randint(0, 6), 30),
+                    number_rank=a.choice(1, [0, 2]))
         if rng.random() < 0.5:  # a consistent state (unless mutated), so an import can succeed
             keys = sorted(set(case["state"][0]))
             case["state"] = [keys, [rng.randint(0, 3) for _ in keys], [], [], []]
@@ -513,6 +518,14 @@ def run_case(case):
                 m.import_state(key_row_map.KeyRowMapState(
                     np.int64(case["last_step"]), np.array(keys, np.int64), None, last_seen,
                     pending_keys, counts, pending_seen))
+            if case.get("number"):   # last: it fails often
+                rows = (outputs[-1][0] if case["number"] == "last" and outputs
+                        else np.array(case["number_rows"], np.int64).astype(np.int32))
+                if case["number_rank"] == 0:
+                    rows = tf.reshape(tf.concat([tf.reshape(rows, [-1]), [0]], 0)[0], [])
+                elif case["number_rank"] == 2:
+                    rows = tf.reshape(rows, [-1, 1])
+                outputs.append(tuple(m.number_rows(rows)))
             return outputs, tuple(m.export())
         if op == "key_hashes":
             from tf_sc_embedding.ops import key_row_map  # noqa: PLC0415

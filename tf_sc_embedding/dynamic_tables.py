@@ -17,6 +17,7 @@
 The table's rows are the variables of `TableStorage`, read and written through `LogicalTables`;
 physical rows never leave this module: the logical state is ordered by key.
 """
+import collections
 import weakref
 
 import numpy as np
@@ -37,6 +38,9 @@ COUNTERS = STRING_STEP_STATS
 # The checkpoint tensors of a table's logical state besides its values and slots.
 _STATE_KEYS = ("last_step", "keys", "last_seen", "pending_keys", "pending_counts",
                "pending_last_seen")
+# A step's keys as positions among its distinct rows (DynamicTable.map_keys, numbered): int32
+# [n] position of each occurrence's row in unique_rows, int32 [u] the distinct table rows.
+NumberedRows = collections.namedtuple("NumberedRows", ["positions", "unique_rows"])
 # The largest step a map takes (cc/core/key_row_map.h, kMaxKeyRowMapStep).
 _MAX_STEP = 2**31 - 1
 
@@ -91,12 +95,16 @@ class DynamicTable:
         """int64: the last step a replica's map mapped (-1 before the first)."""
         return self.maps[replica].sizes()[2]
 
-    def map_keys(self, replica, keys, step=None):
+    def map_keys(self, replica, keys, step=None, numbered=False):
         """(rows int32 [n], RowsToReset in table rows, step int64) of the keys a replica's map
         maps in one step ([n], every occurrence the shard owns, in batch order): an occurrence
         without a row reads the replica's scratch row. The rows to reset are this step's new
         rows, after any of an earlier step whose writes never ran (confirm_reset confirms them
-        once written). step: the step to map (None: one past the map's last)."""
+        once written). step: the step to map (None: one past the map's last).
+
+        numbered: rows is NumberedRows instead: the step's distinct table rows in order of
+        first occurrence (the scratch row once, for every occurrence without a row) and each
+        occurrence's position among them (KeyRowMap.number_rows)."""
         key_map = self.maps[replica]
         if step is None:
             step = key_map.sizes()[2] + 1
@@ -105,8 +113,13 @@ class DynamicTable:
         if stats.shape[0] != len(COUNTERS):
             stats = tf.pad(stats, [[0, len(COUNTERS) - int(stats.shape[0])]])
         counted = self.counters.assign_add(stats)
+        rows = mapped.rows
+        if numbered:
+            positions, rows = key_map.number_rows(rows)
         with tf.control_dependencies([counted]):
-            rows = self._table_rows(replica, mapped.rows)
+            rows = self._table_rows(replica, rows)
+        if numbered:
+            rows = NumberedRows(positions, rows)
         with tf.control_dependencies([mapped.rows]):
             to_reset = key_map.rows_to_reset()
         return rows, self._in_table_rows(replica, to_reset), step

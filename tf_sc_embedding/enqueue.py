@@ -107,9 +107,13 @@ def feature_coo_lists(layout, flat_features, flat_weights):
     return lists
 
 
-def _stacked_table_inputs(layout, flat_features, flat_weights):
+def _stacked_table_inputs(layout, flat_features, flat_weights, positions=False):
     """Per stacked table name, the arguments that its features give the ops taking all features
-    of a stacked table: the input lists and the per-feature attributes, in feature order."""
+    of a stacked table: the input lists and the per-feature attributes, in feature order.
+
+    positions: the features' ids are already positions among their stacked table's unique rows
+    (an open vocabulary's numbered rows, exchanges/dynamic.py), so each col is its id unchanged:
+    no stacking transform (one shard, no offset or rotation) and no vocabulary bound."""
     inputs = {}
     for placement, ids, weights in zip(layout.features, flat_features, flat_weights):
         indices, values, gains, _ = feature_as_id_input(ids, weights, placement.path,
@@ -120,29 +124,35 @@ def _stacked_table_inputs(layout, flat_features, flat_weights):
     for name, stacked in layout.stacked_tables.items():
         features = inputs[name]
         placements = [f[0] for f in features]
+        if positions:
+            cols = dict(col_offsets=[0] * len(placements), col_shifts=[0] * len(placements),
+                        vocabulary_sizes=[-1] * len(placements), num_sc_shards=1)
+        else:
+            cols = dict(col_offsets=[p.table.col_offset for p in placements],
+                        col_shifts=[p.table.layout.sparse_core_shard_rotation
+                                    for p in placements],
+                        vocabulary_sizes=[p.table.vocabulary_size for p in placements],
+                        num_sc_shards=layout.num_sparse_cores)
         result[name] = dict(
             indices_or_row_splits_list=[f[1] for f in features],
             values_list=[f[2] for f in features], weights_list=[f[3] for f in features],
             sample_counts=[p.sample_count for p in placements],
             row_offsets=[p.sample_offset for p in placements],
-            col_offsets=[p.table.col_offset for p in placements],
-            col_shifts=[p.table.layout.sparse_core_shard_rotation for p in placements],
-            vocabulary_sizes=[p.table.vocabulary_size for p in placements],
             combiners=[p.table.combiner for p in placements],
             table_names=[p.table.name for p in placements],
             feature_names=[p.path for p in placements],
             num_sc_per_chip=layout.sparse_cores_per_replica,
-            num_sc_shards=layout.num_sparse_cores,
-            stacked_table_sample_count=stacked.sample_count)
+            stacked_table_sample_count=stacked.sample_count, **cols)
     return result
 
 
-def stacked_coo(layout, flat_features, flat_weights):
+def stacked_coo(layout, flat_features, flat_weights, positions=False):
     """Per stacked table name, its COO (rows, cols, gains) in SparseCore-major order: the
-    concatenation of feature_coo_lists, made by one op per stacked table."""
+    concatenation of feature_coo_lists, made by one op per stacked table. positions: see
+    _stacked_table_inputs."""
     return {name: ops_preprocessing.convert_features_to_stacked_coo_tensor(**arguments)
             for name, arguments in _stacked_table_inputs(
-                layout, flat_features, flat_weights).items()}
+                layout, flat_features, flat_weights, positions).items()}
 
 
 def stacked_splits(layout, flat_features, flat_weights):

@@ -368,6 +368,70 @@ Status KeyRowMap::MapStep(int64_t step, const uint64_t* keys, int64_t num_keys, 
   return Status::Ok();
 }
 
+Status KeyRowMap::NumberStepRows(const int32_t* rows, int64_t n, int32_t* positions,
+                                 std::vector<int32_t>* unique_rows) {
+  if (n < 0 || (n > 0 && (rows == nullptr || positions == nullptr)) || unique_rows == nullptr) {
+    return InvalidArgument(where_, ": bad row numbering arguments (", n, " rows)");
+  }
+  SCE_RETURN_IF_ERROR(CheckInRange(where_, "the rows to number", n, 0, kMaxInt32 - 2));
+  unique_rows->clear();
+  const int32_t now = static_cast<int32_t>(last_step_);
+  // Before any step no row was given (every row's -1 would read as the step -1).
+  const uint32_t capacity = last_step_ >= 0 ? static_cast<uint32_t>(config_.capacity) : 0;
+  // While numbering, the last-seen step of a row numbered k (= now before) holds -(k + 2): every
+  // such value is <= -2, and -1 marks free rows, so neither is taken for a step.
+  int32_t no_row = -1;   // the number of kNoRow, once it occurs
+  // The rows come in batch order, so their metadata is read at random: prefetched some rows
+  // ahead (the map's step has just brought most of it to the caches).
+  constexpr int64_t kAhead = 16;
+  int64_t i = 0;
+  for (; i < n; ++i) {
+    if (i + kAhead < n) {
+      const uint32_t ahead = static_cast<uint32_t>(rows[i + kAhead]);
+      if (ahead < capacity) __builtin_prefetch(&row_last_seen_[ahead], 1);
+    }
+    const int32_t row = rows[i];
+    if (static_cast<uint32_t>(row) >= capacity) {
+      if (row != kNoRow) break;
+      if (no_row < 0) {
+        no_row = static_cast<int32_t>(unique_rows->size());
+        unique_rows->push_back(kNoRow);
+      }
+      positions[i] = no_row;
+      continue;
+    }
+    int32_t& seen = row_last_seen_[row];
+    if (seen <= -2) {
+      positions[i] = -(seen + 2);
+    } else if (seen == now) {
+      positions[i] = static_cast<int32_t>(unique_rows->size());
+      seen = -static_cast<int32_t>(unique_rows->size()) - 2;
+      unique_rows->push_back(row);
+    } else {
+      break;   // not given in the last step
+    }
+  }
+  // Every numbered row was seen now: its last-seen step comes back.
+  for (int32_t row : *unique_rows) {
+    if (row != kNoRow) row_last_seen_[row] = now;
+  }
+  if (i < n) {
+    const int32_t row = rows[i];
+    unique_rows->clear();
+    if (row < kNoRow || row >= config_.capacity) {
+      return InvalidArgument(where_, ": rows[", i, "] = ", row, " is not a row of this map (",
+                             config_.capacity, " rows)");
+    }
+    if (last_step_ < 0) {
+      return InvalidArgument(where_, ": rows[", i, "] = ", row,
+                             " was not given: the map has mapped no step yet");
+    }
+    return InvalidArgument(where_, ": rows[", i, "] = ", row, " was not given in step ",
+                           last_step_, ", the map's last step");
+  }
+  return Status::Ok();
+}
+
 void KeyRowMap::ConfirmReset(int64_t count) {
   const int64_t n = std::clamp<int64_t>(count, 0, static_cast<int64_t>(rows_to_reset_.size()));
   for (int64_t i = 0; i < n; ++i) reset_pending_[rows_to_reset_[i]] = false;

@@ -107,6 +107,17 @@ class KeyRowMap {
   // Removes the first `count` rows of rows_to_reset() (clamped to [0, its size]).
   void ConfirmReset(int64_t count);
 
+  // Numbers the distinct rows of the last step's answers (`rows`, n of them, as MapStep gave
+  // them, possibly with some turned to kNoRow): positions[i] becomes the index of rows[i] among
+  // `unique_rows`, which receives each distinct row once, in order of first occurrence; every
+  // kNoRow shares one entry (kNoRow). It is the deduplication a lookup needs, made from the
+  // per-row metadata the step has just read (each row's last-seen step), without a sort or a
+  // hash table: one pass, each row's metadata briefly holding its number. Nothing changes the
+  // map. Fails, changing nothing, on a row outside [kNoRow, capacity) or a row not seen in the
+  // last step (such rows were not answers of that step).
+  Status NumberStepRows(const int32_t* rows, int64_t n, int32_t* positions,
+                        std::vector<int32_t>* unique_rows);
+
   // Read-only lookup (inference): rows[i] becomes keys[i]'s row, or kNoRow when the key holds
   // none at the last step (expired keys included). Nothing changes: no count, no admission.
   void Find(const uint64_t* keys, int64_t num_keys, int32_t* rows) const;

@@ -106,8 +106,8 @@ void BuildOwnerCsr(const OwnerCsrParams& p, const int32_t* rows, int64_t n,
   for (int64_t source = 0; source < S; ++source) {
     int64_t* next = segment_begin.data() + source * S;
     const int64_t first = source * M;
-    const int64_t end = std::min(n, first + M);
-    for (int64_t i = first; i < end; ++i) {
+    const int64_t last = std::min(n, first + M);
+    for (int64_t i = first; i < last; ++i) {
       const int32_t row = rows[i];
       const int64_t shard = ShardOf(row, static_cast<uint32_t>(R));
       const int64_t slot = next[shard]++;

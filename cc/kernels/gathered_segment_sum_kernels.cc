@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/core/checked_math.h"
 #include "cc/core/gathered_segment_sum.h"
 #include "cc/kernels/kernel_utils.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -146,6 +147,11 @@ class GatheredSegmentSumToFeaturesOp : public FeatureSegmentSumBase {
                       indices.shape().DebugString())));
       const int32_t* index = indices.flat<int32_t>().data();
       const int64_t count = indices.NumElements();
+      // Positions index rows as int32: more indices could never be read, and are not allocated.
+      OP_REQUIRES(ctx, count <= sce::kMaxInt32,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      where_, ": row_indices has ", count, " entries, more than ",
+                      sce::kMaxInt32)));
       indexed_rows.resize(count);
       for (int64_t p = 0; p < count; ++p) {
         OP_REQUIRES(ctx, index[p] >= 0 && index[p] < args.num_rows,

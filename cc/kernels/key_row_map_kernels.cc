@@ -199,6 +199,34 @@ class ConfirmResetOp : public OpKernel {
   }
 };
 
+// The distinct rows of the last step (KeyRowMap::NumberStepRows). It writes each numbered row's
+// metadata and restores it before returning, so it holds the map's exclusive lock.
+template <typename Map>
+class NumberRowsOp : public OpKernel {
+ public:
+  explicit NumberRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<MapResource<Map>> resource;
+    OP_REQUIRES_OK(ctx, LookupMap<Map>(ctx, &resource));
+    const Tensor& rows = ctx->input(1);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(rows.shape()),
+                absl::InvalidArgumentError(absl::StrCat(Where(resource->table_name()),
+                                                        ": rows must be a vector, got ",
+                                                        rows.shape().DebugString())));
+    Tensor* positions = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, rows.shape(), &positions));
+    std::vector<int32_t> unique_rows;
+    {
+      mutex_lock lock(*resource->mu());
+      OP_REQUIRES_OK(ctx, ToTf(KeyMapOf(resource->map())->NumberStepRows(
+                              rows.flat<int32_t>().data(), rows.NumElements(),
+                              positions->flat<int32_t>().data(), &unique_rows)));
+    }
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 1, unique_rows));
+  }
+};
+
 // Read-only lookups: under a shared lock, the map unchanged.
 class KeyRowMapFindOp : public OpKernel {
  public:
@@ -535,6 +563,10 @@ REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMapRowsToReset").Device(DEVICE_CPU)
                         RowsToResetOp<sce::StringKeyRowMap>);
 REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMapConfirmReset").Device(DEVICE_CPU),
                         ConfirmResetOp<sce::StringKeyRowMap>);
+REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapNumberRows").Device(DEVICE_CPU),
+                        NumberRowsOp<sce::KeyRowMap>);
+REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMapNumberRows").Device(DEVICE_CPU),
+                        NumberRowsOp<sce::StringKeyRowMap>);
 REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMapFind").Device(DEVICE_CPU),
                         StringKeyRowMapFindOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapImport").Device(DEVICE_CPU), KeyRowMapImportOp);

@@ -112,6 +112,28 @@ SCE_REGISTER_RESET_OPS("SceKeyRowMap");
 SCE_REGISTER_RESET_OPS("SceStringKeyRowMap");
 #undef SCE_REGISTER_RESET_OPS
 
+// The distinct rows of the map's last step (KeyRowMap::NumberStepRows): `rows` are that step's
+// answers (or some of them, -1 included); positions[i] is the index of rows[i] in unique_rows,
+// which holds each distinct row once in order of first occurrence (-1 once, if it occurs). A
+// row not given in the last step fails, naming the table. The map is unchanged.
+#define SCE_REGISTER_NUMBER_ROWS_OP(prefix)                                        \
+  REGISTER_OP(prefix "NumberRows")                                                 \
+      .Input("handle: resource")                                                   \
+      .Input("rows: int32")                                                        \
+      .Output("positions: int32")                                                  \
+      .Output("unique_rows: int32")                                                \
+      .SetIsStateful()                                                             \
+      .SetShapeFn([](InferenceContext* c) {                                        \
+        ShapeHandle rows;                                                          \
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &rows));                    \
+        c->set_output(0, rows);                                                    \
+        c->set_output(1, c->Vector(InferenceContext::kUnknownDim));                \
+        return absl::OkStatus();                                                   \
+      })
+SCE_REGISTER_NUMBER_ROWS_OP("SceKeyRowMap");
+SCE_REGISTER_NUMBER_ROWS_OP("SceStringKeyRowMap");
+#undef SCE_REGISTER_NUMBER_ROWS_OP
+
 // Read-only lookup (inference): each key's row, or -1 when it holds none at the last step. No
 // count, admission or eviction: the map is unchanged.
 REGISTER_OP("SceKeyRowMapFind")

@@ -1491,6 +1491,45 @@ void TestKeyRowMapAdmission() {
   CHECK(pending.pending_last_seen == (std::vector<int32_t>{1}));
 }
 
+void TestKeyRowMapNumbering() {
+  g_test = "key map: a step's rows numbered by first occurrence, kNoRow once, the map unchanged";
+  auto map = NewKeyRowMap(2, 1, 3);
+  std::vector<int32_t> positions(1), unique;
+  // Before any step only kNoRow is an answer.
+  const int32_t none = sce::kNoRow;
+  CHECK_OK(map->NumberStepRows(&none, 1, positions.data(), &unique));
+  CHECK(positions == std::vector<int32_t>{0});
+  CHECK(unique == std::vector<int32_t>{sce::kNoRow});
+  MappedStep s0 = MapKeys(map.get(), 4, {30, 10, 30, 50, 10, 60, 50});
+  CHECK(s0.rows == (std::vector<int32_t>{0, 1, 0, sce::kNoRow, 1, sce::kNoRow, sce::kNoRow}));
+  positions.assign(s0.rows.size(), 99);
+  CHECK_OK(map->NumberStepRows(s0.rows.data(), 7, positions.data(), &unique));
+  CHECK(positions == (std::vector<int32_t>{0, 1, 0, 2, 1, 2, 2}));
+  CHECK(unique == (std::vector<int32_t>{0, 1, sce::kNoRow}));
+  CHECK(map->Export().last_seen == (std::vector<int32_t>{4, 4}));   // restored
+  std::vector<int32_t> again = {1, 1, 0};   // any rows of the step, in any order
+  CHECK_OK(map->NumberStepRows(again.data(), 3, positions.data(), &unique));
+  CHECK(unique == (std::vector<int32_t>{1, 0}));
+  CHECK(positions[0] == 0 && positions[1] == 0 && positions[2] == 1);
+
+  g_test = "key map: numbering fails on a row out of range or not given in the last step, and "
+           "changes nothing";
+  std::vector<int32_t> bad = {0, 2};
+  CHECK_ERROR(map->NumberStepRows(bad.data(), 2, positions.data(), &unique), "rows[1] = 2");
+  CHECK(unique.empty());
+  bad = {1, -2};
+  CHECK_ERROR(map->NumberStepRows(bad.data(), 2, positions.data(), &unique), "rows[1] = -2");
+  MappedStep s1 = MapKeys(map.get(), 5, {10});
+  bad = {1, 0};
+  CHECK_ERROR(map->NumberStepRows(bad.data(), 2, positions.data(), &unique),
+              "rows[1] = 0 was not given in step 5");
+  const sce::KeyRowMapState state = map->Export();
+  CHECK(state.last_seen == (std::vector<int32_t>{5, 4}));   // keys 10 and 30, unchanged
+  CHECK_OK(map->NumberStepRows(s1.rows.data(), 1, positions.data(), &unique));
+  CHECK(unique == std::vector<int32_t>{1});
+  CHECK_ERROR(map->NumberStepRows(nullptr, 1, positions.data(), &unique), "bad row numbering");
+}
+
 void TestKeyRowMapEviction() {
   g_test = "key map: steps_to_live takes rows back lazily; taken-back rows are reused";
   auto map = NewKeyRowMap(2, 1, 2);
@@ -3529,7 +3568,8 @@ int main() {
       TestIdRoutingPartitionMaxima, TestOwnerCsr, TestFeatureRowTables,
       TestRowPrecisionConversions, TestStochasticRoundingIsUnbiased, TestLookupOf16BitRows,
       TestNarrowRowUpdate, TestRoundRowIsElementWise, TestKeyRowMapAdmission,
-      TestKeyRowMapEviction, TestKeyRowMapStateAndErrors, TestKeyRowMapMatchesReference,
+      TestKeyRowMapNumbering, TestKeyRowMapEviction, TestKeyRowMapStateAndErrors,
+      TestKeyRowMapMatchesReference,
       TestKeyRowMapFind, TestKeyedRandomRows, TestStringKeyRowMap, TestRangeScans,
   };
   for (const auto& test : tests) test();

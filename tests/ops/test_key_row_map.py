@@ -66,6 +66,42 @@ def test_works_inside_tf_function():
     np.testing.assert_array_equal(step(_keys([4]), tf.constant(1, tf.int64)), [1])
 
 
+def _numbered(rows):
+    """Reference of number_rows: the distinct rows in order of first occurrence, and the index of
+    each row among them."""
+    index = {}
+    positions = [index.setdefault(int(row), len(index)) for row in rows]
+    return np.array(list(index), np.int32), np.array(positions, np.int32)
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int64, tf.string])
+def test_number_rows_numbers_the_last_steps_rows_and_rejects_others(key_dtype):
+    m = KeyRowMap("users", capacity=3, key_dtype=key_dtype)
+    keys = (lambda *k: tf.constant(k, tf.int64)) if key_dtype == tf.int64 else (
+        lambda *k: tf.constant([str(x) for x in k]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="table 'users'.*rows.0. = 0 was not "
+                       "given: the map has mapped no step yet"):
+        m.number_rows(tf.constant([0]))   # before any step no row was given
+    first = m.map_step(keys(7, 8, 7, 9, 6), 0).rows
+    np.testing.assert_array_equal(first, [0, 1, 0, 2, -1])
+    positions, unique = m.number_rows(first)
+    np.testing.assert_array_equal(positions, [0, 1, 0, 2, 3])
+    np.testing.assert_array_equal(unique, [0, 1, 2, -1])
+    m.map_step(keys(8), 1)
+    before = m.export()
+    for rows, message in (([1, 0], r"rows\[1\] = 0 was not given in step 1"),
+                          ([1, 3], r"rows\[1\] = 3 is not a row of this map \(3 rows\)"),
+                          ([-2], r"rows\[0\] = -2 is not a row")):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="table 'users'.*" + message):
+            m.number_rows(tf.constant(rows))
+    positions, unique = m.number_rows(tf.constant([-1, 1, -1, 1]))
+    np.testing.assert_array_equal(positions, [0, 1, 0, 1])
+    np.testing.assert_array_equal(unique, [-1, 1])
+    after = m.export()
+    for a, b in zip(before, after):
+        np.testing.assert_array_equal(a, b)
+
+
 @st.composite
 def map_cases(draw):
     config = dict(capacity=draw(st.integers(1, 24)),
@@ -97,6 +133,10 @@ def test_map_matches_reference(case):
         got = dict(zip(STEP_STATS, out.stats.numpy().tolist()))
         for name, value in stats.items():
             assert got[name] == value, name
+        positions, unique = m.number_rows(out.rows)   # before the export: it changes nothing
+        expected_unique, expected_positions = _numbered(rows)
+        np.testing.assert_array_equal(unique, expected_unique)
+        np.testing.assert_array_equal(positions, expected_positions)
         step_rows = {}
         for key, row in zip(keys, rows):
             if row == -1:

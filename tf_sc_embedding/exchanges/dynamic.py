@@ -19,20 +19,23 @@ its features' occurrences (feature order, then sample order):
    mapping and its writes leaves them to the next step instead of unreset;
 4. sends each key's row back to the replicas that asked (a second all-to-all), and looks the
    rows up as the all-to-all exchange does: over several replicas with its exchange; on one
-   replica without it, the routing op's unique rows read in place in the variable (float32
-   rows, no quantization, one activation matrix per feature; else gathered first) and summed
-   into the activations by the gathered segment sum, and backward the same op summing the
-   gradients to one row per unique row for the fused update (all_to_all.owned_rows_inputs),
-   padded to a multiple of the SparseCores by the segment sum itself. Each sample's
-   rows are summed in input order, and the gradients of a row in sample order, so no number
-   depends on which physical row a key holds: a run restored from a checkpoint (whose keys hold
-   other rows) continues bit for bit, and the numbers are those of a fixed table exchanged
-   all-to-all on as many replicas.
+   replica without it. There, when training, each map also numbers the distinct rows of its
+   step (no routing sort: the COO converts the numbers themselves, `_lookup_numbered`); the
+   unique rows are read in place in the variable (float32 rows, no quantization, one
+   activation matrix per feature; else gathered first) and summed into the activations by the
+   gathered segment sum, and backward the same op sums the gradients to one row per unique row
+   for the fused update (all_to_all.owned_rows_inputs), padded to a multiple of the
+   SparseCores by the segment sum itself. Each sample's rows are summed in input order, and
+   the gradients of a row in sample order, so no number depends on which physical row a key
+   holds, nor on the order of the unique rows: a run restored from a checkpoint (whose keys
+   hold other rows) continues bit for bit, and the numbers are those of a fixed table
+   exchanged all-to-all on as many replicas.
 """
 import collections
 
 import tensorflow as tf
 
+from tf_sc_embedding import enqueue as enqueue_lib
 from tf_sc_embedding.exchanges import all_to_all
 from tf_sc_embedding.exchanges import base
 from tf_sc_embedding.exchanges import key_exchange
@@ -100,6 +103,8 @@ class DynamicExchange(base.Exchange):
                 keys = [table.check_keys(features[p][0], p) for p in paths]
                 tables.append((placement, stacked, paths, keys, features))
         keys = [tf.concat(table_keys, axis=0) for _, _, _, table_keys, _ in tables]
+        if view.num_replicas == 1 and training:
+            return self._lookup_numbered(view, tables, keys, variables)
         steps = [None] * len(tables)   # one replica: its map's next step
         if view.num_replicas > 1:   # each key to its owner's map, once per replica
             last_steps = [self._dynamic.table(p.name).last_step(view.replica_id)
@@ -125,6 +130,45 @@ class DynamicExchange(base.Exchange):
         routed = all_to_all.preprocess_and_route(
             self, {p: ids for p, (ids, _) in by_path.items()},
             {p: weights for p, (_, weights) in by_path.items()})
+        with tf.control_dependencies(resets):
+            return super().lookup(view, routed, variables)
+
+    def _lookup_numbered(self, view, tables, keys, variables):
+        """One replica, training: each map numbers the distinct rows of its step
+        (DynamicTable.map_keys, numbered), so the ids the stacked COO converts are already
+        positions among the stacked table's unique rows (each table's numbers offset by the
+        unique rows of the tables before it), and the routing op's sort and deduplication are not
+        needed. Equal, entry for entry, to routing the rows: the COO merges adjacent equal ids of
+        a sample, and two occurrences have equal numbers exactly when they have equal rows."""
+        members, resets = {}, []
+        for table, owned in zip(tables, keys):
+            placement, stacked = table[0], table[1]
+            numbered, written = self._map_table(view, placement, stacked, owned, variables,
+                                                True, numbered=True)
+            members.setdefault(stacked.name, []).append((table, numbered))
+            resets.extend(written)
+        by_path, unique_rows = {}, {}
+        for name, tables_of_stack in members.items():
+            counts = tf.stack([tf.size(n.unique_rows) for _, n in tables_of_stack])
+            offsets = tf.cumsum(counts, exclusive=True)
+            storage = []
+            for k, ((placement, _, paths, table_keys, features), numbered) in enumerate(
+                    tables_of_stack):
+                positions = numbered.positions + offsets[k]
+                parts = (tf.split(positions, [tf.size(t) for t in table_keys])
+                         if len(table_keys) > 1 else [positions])
+                by_path.update({p: (_with_values(features[p][0], part), features[p][1])
+                                for p, part in zip(paths, parts)})
+                storage.append(self._storage.storage_rows(placement.name,
+                                                          numbered.unique_rows)[1])
+            unique_rows[name] = tf.concat(storage, axis=0)
+        flat = [by_path[f.path] for f in self.layout.features]
+        coo = enqueue_lib.stacked_coo(self.layout, [ids for ids, _ in flat],
+                                      [weights for _, weights in flat], positions=True)
+        routed = {name: all_to_all.RoutedIds(coo[name][0], coo[name][2], unique_rows[name],
+                                             tf.size(unique_rows[name])[tf.newaxis],
+                                             coo[name][1])
+                  for name in self.stacked_tables}
         with tf.control_dependencies(resets):
             return super().lookup(view, routed, variables)
 
@@ -201,7 +245,8 @@ class DynamicExchange(base.Exchange):
             rows[name] = (state.unique_rows, per_unique)
         return all_to_all.owned_rows_inputs(self.layout, 0, rows, padded=True), None
 
-    def _map_table(self, view, placement, stacked, keys, variables, training, step=None):
+    def _map_table(self, view, placement, stacked, keys, variables, training, step=None,
+                   numbered=False):
         """(table row of each key, the row writes to wait for) of the keys of one table that
         this replica's map holds (one replica: every occurrence of the batch; several: those
         the key exchange brought, every occurrence when training, each key once when not);
@@ -214,7 +259,7 @@ class DynamicExchange(base.Exchange):
         table = self._dynamic.table(placement.name)
         replica = view.replica_id
         if training:
-            rows, to_reset, _ = table.map_keys(replica, keys, step)
+            rows, to_reset, _ = table.map_keys(replica, keys, step, numbered)
         else:
             rows, to_reset, _ = table.find_keys(replica, keys)
         # Where the rows to write live: the same for the parameters and every slot.

@@ -202,6 +202,16 @@ class KeyRowMap(tf.saved_model.experimental.TrackableResource):
               else _lib.sce_key_row_map_confirm_reset)
         return op(handle=self.resource_handle, count=tf.cast(count, tf.int32), name=name)
 
+    def number_rows(self, rows, name=None):
+        """(positions int32 [n], unique_rows int32 [u]) of rows the map gave in its last step
+        (map_step's rows or some of them, -1 included): unique_rows holds each distinct row once
+        in order of first occurrence (-1 once, if it occurs), positions[i] the index of rows[i]
+        in it. A lookup's deduplication, with no sort; a row not given in the last step fails.
+        The map is unchanged."""
+        op = (_lib.sce_string_key_row_map_number_rows if self._strings
+              else _lib.sce_key_row_map_number_rows)
+        return op(handle=self.resource_handle, rows=rows, name=name)
+
     def find(self, keys, name=None):
         """int32 [n]: each key's row, or -1 when it holds none at the last step; read-only (no
         count, admission or eviction), for inference."""
