@@ -7,6 +7,7 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tf_sc_embedding as sce
+from tf_sc_embedding import private_tf
 from tests.api import parity_helpers as ph
 from tests.api import reference_training as ref
 from tests.reference.dynamic_training import ReferenceDynamicTable
@@ -239,6 +240,15 @@ def test_bfloat16_rows():
     assert list(keys) == [3, 5] and values.dtype == np.float32
     # Each row got dA = 0.5 * 0.5 + 0.25 per occurrence: 3 twice, 5 once.
     np.testing.assert_allclose(values[:, 0], [0.5 - 0.5 * 2 * 0.5, 0.5 - 0.5 * 0.5], atol=1e-2)
+    # The lookup gathered the rows from the variable's value: no sparse TensorFlow op put the
+    # table in copy-on-read mode (where every read, and every in-place update, copies it).
+    tables = [shard for kinds in embedding.variables.values() for table in kinds.values()
+              for shard in table.shards if shard.dtype == tf.bfloat16]
+    assert tables
+    for variable in tables:
+        first = private_tf.numpy_view(variable.read_value())
+        second = private_tf.numpy_view(variable.read_value())
+        assert first.ctypes.data == second.ctypes.data, variable.name
 
 
 def test_random_initializer_draws_new_rows():

@@ -188,8 +188,10 @@ class DynamicExchange(base.Exchange):
                     parameters[name].read_value(), routed.unique_positions, routed.gains,
                     routed.row_ids, S, blocks, row_indices=routed.unique_rows, table_name=name)
             else:
-                # 16-bit or quantized rows are gathered, widened and quantized first.
-                rows = tf.gather(parameters[name], routed.unique_rows)
+                # 16-bit or quantized rows are gathered, widened and quantized first: from the
+                # variable's value (a ResourceGather would put the variable in copy-on-read
+                # mode, after which its in-place updates copy the whole table).
+                rows = tf.gather(parameters[name].read_value(), routed.unique_rows)
                 rows = all_to_all.quantized(tf.cast(rows, tf.float32), table.quantization)
                 if blocks is not None:
                     activations[name] = segment_sum.gathered_segment_sum_to_features(
