@@ -61,7 +61,9 @@ constexpr size_t kMaxStreamedRuns = 32;
 
 // Fills `runs` with the segments of shard p (a global shard index) in summation order and returns
 // true when every segment is sorted by token (padding ignored) and there are at most
-// kMaxStreamedRuns non-empty ones. The preprocessing ops always produce sorted segments.
+// kMaxStreamedRuns non-empty ones. The preprocessing ops and the all-to-all exchange produce
+// sorted segments; the one-replica open-vocabulary lookup lists its rows in the order its maps
+// numbered them (exchanges/dynamic.py), so its update collects and sorts them instead.
 bool FindSortedRuns(const CsrView& view, int64_t p, std::vector<ContributionRun>* runs);
 
 // Moves a run to its next valid (non-padding) entry at or after `run->next`.

@@ -375,6 +375,12 @@ Status KeyRowMap::NumberStepRows(const int32_t* rows, int64_t n, int32_t* positi
   }
   SCE_RETURN_IF_ERROR(CheckInRange(where_, "the rows to number", n, 0, kMaxInt32 - 2));
   unique_rows->clear();
+  // Room for every distinct row first: nothing allocates while rows hold their numbers.
+  try {
+    unique_rows->reserve(std::min<int64_t>(n, config_.capacity) + 1);
+  } catch (const std::bad_alloc&) {
+    return InvalidArgument(where_, ": cannot allocate the numbering of ", n, " rows");
+  }
   const int32_t now = static_cast<int32_t>(last_step_);
   // Before any step no row was given (every row's -1 would read as the step -1).
   const uint32_t capacity = last_step_ >= 0 ? static_cast<uint32_t>(config_.capacity) : 0;
