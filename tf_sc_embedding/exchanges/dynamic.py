@@ -123,9 +123,7 @@ class DynamicExchange(base.Exchange):
                                  for rows, k in zip(rows_at_owner, at_owner)]
             rows_at_owner = key_exchange.return_rows(view, route, rows_at_owner)
         for (_, _, paths, table_keys, features), rows in zip(tables, rows_at_owner):
-            parts = tf.split(rows, [tf.size(k) for k in table_keys])
-            by_path.update({p: (_with_values(features[p][0], part), features[p][1])
-                            for p, part in zip(paths, parts)})
+            by_path.update(_ids_by_path(paths, table_keys, features, rows))
         # The rows' preprocessing does not wait for the row writes; only reading the tables does.
         routed = all_to_all.preprocess_and_route(
             self, {p: ids for p, (ids, _) in by_path.items()},
@@ -154,11 +152,8 @@ class DynamicExchange(base.Exchange):
             storage = []
             for k, ((placement, _, paths, table_keys, features), numbered) in enumerate(
                     tables_of_stack):
-                positions = numbered.positions + offsets[k]
-                parts = (tf.split(positions, [tf.size(t) for t in table_keys])
-                         if len(table_keys) > 1 else [positions])
-                by_path.update({p: (_with_values(features[p][0], part), features[p][1])
-                                for p, part in zip(paths, parts)})
+                by_path.update(_ids_by_path(paths, table_keys, features,
+                                            numbered.positions + offsets[k]))
                 storage.append(self._storage.storage_rows(placement.name,
                                                           numbered.unique_rows)[1])
             unique_rows[name] = tf.concat(storage, axis=0)
@@ -290,6 +285,15 @@ def _ones_like(ids):
     if isinstance(ids, tf.SparseTensor):
         return tf.SparseTensor(ids.indices, tf.ones_like(ids.values, tf.float32), ids.dense_shape)
     return tf.ones(tf.shape(ids), tf.float32)
+
+
+def _ids_by_path(paths, table_keys, features, values):
+    """{path: (ids, weights)} of one table's features, each feature's keys replaced by its part
+    of `values` (one value per occurrence of the table's keys, features in `paths` order)."""
+    parts = (tf.split(values, [tf.size(k) for k in table_keys]) if len(table_keys) > 1
+             else [values])
+    return {p: (_with_values(features[p][0], part), features[p][1])
+            for p, part in zip(paths, parts)}
 
 
 def _with_values(ids, values):
