@@ -374,23 +374,41 @@ def _check_and_collect(found, prefix, shapes):
 
 
 def _restore_fn(trackables, merged_prefix):
-    """Registered restore function: validates everything, then restores chunk by chunk."""
+    """Registered restore function: validates everything, then restores chunk by chunk.
+
+    TensorFlow runs it after every other node's restore, so the open-vocabulary tables of the
+    checkpoint have been checked and staged by then (dynamic_tables.DynamicTableNode): they are
+    imported here, once the fixed tables passed their checks too, so a table that fails leaves
+    every table of the embedding as it was."""
+    embeddings = [node for node in trackables.values() if _is_embedding(node)]
+    try:
+        _restore_checked(trackables, merged_prefix, embeddings)
+    finally:
+        for embedding in embeddings:
+            embedding.dynamic_tables.discard_staged()
+
+
+def _restore_checked(trackables, merged_prefix, embeddings):
     found = {}
     for name, node in trackables.items():
         if isinstance(node, KindNode):
             node.restoring = False
             found.setdefault(node.table, {}).update(_candidate_keys(name, node))
-    if not found:       # only embedding nodes: their tables come as their own nodes
-        return
-    prefix = _as_str(merged_prefix)
-    if prefix is None:
-        raise NotImplementedError("restoring a TPUEmbeddingV2 checkpoint inside a tf.function is "
-                                  "not supported: restore eagerly")
-    try:
-        shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
-    except (tf.errors.OpError, IndexError, ValueError) as e:
-        raise ValueError(f"checkpoint {prefix} cannot be read: {type(e).__name__}: {e}") from None
-    for embedding, readers in _check_and_collect(found, prefix, shapes):
+    checked = []
+    if found:           # else only embedding nodes: their fixed tables come as their own nodes
+        prefix = _as_str(merged_prefix)
+        if prefix is None:
+            raise NotImplementedError("restoring a TPUEmbeddingV2 checkpoint inside a "
+                                      "tf.function is not supported: restore eagerly")
+        try:
+            shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+        except (tf.errors.OpError, IndexError, ValueError) as e:
+            raise ValueError(f"checkpoint {prefix} cannot be read: {type(e).__name__}: "
+                             f"{e}") from None
+        checked = list(_check_and_collect(found, prefix, shapes))
+    for embedding in embeddings:
+        embedding.dynamic_tables.commit_staged()
+    for embedding, readers in checked:
         embedding.tables.restore(readers)
 
 

@@ -377,6 +377,7 @@ class DynamicTables:
         self._logical = tables
         self._replicas = tuple(replicas)
         self._gather = gather
+        self._staged = {}   # {name: logical state} checked, waiting for commit_staged
         self.tables = {}
         for name, vocabulary in sorted(vocabularies.items()):
             layout = placements[name].layout
@@ -442,11 +443,39 @@ class DynamicTables:
 
     def restore(self, name, state, source="the checkpoint"):
         """Restores one table's logical state (now, or at build() for its rows)."""
-        table = self.table(name)
         self.check(name, state, source)
+        self._import(name, state)
+
+    def _import(self, name, state):
         with tf.init_scope():
-            by_row = table.import_logical_state(state, self._gather)
+            by_row = self.table(name).import_logical_state(state, self._gather)
         self._logical.restore({name: by_row})
+
+    # A `tf.train.Checkpoint` restore hands each table's state to its node separately, so a
+    # checkpoint's tables are staged (checked and held) first and imported together at the end of
+    # the restore (checkpointing's registered restore function, which TensorFlow runs after every
+    # node's own restore): a table that fails its checks then leaves every table as it was.
+    def stage(self, name, state, source="the checkpoint"):
+        """Checks one table's state and holds it for commit_staged; a failing check forgets
+        every table staged so far (that restore fails)."""
+        if name in self._staged:   # an earlier restore ended before committing: forget it
+            self._staged.clear()
+        try:
+            self.check(name, state, source)
+        except Exception:
+            self._staged.clear()
+            raise
+        self._staged[name] = state
+
+    def commit_staged(self):
+        """Imports every staged table's state (all passed their checks) and forgets them."""
+        staged, self._staged = self._staged, {}
+        for name, state in staged.items():
+            self._import(name, state)
+
+    def discard_staged(self):
+        """Forgets the staged states (the restore failed elsewhere before committing)."""
+        self._staged = {}
 
 
 class DynamicTableNode(private_tf.Trackable):
@@ -462,6 +491,8 @@ class DynamicTableNode(private_tf.Trackable):
             return {key: tf.constant(value) for key, value in state.items()}
 
     def _restore_from_tensors(self, restored_tensors):
+        # Checked now, imported with the checkpoint's other tables once all passed
+        # (DynamicTables.stage; checkpointing's restore function commits).
         state = {key: value.numpy() for key, value in restored_tensors.items()}
-        self._tables_ref().restore(self.table_name, state)
+        self._tables_ref().stage(self.table_name, state)
         return tf.no_op()

@@ -62,7 +62,6 @@ class TPUEmbeddingV2(tf.Module):
                                                            self._group.num_replicas)
         self._dtypes = self._options.storage_dtypes(tables_by_name)
         vocabularies = self._options.dynamic_tables(tables_by_name)
-        self._check_dynamic_supported(vocabularies)
         # The layout sees each dynamic table as its rows plus a scratch row (dynamic_vocabulary).
         self._laid_out_features = dynamic_vocabulary.laid_out_features(
             feature_config, set(vocabularies), tables_by_name, self._group.num_replicas,
@@ -88,14 +87,6 @@ class TPUEmbeddingV2(tf.Module):
                                for name in self._tables.names if name not in vocabularies}
         self._dynamic_nodes = {name: dynamic_lib.DynamicTableNode(self._dynamic, name)
                                for name in self._dynamic.names}
-
-    def _check_dynamic_supported(self, vocabularies):
-        if not vocabularies:
-            return
-        if self._pipelining:
-            raise ValueError("dynamic_vocabularies cannot be combined with "
-                             "pipeline_execution_with_tensor_core=True: a row given to a new key "
-                             "would receive the previous step's update of its old key")
 
     def _make_plan(self, shapes):
         config = self._sparse_core_config

@@ -76,8 +76,12 @@ class EmbeddingStep:
             self.prefetched.forget(view.replica_id)
         variables = self.storage.stacked_variables()
         by_path, preserved = {}, []
+        apply_kept = None
+        if self.stash is not None:
+            apply_kept = lambda: self._apply_kept(view.replica_id)   # noqa: E731
         for exchange in self.exchanges:
-            activations, kept = exchange.lookup(view, preprocessed, variables, training)
+            activations, kept = exchange.lookup(view, preprocessed, variables, training,
+                                                apply_kept)
             by_path.update(activations)
             preserved.append(kept)
         if self.online_limits is not None:

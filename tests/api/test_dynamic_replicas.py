@@ -27,17 +27,19 @@ def _first_appearance_numbers(batches):
     return number
 
 
-@pytest.mark.parametrize("replicas,key_dtype,kind,combiner,optimizer", [
-    (2, tf.int64, "ragged", "mean", "adagrad"),
-    (4, tf.string, "sparse", "sum", "adam"),
-    (2, tf.string, "dense", "sqrtn", "row_wise_adagrad"),
-    (4, tf.int64, "ragged", "mean", "ftrl"),
+@pytest.mark.parametrize("replicas,key_dtype,kind,combiner,optimizer,pipelined", [
+    (2, tf.int64, "ragged", "mean", "adagrad", False),
+    (4, tf.string, "sparse", "sum", "adam", False),
+    (2, tf.string, "dense", "sqrtn", "row_wise_adagrad", False),
+    (4, tf.int64, "ragged", "mean", "ftrl", False),
+    (2, tf.string, "ragged", "sum", "adam", True),
+    (4, tf.int64, "sparse", "mean", "adagrad", True),
 ])
 def test_identity_with_a_fixed_vocabulary_over_several_replicas(replicas, key_dtype, kind,
-                                                                 combiner, optimizer):
+                                                                 combiner, optimizer, pipelined):
     """Threshold 1, no eviction, room for every key, one initial value for every row: on R
     replicas every activation and every key's row equal, bit for bit, those of a fixed table on R
-    replicas trained on the keys renumbered 0..n-1."""
+    replicas trained on the keys renumbered 0..n-1 (both pipelined, or neither)."""
     rng = np.random.default_rng(11)
     keys = key_values(rng, 40, key_dtype)
     batches = random_batches(rng, 4, BATCH, keys, equal_lengths=kind == "dense")
@@ -48,10 +50,12 @@ def test_identity_with_a_fixed_vocabulary_over_several_replicas(replicas, key_dt
         dynamic = make_embedding(
             E.TableConfig(vocabulary_size=64, dim=DIM, initializer=initializer,
                           combiner=combiner, name="items"), ph.make_optimizer(optimizer),
-            dynamic_vocabularies={"items": sce.DynamicVocabulary(key_dtype=key_dtype)})
+            dynamic_vocabularies={"items": sce.DynamicVocabulary(key_dtype=key_dtype)},
+            pipeline_execution_with_tensor_core=pipelined)
         fixed = make_embedding(
             E.TableConfig(vocabulary_size=len(number), dim=DIM, initializer=initializer,
-                          combiner=combiner, name="items"), ph.make_optimizer(optimizer))
+                          combiner=combiner, name="items"), ph.make_optimizer(optimizer),
+            pipeline_execution_with_tensor_core=pipelined)
     got = train(dynamic, batches, kind, key_dtype, strategy)
     renumbered = [{f: [[number[k] for k in sample] for sample in samples]
                    for f, samples in batch.items()} for batch in batches]
@@ -66,13 +70,15 @@ def test_identity_with_a_fixed_vocabulary_over_several_replicas(replicas, key_dt
     assert dynamic.num_unadmitted_ids() == 0 and dynamic.num_refused_keys() == 0
 
 
-@pytest.mark.parametrize("replicas", [2, 4])
-def test_admission_and_eviction_over_replicas_match_the_reference(replicas):
+@pytest.mark.parametrize("replicas,pipelined", [(2, False), (4, False), (2, True)])
+def test_admission_and_eviction_over_replicas_match_the_reference(replicas, pipelined):
     """Counts over every replica's batch decide admission; eviction is by step. With room in
-    every shard, the keys, rows and counters equal the one-map numpy reference."""
+    every shard, the keys, rows and counters equal the one-map numpy reference (pipelined: with
+    each update one step late)."""
     embedding, reference = run_against_reference(
         21 + replicas, threshold=3, steps_to_live=1, capacity=96, optimizer="adagrad",
-        combiner="mean", distinct=18, steps=6, replicas=replicas, batch=BATCH)
+        combiner="mean", distinct=18, steps=6, replicas=replicas, batch=BATCH,
+        pipelined=pipelined)
     assert embedding.num_unadmitted_ids() == reference.counters["unadmitted_ids"] > 0
     assert embedding.num_refused_keys() == reference.counters["refused_keys"] == 0
 

@@ -141,10 +141,10 @@ def test_identity_with_a_fixed_vocabulary(key_dtype, kind, combiner, optimizer):
 
 
 def run_against_reference(seed, threshold, steps_to_live, capacity, optimizer, combiner,
-                          distinct, steps=5, replicas=1, batch=8):
-    """Trains `steps` random batches through the class (on `replicas` replicas) and through the
-    numpy reference, comparing activations, exported rows and counters; returns (embedding,
-    reference)."""
+                          distinct, steps=5, replicas=1, batch=8, pipelined=False):
+    """Trains `steps` random batches through the class (on `replicas` replicas, pipelined or
+    not) and through the numpy reference, comparing activations, exported rows and counters;
+    returns (embedding, reference)."""
     rng = np.random.default_rng(seed)
     keys = np.arange(-distinct // 2, distinct - distinct // 2, dtype=np.int64) * 7919
     batches = random_batches(rng, steps, batch, keys)
@@ -155,8 +155,10 @@ def run_against_reference(seed, threshold, steps_to_live, capacity, optimizer, c
             E.TableConfig(vocabulary_size=capacity, dim=DIM, combiner=combiner, name="items",
                           initializer=tf.constant_initializer(0.5)), config,
             dynamic_vocabularies={"items": sce.DynamicVocabulary(
-                admission_threshold=threshold, steps_to_live=steps_to_live)})
-    reference = ReferenceDynamicTable(capacity, DIM, config, 0.5, threshold, steps_to_live or 0)
+                admission_threshold=threshold, steps_to_live=steps_to_live)},
+            pipeline_execution_with_tensor_core=pipelined)
+    reference = ReferenceDynamicTable(capacity, DIM, config, 0.5, threshold, steps_to_live or 0,
+                                      pipelined=pipelined)
     got = train(embedding, batches, "ragged", tf.int64, strategy)
     for step, batch in enumerate(batches):
         features = {f: ref.Feature("items", combiner, samples) for f, samples in batch.items()}
@@ -173,10 +175,12 @@ def run_against_reference(seed, threshold, steps_to_live, capacity, optimizer, c
     return embedding, reference
 
 
-def test_admission_eviction_and_capacity_match_the_reference():
-    # 12 distinct keys over 8 rows, threshold 2, rows given back after 1 unseen step.
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_admission_eviction_and_capacity_match_the_reference(pipelined):
+    # 12 distinct keys over 8 rows, threshold 2, rows given back after 1 unseen step; pipelined,
+    # each update runs after the next step's lookup (rows given back included).
     run_against_reference(3, threshold=2, steps_to_live=1, capacity=8, optimizer="adagrad",
-                           combiner="mean", distinct=12, steps=6)
+                           combiner="mean", distinct=12, steps=6, pipelined=pipelined)
 
 
 @settings(max_examples=12, **SETTINGS)
@@ -184,11 +188,68 @@ def test_admission_eviction_and_capacity_match_the_reference():
        steps_to_live=st.sampled_from([None, 1, 2]), capacity=st.integers(1, 12),
        optimizer=st.sampled_from(["sgd", "adagrad", "adam"]),
        combiner=st.sampled_from(("sum", "mean", "sqrtn")),
-       distinct=st.integers(1, 16))
+       distinct=st.integers(1, 16), pipelined=st.booleans())
 def test_property_matches_the_reference(seed, threshold, steps_to_live, capacity, optimizer,
-                                        combiner, distinct):
+                                        combiner, distinct, pipelined):
     run_against_reference(seed, threshold, steps_to_live, capacity, optimizer, combiner,
-                           distinct, steps=4)
+                           distinct, steps=4, pipelined=pipelined)
+
+
+def test_a_dropped_prefetched_lookup_applies_the_kept_update_before_its_keys_expire():
+    """Pipelined, a step's update runs after the next lookup. Key A, seen at step 0 only, could
+    lose its row at step 2 (steps_to_live 1); here step 1 is a prefetched lookup that the next
+    step drops (it looks up another batch), so step 2 maps A again while step 0's update of A's
+    old row still waits. The kept update must then run before the maps: else it would land on
+    the row A gets anew (the table's only row), on top of its fresh initial values."""
+    table = E.TableConfig(vocabulary_size=1, dim=DIM, name="items", combiner="sum",
+                          initializer=tf.constant_initializer(0.5))
+    optimizer = ph.make_optimizer("sgd")
+    embedding = make_embedding(table, optimizer, names=("f1",), dynamic_vocabularies={
+        "items": sce.DynamicVocabulary(steps_to_live=1)},
+        pipeline_execution_with_tensor_core=True)
+    reference = ReferenceDynamicTable(1, DIM, optimizer, 0.5, 1, 1, pipelined=True)
+    batches = [{"f1": [[key]] * 4} for key in (11, 22, 11)]
+
+    def tensors(batch):
+        return {"f1": tf.ragged.constant(batch["f1"], tf.int64)}
+
+    def gradients_of(activations):
+        return {k: ph.LOSS_SCALE * a + OFFSETS[k] for k, a in activations.items()}
+
+    @tf.function
+    def prefetch(features):
+        return embedding.prefetch(features)
+
+    @tf.function
+    def prefetching_step(features, upcoming):
+        activations, preserved = embedding(features, next_features=upcoming)
+        with tf.control_dependencies(embedding.apply_gradients(gradients_of(activations),
+                                                               preserved)):
+            return {k: tf.identity(a) for k, a in activations.items()}
+
+    @tf.function
+    def plain_step(features):
+        activations, preserved = embedding(features)
+        with tf.control_dependencies(embedding.apply_gradients(gradients_of(activations),
+                                                               preserved)):
+            return {k: tf.identity(a) for k, a in activations.items()}
+
+    def reference_features(batch):
+        return {k: ref.Feature("items", "sum", v) for k, v in batch.items()}
+
+    prefetch(tensors(batches[0]))
+    got = [prefetching_step(tensors(batches[0]), tensors(batches[1]))]
+    want = [reference.train_step(reference_features(batches[0]), gradients_of)]
+    reference.map_only(reference_features(batches[1]))   # the dropped lookup
+    got.append(plain_step(tensors(batches[2])))
+    want.append(reference.train_step(reference_features(batches[2]), gradients_of))
+    for step, (a, b) in enumerate(zip(got, want)):
+        ph.assert_close(a["f1"].numpy(), b["f1"], f"step {step} activations")
+    exported_keys, values = embedding.export_dynamic_table("items")
+    want_keys, want_values = reference.export()
+    assert list(exported_keys) == want_keys == [11]
+    ph.assert_close(values, want_values, "exported rows")
+    assert embedding.num_refused_keys() == reference.counters["refused_keys"] == 1
 
 
 def test_dynamic_and_fixed_tables_in_one_embedding():
@@ -299,16 +360,11 @@ def test_construction_checks(vocabularies, match):
             make()
 
 
-def test_unsupported_initializer_and_pipelining_fail_at_construction():
+def test_unsupported_initializer_fails_at_construction():
     table = E.TableConfig(vocabulary_size=8, dim=DIM, name="t",
                           initializer=lambda shape, dtype: tf.zeros(shape, dtype))
     with pytest.raises(ValueError, match="table 't'.*initializer"):
         sce.TPUEmbeddingV2({"f": E.FeatureConfig(table=table)}, optimizer=E.SGD(0.1),
-                           dynamic_vocabularies={"t": sce.DynamicVocabulary()})
-    table = E.TableConfig(vocabulary_size=8, dim=DIM, name="t")
-    with pytest.raises(ValueError, match="pipeline_execution_with_tensor_core"):
-        sce.TPUEmbeddingV2({"f": E.FeatureConfig(table=table)}, optimizer=E.SGD(0.1),
-                           pipeline_execution_with_tensor_core=True,
                            dynamic_vocabularies={"t": sce.DynamicVocabulary()})
 
 
@@ -378,7 +434,74 @@ def test_checkpoint_with_more_keys_than_the_capacity_fails_and_writes_nothing(tm
         np.testing.assert_array_equal(after[kind], before[kind])
 
 
-def keras_model(batch=8, strategy=None):
+def _two_dynamic_tables_and_a_fixed_one(small=None, fixed_rows=16):
+    """An embedding with dynamic tables "a" and "b" (capacity 16, or 3 for the one named
+    `small`) and a fixed table "c"; feature fa, fb, fc read them."""
+    tables = {name: E.TableConfig(vocabulary_size=3 if name == small else 16, dim=DIM,
+                                  name=name, initializer=tf.constant_initializer(0.25))
+              for name in ("a", "b")}
+    tables["c"] = E.TableConfig(vocabulary_size=fixed_rows, dim=DIM, name="c")
+    return sce.TPUEmbeddingV2(
+        {f"f{name}": E.FeatureConfig(table=table, name=f"f{name}")
+         for name, table in tables.items()},
+        optimizer=E.Adagrad(0.1), dynamic_vocabularies={
+            name: sce.DynamicVocabulary(key_dtype=tf.int64) for name in ("a", "b")})
+
+
+def _train_three_tables(embedding, rng, steps=3, keys=12):
+    @tf.function
+    def step(features):
+        activations, preserved = embedding(features)
+        gradients = {k: ph.LOSS_SCALE * a + 0.5 for k, a in activations.items()}
+        return embedding.apply_gradients(gradients, preserved)
+
+    for _ in range(steps):
+        step({name: tf.ragged.constant([list(rng.integers(0, keys, 2)) for _ in range(8)],
+                                       tf.int64) for name in ("fa", "fb", "fc")})
+
+
+def _whole_state(embedding):
+    """Every table's state: the dynamic tables' logical states and the fixed table's values."""
+    state = {f"{name}/{part}": value for name in ("a", "b")
+             for part, value in embedding.dynamic_tables.logical_state(name).items()}
+    state["c"] = np.array(embedding.embedding_tables[embedding.tables.config("c")])
+    return state
+
+
+@pytest.mark.parametrize("failing", ["a", "b", "c"])
+def test_a_checkpoint_table_that_does_not_fit_leaves_every_table_as_it_was(tmp_path, failing):
+    """Whichever table of a checkpoint fails its checks (a dynamic table with more keys than its
+    capacity, a fixed table of another size), no table is restored: the dynamic tables are
+    checked and held by their nodes and imported only once the whole checkpoint passed. A good
+    checkpoint then restores whole, as if the failed restore never happened."""
+    rng = np.random.default_rng(11)
+    original = _two_dynamic_tables_and_a_fixed_one()
+    _train_three_tables(original, rng)
+    path = tf.train.Checkpoint(embedding=original).save(str(tmp_path / "ckpt"))
+    target = (_two_dynamic_tables_and_a_fixed_one(fixed_rows=12) if failing == "c" else
+              _two_dynamic_tables_and_a_fixed_one(small=failing))
+    _train_three_tables(target, rng, keys=3)
+    before = _whole_state(target)
+    match = (f"table '{failing}'.*more than its capacity of 3" if failing != "c"
+             else "table 'c'")
+    with pytest.raises(ValueError, match=match):
+        tf.train.Checkpoint(embedding=target).restore(path)
+    after = _whole_state(target)
+    assert sorted(after) == sorted(before)
+    for part in before:
+        np.testing.assert_array_equal(after[part], before[part], err_msg=part)
+
+    good = (_two_dynamic_tables_and_a_fixed_one(fixed_rows=12) if failing == "c" else
+            _two_dynamic_tables_and_a_fixed_one(small=failing))
+    _train_three_tables(good, rng, keys=3)
+    good_path = tf.train.Checkpoint(embedding=good).save(str(tmp_path / "good"))
+    tf.train.Checkpoint(embedding=target).restore(good_path)
+    restored, want = _whole_state(target), _whole_state(good)
+    for part in want:
+        np.testing.assert_array_equal(restored[part], want[part], err_msg=part)
+
+
+def keras_model(batch=8, strategy=None, pipelined=False):
     """(model, its EmbeddingLayer): string keys through a dynamic table with threshold 2."""
     import keras   # noqa: PLC0415
     with (strategy or tf.distribute.get_strategy()).scope():
@@ -386,6 +509,7 @@ def keras_model(batch=8, strategy=None):
                               initializer=tf.constant_initializer(0.1))
         layer = sce.EmbeddingLayer({"w": E.FeatureConfig(table=words, name="w")},
                                    optimizer=E.SGD(0.5), batch_size=batch,
+                                   pipeline_execution_with_tensor_core=pipelined,
                                    dynamic_vocabularies={"words": sce.DynamicVocabulary(
                                        tf.string, admission_threshold=2)})
         inputs = keras.Input(shape=(), dtype="string", name="w", batch_size=batch)
@@ -395,13 +519,15 @@ def keras_model(batch=8, strategy=None):
     return model, layer
 
 
-def test_keras_fit_admits_keys_and_predict_evaluate_only_read_them(tmp_path):
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_keras_fit_admits_keys_and_predict_evaluate_only_read_them(tmp_path, pipelined):
     """fit trains string keys through a dynamic table; predict and evaluate read it without
-    admitting or counting keys (unknown keys read zeros); a weights file restores the state."""
+    admitting or counting keys (unknown keys read zeros); a weights file restores the state.
+    Pipelined, predict first applies the update the last training step kept."""
     rng = np.random.default_rng(4)
     keys = np.array([b"k%d" % i for i in rng.integers(0, 6, 64)], dtype=object)
     labels = rng.normal(size=(64, 1)).astype(np.float32)
-    model, layer = keras_model()
+    model, layer = keras_model(pipelined=pipelined)
     model.fit(tf.data.Dataset.from_tensor_slices((keys, labels)).batch(8), epochs=2, verbose=0)
     held, values = layer.embedding.export_dynamic_table("words")
     assert len(held) == len(set(keys.tolist()))
@@ -420,7 +546,7 @@ def test_keras_fit_admits_keys_and_predict_evaluate_only_read_them(tmp_path):
 
     path = str(tmp_path / "model.weights.h5")
     model.save_weights(path)
-    fresh, fresh_layer = keras_model()
+    fresh, fresh_layer = keras_model(pipelined=pipelined)
     fresh.load_weights(path)
     for part, value in layer.embedding.dynamic_tables.logical_state("words").items():
         np.testing.assert_array_equal(

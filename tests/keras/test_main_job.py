@@ -207,13 +207,14 @@ def _help_text(capsys):
 
 
 @pytest.mark.slow  # a whole main-job run on files
-def test_raw_string_keys_train_in_open_vocabularies_and_serve(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--replicas", "2", "--pipelining"]])
+def test_raw_string_keys_train_in_open_vocabularies_and_serve(tmp_path, extra):
     from tf_sc_embedding.data import criteo_files  # pylint: disable=import-outside-toplevel
     criteo_files.write_lines(str(tmp_path / "day_0"), _criteo_rows(400, 0))
     results = dlrm.main(["--data", str(tmp_path / "day_0"), "--raw-keys",
                          "--admission-threshold", "2", "--steps", "12", "--batch-size", "16",
                          "--eval-samples", "48", "--eval-fraction", "0.2", "--verbose", "0",
-                         "--output-dir", str(tmp_path / "out")])
+                         "--output-dir", str(tmp_path / "out")] + extra)
     assert results["raw_keys"] and results["keys_held"] > 0 and results["unadmitted_ids"] > 0
     assert np.isfinite(results["log_loss"]) and 0 <= results["auc"] <= 1
     served = tf.saved_model.load(results["export"])

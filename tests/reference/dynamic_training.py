@@ -16,8 +16,12 @@ SCRATCH = -1   # the logical id of the zero row read by occurrences without a ro
 
 
 class ReferenceDynamicTable:
+    """pipelined: each step's update is applied one step late, after the next step's lookup
+    (docs/pipelining.md), and `flush` applies the last one; a key the kept update writes still
+    holds its row then (it was seen at the step before)."""
+
     def __init__(self, capacity, dim, optimizer, initial_value, admission_threshold=1,
-                 steps_to_live=0, pending_capacity=None):
+                 steps_to_live=0, pending_capacity=None, pipelined=False):
         self.map = ReferenceKeyRowMap(capacity, admission_threshold, steps_to_live,
                                       pending_capacity)
         self.dim = dim
@@ -27,11 +31,34 @@ class ReferenceDynamicTable:
         self.slots = {}     # key -> {slot: row}
         self.step = -1
         self.counters = dict(admitted_keys=0, refused_keys=0, unadmitted_ids=0)
+        self.pipelined = pipelined
+        self.kept = None    # (features over keys, None for no row; their gradients)
+        self.kept_step = -1  # the step whose update is kept
 
     def train_step(self, features, gradients_of):
         """One step. features: {feature name: reference_training.Feature over keys};
         gradients_of(activations) -> {feature name: [batch, dim]}. Returns the activations."""
+        by_key = self.map_only(features)
+        table, _, renumbered = self._gathered(by_key)
+        activations = ref.forward({"t": table}, renumbered)
+        gradients = gradients_of(activations)
+        if self.pipelined:
+            self.flush()
+            self.kept = (by_key, gradients)
+            self.kept_step = self.step
+        else:
+            self._apply(by_key, gradients)
+        self._forget_expired()
+        return activations
+
+    def map_only(self, features):
+        """Maps one step's keys (the lookup of a step whose update never comes: a dropped
+        prefetched lookup); returns the features over keys (None: no row). Pipelined, a step
+        more than one past the kept update's step applies that update first
+        (exchanges/dynamic.py, _settle_kept_update)."""
         self.step += 1
+        if self.kept is not None and self.step > self.kept_step + 1:
+            self.flush()
         keys = [k for f in features.values() for ids in f.ids for k in ids]
         has_row, admitted, stats = self.map.map_step(keys, self.step)
         for name in self.counters:
@@ -40,16 +67,29 @@ class ReferenceDynamicTable:
             self.values[key] = np.full(self.dim, self.initial_value, np.float32)
             self.slots[key] = {name: row[0] for name, row in ref.initial_slots(
                 self.optimizer, (1, self.dim)).items()}
-        # Renumber: held keys 0..n-1, the zero row last.
+        self._forget_expired()
+        flags = iter(has_row)
+        return {name: ref.Feature("t", feature.combiner,
+                                  [[k if next(flags) else None for k in sample]
+                                   for sample in feature.ids], feature.weights)
+                for name, feature in features.items()}
+
+    def flush(self):
+        """Applies the kept update (pipelined), if any."""
+        if self.kept is not None:
+            self._apply(*self.kept)
+            self.kept = None
+
+    def _gathered(self, by_key):
+        """(table [held keys + 1, dim], slots, features renumbered) of the held keys, in key
+        order, with a zero row last for the occurrences without a row."""
         held = sorted(self.values)
         index = {k: i for i, k in enumerate(held)}
         scratch = len(held)
-        flags = iter(has_row)
-        renumbered = {}
-        for name, feature in features.items():
-            ids = [[index[k] if next(flags) else scratch for k in sample]
-                   for sample in feature.ids]
-            renumbered[name] = ref.Feature("t", feature.combiner, ids, feature.weights)
+        renumbered = {name: ref.Feature("t", f.combiner,
+                                        [[scratch if k is None else index[k] for k in sample]
+                                         for sample in f.ids], f.weights)
+                      for name, f in by_key.items()}
         table = np.zeros((scratch + 1, self.dim), np.float32)
         slot_names = ref.optimizer_definition(self.optimizer).slot_names
         slots = {s: np.zeros((scratch + 1, self.slot_width(s)), np.float32) for s in slot_names}
@@ -57,16 +97,16 @@ class ReferenceDynamicTable:
             table[i] = self.values[k]
             for s in slot_names:
                 slots[s][i] = self.slots[k][s]
-        activations = ref.forward({"t": table}, renumbered)
+        return table, slots, renumbered
+
+    def _apply(self, by_key, gradients):
+        table, slots, renumbered = self._gathered(by_key)
         tables, new_slots = ref.apply_gradients({"t": table}, {"t": slots},
-                                                {"t": self.optimizer}, renumbered,
-                                                gradients_of(activations))
-        for k, i in index.items():
+                                                {"t": self.optimizer}, renumbered, gradients)
+        for i, k in enumerate(sorted(self.values)):
             self.values[k] = tables["t"][i]
-            for s in slot_names:
+            for s in slots:
                 self.slots[k][s] = new_slots["t"][s][i]
-        self._forget_expired()
-        return activations
 
     def slot_width(self, slot):
         definition = ref.optimizer_definition(self.optimizer)
@@ -80,7 +120,8 @@ class ReferenceDynamicTable:
                 del self.slots[key]
 
     def export(self):
-        """(keys ascending, values [n, dim])."""
+        """(keys ascending, values [n, dim]) (pipelined: after the kept update)."""
+        self.flush()
         keys = sorted(self.values)
         values = (np.stack([self.values[k] for k in keys]) if keys
                   else np.zeros((0, self.dim), np.float32))

@@ -146,9 +146,6 @@ def parse_args(argv=None):
         parser.error("--raw-keys needs --data (the built-in data have integer ids)")
     if args.admission_threshold < 1:
         parser.error("--admission-threshold must be at least 1")
-    if args.raw_keys and (args.replicas > 1 or args.pipelining):
-        parser.error("--raw-keys (open vocabularies) runs on one replica without --pipelining "
-                     "for now (docs/dynamic_vocabulary.md#what-is-not-there-yet)")
     if args.data:
         from tf_sc_embedding.data.criteo_files import expand_paths  # pylint: disable=import-outside-toplevel
         try:

@@ -50,14 +50,17 @@ class Exchange(abc.ABC):
             observe_maxima=observe_maxima)
 
     # ----------------------------------------------------------------- lookup
-    def lookup(self, view, preprocessed, variables, training=True):
+    def lookup(self, view, preprocessed, variables, training=True, apply_kept=None):
         """({feature path: activations}, preserved) of this replica's batch.
 
         variables: {stacked name: {kind: table_storage.ShardedTable}} of the whole plan.
         training: False for a lookup that must change no state (only open vocabularies have
         state a lookup changes; exchanges/dynamic.py).
+        apply_kept: with pipelining, a callable that returns the op running this replica's kept
+        update now. Only a lookup that could hand a row of that update to another key before it
+        runs calls it (exchanges/dynamic.py); the others leave the update to the step.
         """
-        del training
+        del training, apply_kept
         parameters = {name: variables[name][PARAMETERS].shard(view.replica_id)
                       for name in self.stacked_tables}
         stacked_activations, preserved = self._lookup_stacked(view, preprocessed, parameters)

@@ -36,6 +36,7 @@ import collections
 import tensorflow as tf
 
 from tf_sc_embedding import enqueue as enqueue_lib
+from tf_sc_embedding import private_tf
 from tf_sc_embedding.exchanges import all_to_all
 from tf_sc_embedding.exchanges import base
 from tf_sc_embedding.exchanges import key_exchange
@@ -43,7 +44,13 @@ from tf_sc_embedding.ops import segment_sum
 from tf_sc_embedding.ops.assign_rows import assign_rows
 from tf_sc_embedding.table_storage import PARAMETERS, TableStorage
 
-# Per stacked table, what apply_gradients needs from the lookup.
+# What a dynamic lookup preserves for its update: `tables`, the lookup's own (one replica:
+# {stacked name: LookedUpTable}; several: all_to_all.lookup's), and `steps`, the step each table's
+# maps mapped (int64 [tables], -1 for a lookup that mapped nothing): the update records them, so
+# that a later lookup knows whether a kept update may still write rows of keys it could evict
+# (_settle_kept_update).
+DynamicLookup = collections.namedtuple("DynamicLookup", ["tables", "steps"])
+# Per stacked table, what apply_gradients needs from the lookup (one replica).
 LookedUpTable = collections.namedtuple("LookedUpTable", [
     "sample_rows",        # [ids] row of each id's sample in the stacked activations
     "unique_positions",   # [ids] position of each id's row among unique_rows
@@ -66,6 +73,15 @@ class DynamicExchange(base.Exchange):
                                        shards.num_shards):
                     raise RuntimeError(f"table '{placement.name}': its maps give out rows for "
                                        "another layout than the one built")
+        count = sum(len(stacked.tables) for stacked in layout.stacked_tables.values())
+        # Per local replica, the steps of the lookup whose update the last step kept or ran.
+        self._updated_steps = {}
+        with tf.init_scope():
+            for replica_id, device in zip(group.local_replica_ids, group.local_devices):
+                with tf.device(device):
+                    self._updated_steps[replica_id] = private_tf.plain_variable(
+                        tf.fill([count], tf.constant(-1, tf.int64)),
+                        f"dynamic_updated_steps_replica_{replica_id}")
 
     def preprocess(self, ids_by_path, weights_by_path, observe_maxima=None):
         """{stacked name: per feature (keys as given, weights or ones)}: checked, not mapped."""
@@ -83,17 +99,21 @@ class DynamicExchange(base.Exchange):
             result.setdefault(feature.table.layout.stacked_table_name, []).append((ids, weights))
         return {name: tuple(features) for name, features in result.items()}
 
-    def lookup(self, view, preprocessed, variables, training=True):
+    def lookup(self, view, preprocessed, variables, training=True, apply_kept=None):
         """training=False (inference) reads the keys' rows without changing the maps: no count,
-        admission or eviction; a key without a row reads zeros."""
+        admission or eviction; a key without a row reads zeros. apply_kept: see
+        `_settle_kept_update`."""
         # Keys are mapped (and counted) only once every table's ids of the batch passed the
         # preprocessing checks: a batch that fails there leaves the maps as they were.
         checked = [t for t in tf.nest.flatten(preprocessed, expand_composites=True)
                    if isinstance(t, tf.Tensor)]
         with tf.control_dependencies(checked):
-            return self._lookup_after_checks(view, preprocessed, variables, training)
+            by_path, preserved, steps = self._lookup_after_checks(
+                view, preprocessed, variables, training, apply_kept)
+        return by_path, DynamicLookup(preserved, steps)
 
-    def _lookup_after_checks(self, view, preprocessed, variables, training):
+    def _lookup_after_checks(self, view, preprocessed, variables, training, apply_kept):
+        """(activations by path, the lookup's preserved outputs, the steps mapped)."""
         tables = []   # (placement, stacked table, its features' paths, their keys, ids)
         for stacked_name, stacked in self.stacked_tables.items():
             features = dict(zip([f.path for f in stacked.features], preprocessed[stacked_name]))
@@ -103,20 +123,27 @@ class DynamicExchange(base.Exchange):
                 keys = [table.check_keys(features[p][0], p) for p in paths]
                 tables.append((placement, stacked, paths, keys, features))
         keys = [tf.concat(table_keys, axis=0) for _, _, _, table_keys, _ in tables]
-        if view.num_replicas == 1 and training:
-            return self._lookup_numbered(view, tables, keys, variables)
-        steps = [None] * len(tables)   # one replica: its map's next step
+        last_steps = [self._dynamic.table(p.name).last_step(view.replica_id)
+                      for p, _, _, _, _ in tables]
+        steps = [last + 1 for last in last_steps]   # one replica: its map's next step
+        at_owner = route = None
         if view.num_replicas > 1:   # each key to its owner's map, once per replica
-            last_steps = [self._dynamic.table(p.name).last_step(view.replica_id)
-                          for p, _, _, _, _ in tables]
             at_owner, route, steps = key_exchange.send_keys(view, keys, last_steps)
             keys = [k.keys if not training else tf.repeat(k.keys, k.counts) for k in at_owner]
-        by_path, resets, rows_at_owner = {}, [], []
-        for (placement, stacked, _, _, _), owned, step in zip(tables, keys, steps):
-            rows, written = self._map_table(view, placement, stacked, owned, variables, training,
-                                            step)
-            rows_at_owner.append(rows)
-            resets.extend(written)
+        mapped = tf.stack(steps) if training else tf.fill([len(tables)], tf.constant(-1, tf.int64))
+        settled = []
+        if training and apply_kept is not None:
+            settled = [self._settle_kept_update(view.replica_id, apply_kept, mapped)]
+        with tf.control_dependencies(settled):
+            if view.num_replicas == 1 and training:
+                by_path, preserved = self._lookup_numbered(view, tables, keys, variables, steps)
+                return by_path, preserved, mapped
+            by_path, resets, rows_at_owner = {}, [], []
+            for (placement, stacked, _, _, _), owned, step in zip(tables, keys, steps):
+                rows, written = self._map_table(view, placement, stacked, owned, variables,
+                                                training, step)
+                rows_at_owner.append(rows)
+                resets.extend(written)
         if view.num_replicas > 1:
             if training:   # the row of each key's first occurrence (all of them read it)
                 rows_at_owner = [tf.gather(rows, tf.cumsum(k.counts, exclusive=True))
@@ -129,9 +156,26 @@ class DynamicExchange(base.Exchange):
             self, {p: ids for p, (ids, _) in by_path.items()},
             {p: weights for p, (_, weights) in by_path.items()})
         with tf.control_dependencies(resets):
-            return super().lookup(view, routed, variables)
+            by_path, preserved = super().lookup(view, routed, variables)
+        return by_path, preserved, mapped
 
-    def _lookup_numbered(self, view, tables, keys, variables):
+    def _settle_kept_update(self, replica_id, apply_kept, steps):
+        """With pipelining, the op that runs the kept update of an earlier step before this
+        step's maps, when this step maps a number more than one past the steps of that update's
+        lookup (docs/dynamic_vocabulary.md#pipelining).
+
+        A kept update writes the rows of keys its lookup saw. A key expires only after more than
+        steps_to_live >= 1 unseen steps, so the step right after that lookup cannot give such a
+        row to another key, and the update may run after this step's lookup, as it does for
+        fixed tables. A step that maps a later number can: after a step that failed once its
+        keys were mapped (its update never kept, the earlier one still waiting), after a step
+        aborted on some replicas only (every map then maps one past the largest last step), or
+        when a prefetched lookup was dropped. The kept update then runs first, once."""
+        skips = tf.reduce_any(steps > self._updated_steps[replica_id].read_value() + 1)
+        return tf.cond(skips, lambda: tf.identity(apply_kept()),
+                       lambda: tf.constant(0, tf.int64))
+
+    def _lookup_numbered(self, view, tables, keys, variables, steps):
         """One replica, training: each map numbers the distinct rows of its step
         (DynamicTable.map_keys, numbered), so the ids the stacked COO converts are already
         positions among the stacked table's unique rows (each table's numbers offset by the
@@ -139,10 +183,10 @@ class DynamicExchange(base.Exchange):
         needed. Equal, entry for entry, to routing the rows: the COO merges adjacent equal ids of
         a sample, and two occurrences have equal numbers exactly when they have equal rows."""
         members, resets = {}, []
-        for table, owned in zip(tables, keys):
+        for table, owned, step in zip(tables, keys, steps):
             placement, stacked = table[0], table[1]
             numbered, written = self._map_table(view, placement, stacked, owned, variables,
-                                                True, numbered=True)
+                                                True, step, numbered=True)
             members.setdefault(stacked.name, []).append((table, numbered))
             resets.extend(written)
         by_path, unique_rows = {}, {}
@@ -205,10 +249,13 @@ class DynamicExchange(base.Exchange):
         return activations, preserved
 
     def is_preserved(self, preserved):
+        if not (isinstance(preserved, DynamicLookup) and isinstance(preserved.steps, tf.Tensor)):
+            return False
+        tables = preserved.tables
         if self.layout.num_replicas > 1:
-            return all_to_all.is_exchanged(preserved, self.layout)
-        return (isinstance(preserved, dict) and set(preserved) == set(self.stacked_tables) and
-                all(isinstance(v, LookedUpTable) for v in preserved.values()))
+            return all_to_all.is_exchanged(tables, self.layout)
+        return (isinstance(tables, dict) and set(tables) == set(self.stacked_tables) and
+                all(isinstance(v, LookedUpTable) for v in tables.values()))
 
     def gradient_order(self, name):
         return all_to_all.gradient_order(self.layout, name)
@@ -218,6 +265,9 @@ class DynamicExchange(base.Exchange):
 
     def update_inputs(self, view, preserved, gradients, flags=None):
         del flags   # never given: this exchange does not carry them (the step agrees on them)
+        # The steps whose rows this update writes (_settle_kept_update).
+        self._updated_steps[view.replica_id].assign(preserved.steps)
+        preserved = preserved.tables
         if view.num_replicas > 1:
             received, _ = all_to_all.exchange_gradients(view, self.layout, preserved, gradients)
             return all_to_all.owned_rows_inputs(self.layout, view.replica_id, received,
