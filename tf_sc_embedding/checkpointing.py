@@ -406,8 +406,8 @@ def _restore_checked(trackables, merged_prefix, embeddings):
             raise ValueError(f"checkpoint {prefix} cannot be read: {type(e).__name__}: "
                              f"{e}") from None
         checked = list(_check_and_collect(found, prefix, shapes))
-    for embedding in embeddings:
-        embedding.dynamic_tables.commit_staged()
+    for embedding in embeddings:   # the embedding is a node of the same restore as its tables
+        embedding.dynamic_tables.commit_staged(private_tf.restore_uid(embedding))
     for embedding, readers in checked:
         embedding.tables.restore(readers)
 

@@ -377,7 +377,7 @@ class DynamicTables:
         self._logical = tables
         self._replicas = tuple(replicas)
         self._gather = gather
-        self._staged = {}   # {name: logical state} checked, waiting for commit_staged
+        self._staged = {}   # {name: (restore id, logical state)} checked, not yet imported
         self.tables = {}
         for name, vocabulary in sorted(vocabularies.items()):
             layout = placements[name].layout
@@ -454,27 +454,31 @@ class DynamicTables:
     # A `tf.train.Checkpoint` restore hands each table's state to its node separately, so a
     # checkpoint's tables are staged (checked and held) first and imported together at the end of
     # the restore (checkpointing's registered restore function, which TensorFlow runs after every
-    # node's own restore): a table that fails its checks then leaves every table as it was.
-    def stage(self, name, state, source="the checkpoint"):
+    # node's own restore): a table that fails its checks then leaves every table as it was. Each
+    # state is held with the id of its restore (private_tf.restore_uid): only the states of the
+    # restore that commits are imported, and a restore that failed after staging (elsewhere,
+    # before the commit) leaves nothing a later restore would import.
+    def stage(self, name, state, restore_id, source="the checkpoint"):
         """Checks one table's state and holds it for commit_staged; a failing check forgets
-        every table staged so far (that restore fails)."""
-        if name in self._staged:   # an earlier restore ended before committing: forget it
-            self._staged.clear()
+        every staged state (that restore fails)."""
+        self._staged = {n: held for n, held in self._staged.items() if held[0] == restore_id}
         try:
             self.check(name, state, source)
         except Exception:
-            self._staged.clear()
+            self._staged = {}
             raise
-        self._staged[name] = state
+        self._staged[name] = (restore_id, state)
 
-    def commit_staged(self):
-        """Imports every staged table's state (all passed their checks) and forgets them."""
+    def commit_staged(self, restore_id):
+        """Imports the states staged by restore `restore_id` (all passed their checks) and
+        forgets every staged state."""
         staged, self._staged = self._staged, {}
-        for name, state in staged.items():
-            self._import(name, state)
+        for name, (held_by, state) in staged.items():
+            if held_by == restore_id:
+                self._import(name, state)
 
     def discard_staged(self):
-        """Forgets the staged states (the restore failed elsewhere before committing)."""
+        """Forgets the staged states (the restore failed before committing)."""
         self._staged = {}
 
 
@@ -494,5 +498,5 @@ class DynamicTableNode(private_tf.Trackable):
         # Checked now, imported with the checkpoint's other tables once all passed
         # (DynamicTables.stage; checkpointing's restore function commits).
         state = {key: value.numpy() for key, value in restored_tensors.items()}
-        self._tables_ref().stage(self.table_name, state)
+        self._tables_ref().stage(self.table_name, state, private_tf.restore_uid(self))
         return tf.no_op()

@@ -406,6 +406,13 @@ class TPUEmbeddingV2(tf.Module):
         if not self._pipelining:
             raise ValueError(f"{what} (prefetching a lookup) needs "
                              "pipeline_execution_with_tensor_core=True")
+        if self._dynamic.names:
+            # A prefetched lookup maps its keys (counts, admits, steps the maps); the last batch
+            # and a batch after a restore are looked up again without it, and would be counted
+            # twice (docs/dynamic_vocabulary.md#pipelining).
+            raise ValueError(f"{what} (prefetching a lookup) is not supported with "
+                             f"open-vocabulary tables {sorted(self._dynamic.names)}: pipeline "
+                             "without next_features")
         if _has_distributed_values(*structures):
             raise ValueError(f"{what}: call the embedding inside strategy.run with each "
                              "replica's own tensors")

@@ -24,6 +24,12 @@ What is wrapped, and why no public API serves:
   - `ShardInfo` (`tensorflow.python.trackable.base`): the argument through which TensorFlow's
     initializers compute one shard of a partitioned variable; passing it lets a table be
     initialized one chunk of rows at a time.
+  - `restore_uid` (`Trackable._update_uid`): the id of the restore that last reached a node.
+    TensorFlow hands each node of a checkpoint its part separately and calls registered restore
+    functions last, with no call that marks where a restore begins or ends; an open-vocabulary
+    table's node holds its checked state until the embedding's restore function imports it, and
+    the id tells that function which held states belong to the restore running now (one left
+    by a restore that failed elsewhere must not be imported by a later one).
 * Variables outside a distribution strategy: `uninitialized_variable`, `plain_variable`,
   `shapeless_variable` (`tensorflow.python.ops.resource_variable_ops`). `tf.Variable` created under
   `strategy.scope()` becomes a mirrored variable (one copy per replica, kept in sync); table
@@ -56,6 +62,12 @@ SaveSpec = _saveable_object.SaveSpec
 register_checkpoint_saver = _registration.register_checkpoint_saver
 checkpoint_key = _trackable_utils.checkpoint_key
 escape_local_name = _trackable_utils.escape_local_name
+
+
+def restore_uid(trackable):
+    """The id of the last restore that reached `trackable` (TensorFlow sets it on every node of
+    a restore before any restore function runs)."""
+    return trackable._update_uid
 
 
 # ------------------------------------------------------------------------------- variables

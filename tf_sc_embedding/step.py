@@ -250,3 +250,5 @@ class EmbeddingStep:
         if self.stash is not None:
             self.stash.discard()
             self.prefetched.discard()
+            for exchange in self.exchanges:
+                exchange.discard_kept()

@@ -195,12 +195,13 @@ def test_property_matches_the_reference(seed, threshold, steps_to_live, capacity
                            distinct, steps=4, pipelined=pipelined)
 
 
-def test_a_dropped_prefetched_lookup_applies_the_kept_update_before_its_keys_expire():
+def test_a_step_that_skips_a_number_applies_the_kept_update_before_its_keys_expire():
     """Pipelined, a step's update runs after the next lookup. Key A, seen at step 0 only, could
-    lose its row at step 2 (steps_to_live 1); here step 1 is a prefetched lookup that the next
-    step drops (it looks up another batch), so step 2 maps A again while step 0's update of A's
-    old row still waits. The kept update must then run before the maps: else it would land on
-    the row A gets anew (the table's only row), on top of its fresh initial values."""
+    lose its row at step 2 (steps_to_live 1). Here the maps also map step 1 without training
+    (as a step that failed after its lookup leaves them), so the next training step maps step 2
+    while step 0's update of A's old row still waits. The kept update must then run before the
+    maps: else it would land on the row A gets anew (the table's only row), on top of its fresh
+    initial values."""
     table = E.TableConfig(vocabulary_size=1, dim=DIM, name="items", combiner="sum",
                           initializer=tf.constant_initializer(0.5))
     optimizer = ph.make_optimizer("sgd")
@@ -210,25 +211,11 @@ def test_a_dropped_prefetched_lookup_applies_the_kept_update_before_its_keys_exp
     reference = ReferenceDynamicTable(1, DIM, optimizer, 0.5, 1, 1, pipelined=True)
     batches = [{"f1": [[key]] * 4} for key in (11, 22, 11)]
 
-    def tensors(batch):
-        return {"f1": tf.ragged.constant(batch["f1"], tf.int64)}
-
     def gradients_of(activations):
         return {k: ph.LOSS_SCALE * a + OFFSETS[k] for k, a in activations.items()}
 
     @tf.function
-    def prefetch(features):
-        return embedding.prefetch(features)
-
-    @tf.function
-    def prefetching_step(features, upcoming):
-        activations, preserved = embedding(features, next_features=upcoming)
-        with tf.control_dependencies(embedding.apply_gradients(gradients_of(activations),
-                                                               preserved)):
-            return {k: tf.identity(a) for k, a in activations.items()}
-
-    @tf.function
-    def plain_step(features):
+    def step(features):
         activations, preserved = embedding(features)
         with tf.control_dependencies(embedding.apply_gradients(gradients_of(activations),
                                                                preserved)):
@@ -237,19 +224,36 @@ def test_a_dropped_prefetched_lookup_applies_the_kept_update_before_its_keys_exp
     def reference_features(batch):
         return {k: ref.Feature("items", "sum", v) for k, v in batch.items()}
 
-    prefetch(tensors(batches[0]))
-    got = [prefetching_step(tensors(batches[0]), tensors(batches[1]))]
-    want = [reference.train_step(reference_features(batches[0]), gradients_of)]
-    reference.map_only(reference_features(batches[1]))   # the dropped lookup
-    got.append(plain_step(tensors(batches[2])))
-    want.append(reference.train_step(reference_features(batches[2]), gradients_of))
-    for step, (a, b) in enumerate(zip(got, want)):
-        ph.assert_close(a["f1"].numpy(), b["f1"], f"step {step} activations")
+    got, want = [], []
+    for n, batch in enumerate(batches):
+        if n == 1:   # the maps step without training: keys mapped, no update
+            embedding.dynamic_tables.table("items").map_keys(
+                0, tf.constant([22, 22, 22, 22], tf.int64))
+            reference.map_only(reference_features(batch))
+            continue
+        got.append(step({"f1": tf.ragged.constant(batch["f1"], tf.int64)}))
+        want.append(reference.train_step(reference_features(batch), gradients_of))
+    for n, (a, b) in enumerate(zip(got, want)):
+        ph.assert_close(a["f1"].numpy(), b["f1"], f"step {n} activations")
     exported_keys, values = embedding.export_dynamic_table("items")
     want_keys, want_values = reference.export()
     assert list(exported_keys) == want_keys == [11]
     ph.assert_close(values, want_values, "exported rows")
     assert embedding.num_refused_keys() == reference.counters["refused_keys"] == 1
+
+
+def test_prefetching_a_lookup_is_refused_with_dynamic_tables():
+    """A prefetched lookup maps its keys; the last batch (and a batch after a restore) would be
+    looked up again without it and counted twice."""
+    table = E.TableConfig(vocabulary_size=8, dim=DIM, name="items")
+    embedding = make_embedding(table, ph.make_optimizer("sgd"), names=("f1",),
+                               dynamic_vocabularies={"items": sce.DynamicVocabulary()},
+                               pipeline_execution_with_tensor_core=True)
+    features = {"f1": tf.ragged.constant([[1], [2], [3], [4]], tf.int64)}
+    with pytest.raises(ValueError, match="not supported with open-vocabulary tables"):
+        embedding.prefetch(features)
+    with pytest.raises(ValueError, match="not supported with open-vocabulary tables"):
+        embedding(features, next_features=features)
 
 
 def test_dynamic_and_fixed_tables_in_one_embedding():
@@ -501,6 +505,34 @@ def test_a_checkpoint_table_that_does_not_fit_leaves_every_table_as_it_was(tmp_p
         np.testing.assert_array_equal(restored[part], want[part], err_msg=part)
 
 
+def test_a_restore_that_fails_elsewhere_leaves_nothing_for_a_later_restore(tmp_path):
+    """A restore that fails after a dynamic table's node held its state (here on another
+    object of the checkpoint) imports nothing, and a later restore of another checkpoint does
+    not import the held state either."""
+    rng = np.random.default_rng(12)
+    original = _two_dynamic_tables_and_a_fixed_one()
+    _train_three_tables(original, rng)
+    path = tf.train.Checkpoint(embedding=original, v=tf.Variable([1.0, 2.0])).save(
+        str(tmp_path / "ckpt"))
+    target = _two_dynamic_tables_and_a_fixed_one()
+    _train_three_tables(target, rng, keys=3)
+    before = _whole_state(target)
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError)):
+        tf.train.Checkpoint(embedding=target, v=tf.Variable([0.0, 0.0, 0.0])).restore(path)
+    fixed_only = sce.TPUEmbeddingV2(
+        {"fc": E.FeatureConfig(table=E.TableConfig(vocabulary_size=16, dim=DIM, name="c"),
+                               name="fc")}, optimizer=E.Adagrad(0.1))
+    fixed_only.build(per_replica_batch_size=8)
+    other = tf.train.Checkpoint(embedding=fixed_only).save(str(tmp_path / "fixed"))
+    tf.train.Checkpoint(embedding=target).restore(other)
+    after = _whole_state(target)
+    for part in before:
+        if part != "c":   # the fixed table is restored from the second checkpoint
+            np.testing.assert_array_equal(after[part], before[part], err_msg=part)
+    np.testing.assert_array_equal(
+        after["c"], np.array(fixed_only.embedding_tables[fixed_only.tables.config("c")]))
+
+
 def keras_model(batch=8, strategy=None, pipelined=False):
     """(model, its EmbeddingLayer): string keys through a dynamic table with threshold 2."""
     import keras   # noqa: PLC0415
@@ -529,13 +561,15 @@ def test_keras_fit_admits_keys_and_predict_evaluate_only_read_them(tmp_path, pip
     labels = rng.normal(size=(64, 1)).astype(np.float32)
     model, layer = keras_model(pipelined=pipelined)
     model.fit(tf.data.Dataset.from_tensor_slices((keys, labels)).batch(8), epochs=2, verbose=0)
-    held, values = layer.embedding.export_dynamic_table("words")
-    assert len(held) == len(set(keys.tolist()))
-    before = layer.embedding.dynamic_tables.logical_state("words")
+    held = sorted(set(keys.tolist()))   # every key is seen at least twice: all are admitted
     query = np.array([held[0], b"unknown", held[1], b"unknown", b"other", held[0], b"x", b"y"],
                      dtype=object)
     queries = tf.data.Dataset.from_tensor_slices(query).batch(8)
-    predicted = model.predict(queries, verbose=0)
+    predicted = model.predict(queries, verbose=0)   # before any read of the tables
+    exported, values = layer.embedding.export_dynamic_table("words")
+    assert list(exported) == held
+    before = layer.embedding.dynamic_tables.logical_state("words")
+    model.predict(queries, verbose=0)
     model.evaluate(tf.data.Dataset.from_tensor_slices((query, labels[:8])).batch(8), verbose=0)
     after = layer.embedding.dynamic_tables.logical_state("words")
     for part in before:

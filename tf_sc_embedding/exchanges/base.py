@@ -122,6 +122,10 @@ class Exchange(abc.ABC):
         del replica_id
         return True
 
+    def discard_kept(self):
+        """Forgets what the exchange holds about a kept update (pipelining), which a restore has
+        just discarded (eagerly, every local replica)."""
+
     @abc.abstractmethod
     def update_inputs(self, view, preserved, gradients, flags=None):
         """({stacked name: fused_update.UpdateInputs}, agreed flags or None) of this step.

@@ -168,9 +168,9 @@ class DynamicExchange(base.Exchange):
         steps_to_live >= 1 unseen steps, so the step right after that lookup cannot give such a
         row to another key, and the update may run after this step's lookup, as it does for
         fixed tables. A step that maps a later number can: after a step that failed once its
-        keys were mapped (its update never kept, the earlier one still waiting), after a step
-        aborted on some replicas only (every map then maps one past the largest last step), or
-        when a prefetched lookup was dropped. The kept update then runs first, once."""
+        keys were mapped (its update never kept, the earlier one still waiting), or after a
+        step aborted on some replicas only (every map then maps one past the largest last
+        step). The kept update then runs first, once."""
         skips = tf.reduce_any(steps > self._updated_steps[replica_id].read_value() + 1)
         return tf.cond(skips, lambda: tf.identity(apply_kept()),
                        lambda: tf.constant(0, tf.int64))
@@ -263,11 +263,21 @@ class DynamicExchange(base.Exchange):
     def _update_arguments(self, replica_id):
         return all_to_all.owned_rows_arguments(self.layout, replica_id)
 
+    def discard_kept(self):
+        for variable in self._updated_steps.values():
+            variable.assign(tf.fill(tf.shape(variable), tf.constant(-1, tf.int64)))
+
     def update_inputs(self, view, preserved, gradients, flags=None):
         del flags   # never given: this exchange does not carry them (the step agrees on them)
-        # The steps whose rows this update writes (_settle_kept_update).
-        self._updated_steps[view.replica_id].assign(preserved.steps)
-        preserved = preserved.tables
+        # The steps whose rows this update writes (_settle_kept_update), recorded before the
+        # update's inputs exist, so before the step can keep them.
+        recorded = self._updated_steps[view.replica_id].assign(preserved.steps)
+        inputs, agreed = self._update_inputs(view, preserved.tables, gradients)
+        with tf.control_dependencies([recorded]):
+            return tf.nest.map_structure(
+                lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, inputs), agreed
+
+    def _update_inputs(self, view, preserved, gradients):
         if view.num_replicas > 1:
             received, _ = all_to_all.exchange_gradients(view, self.layout, preserved, gradients)
             return all_to_all.owned_rows_inputs(self.layout, view.replica_id, received,
