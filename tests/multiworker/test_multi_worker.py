@@ -366,13 +366,16 @@ def test_dynamic_table_over_workers_is_one_process_table_and_restores_anywhere(t
         assert table_digests(tables(out, i)) == table_digests(tables(uninterrupted))
 
 
-def test_dynamic_table_over_two_workers_equals_a_fixed_table_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("pipelining", [(), pytest.param(("--pipelining",),
+                                                          marks=pytest.mark.slow)],
+                         ids=["sequential", "pipelined"])
+def test_dynamic_table_over_two_workers_equals_a_fixed_table_bit_for_bit(tmp_path, pipelining):
     """Identity with a fixed vocabulary over 2 workers: threshold 1, no eviction, room for every
     key and one initial value for every row. The open vocabulary's keys are the fixed run's ids
     through an injective map (id * 1000003 - 17, mw_worker.py), so each key's values and slots
     must equal, bit for bit, the fixed table's row of its id, and the other table is untouched
-    by the difference."""
-    common = ["--exchange", "all_to_all", "--steps", "3"]
+    by the difference (both runs pipelined, or neither)."""
+    common = ["--exchange", "all_to_all", "--steps", "3", *pipelining]
     dynamic, codes = run_cluster(tmp_path, "dynamic", 2, common + ["--dynamic", "--identity"])
     check_ok(dynamic, codes)
     fixed, codes = run_cluster(tmp_path, "fixed", 2, common)

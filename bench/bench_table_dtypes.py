@@ -1,0 +1,102 @@
+"""16-bit rows against float32 rows through the class (issue 33, item 5): embedding_lookup, the
+lookup of an enqueued batch (dequeue) and the training step, with only these embeddings in the
+process.
+
+bench_api.py also times bfloat16 rows, beside six other configurations of 4M-row caps (about 20
+GB held at once on a 24 GB machine). There the tables built last often stay on 4 KiB pages: the
+kernels ask the kernel to back large tables with 2 MiB pages (cc/core/huge_pages.h,
+MADV_COLLAPSE), which fails under memory pressure, and the bfloat16 tables, built last, then pay
+a TLB miss on nearly every row while the float32 ones do not. A user's job holds one embedding;
+so does each configuration here, two at a time, and the report gives the process's memory on
+huge pages after warm-up, so a run where they could not be had shows it.
+
+Workload: bench_api.py's Criteo-like batches (26 features, one table each, vocabularies capped at
+--cap, dim 32, batch 4096, weighted ragged ids, combiner sum), the optimizer of --optimizer, a
+dense logistic loss. Reported: median wall and CPU per call, interleaved and back to back
+(bench_api.py explains both), and float32 / 16-bit from the wall medians (above 1: 16-bit rows
+faster).
+
+Usage: python bench/bench_table_dtypes.py [--cap 4000000] [--rounds 30]
+       [--optimizer adagrad|row_wise_adagrad] [--dtype bfloat16|float16]
+"""
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import tf_sc_embedding as sce  # noqa: E402
+from bench_api import (LEARNING_RATE, back_to_back, batch_pool, capped_vocabulary,  # noqa: E402
+                       interleaved, our_functions)
+
+E = tf.tpu.experimental.embedding
+PHASES = ("embedding_lookup", "dequeue", "step")
+
+
+def huge_page_mb():
+    """MB of this process's memory on transparent huge pages (Linux; None elsewhere)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cap", type=int, default=4_000_000)
+    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=4, help="distinct batches in the pool")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--optimizer", choices=("adagrad", "row_wise_adagrad"),
+                        default="adagrad")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    args = parser.parse_args()
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    vocab = capped_vocabulary(args.cap)
+    pool = batch_pool(vocab, args.batch, args.batches)
+
+    def optimizer():
+        if args.optimizer == "adagrad":
+            return E.Adagrad(learning_rate=LEARNING_RATE)
+        return sce.RowWiseAdagrad(learning_rate=LEARNING_RATE)
+
+    functions = {}
+    for dtype in ("float32", args.dtype):
+        built = our_functions(vocab, args.dim, args.batch, "sum", optimizer(), pool,
+                              table_dtype=dtype)
+        for phase in PHASES:
+            functions[f"{phase}, {dtype} rows"] = built[phase]
+    medians = interleaved(functions, args.rounds)
+    huge = huge_page_mb()
+    steady = back_to_back(functions, args.rounds)
+    print(f"\n### {args.optimizer}, vocabularies capped at {args.cap:,} rows ({sum(vocab):,} "
+          f"rows), batch {args.batch}, dim {args.dim}, {args.threads} threads, median of "
+          f"{args.rounds} calls\n")
+    print("| call | interleaved wall ms | CPU ms | back to back wall ms | CPU ms |\n"
+          "|---|---:|---:|---:|---:|")
+    for name, (wall, cpu) in medians.items():
+        print(f"| {name} | {wall:.2f} | {cpu:.2f} | {steady[name][0]:.2f} | "
+              f"{steady[name][1]:.2f} |")
+    if huge is not None:
+        print(f"\nmemory on 2 MiB pages after warm-up: {huge:,.0f} MB")
+    for label, result in (("interleaved", medians), ("back to back", steady)):
+        ratios = ", ".join(
+            f"{phase} {result[f'{phase}, float32 rows'][0] / result[f'{phase}, {args.dtype} rows'][0]:.2f}x"
+            for phase in PHASES)
+        print(f"float32 / {args.dtype} rows, {label}: {ratios} (wall; above 1: {args.dtype} "
+              "faster)")
+
+
+if __name__ == "__main__":
+    main()
