@@ -5,6 +5,7 @@ replica counts."""
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings, strategies as st
 
 import tf_sc_embedding as sce
 from tests.api import parity_helpers as ph
@@ -12,9 +13,25 @@ from tests.api.test_dynamic_vocabulary import (DIM, keras_model, key_values, mak
                                                random_batches, run_against_reference, train)
 from tests.reference import key_hashing
 from tf_sc_embedding import fused_update
+from tf_sc_embedding.exchanges import key_exchange
 
 E = tf.tpu.experimental.embedding
 BATCH = 16   # 4 replicas x 4 SparseCores
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(0, 6), max_size=24), seed=st.integers(0, 2**16))
+def test_every_occurrence_repeats_each_key_its_count(counts, seed):
+    """The owner's expansion of distinct keys into every occurrence equals np.repeat, for int64
+    and string keys, zero counts and no keys included (O(occurrences), unlike tf.repeat's
+    [keys, max count] mask)."""
+    keys = np.random.default_rng(seed).integers(-50, 50, len(counts)).astype(np.int64)
+    counts = np.array(counts, np.int32)
+    got = key_exchange.every_occurrence(tf.constant(keys), tf.constant(counts))
+    np.testing.assert_array_equal(got.numpy(), np.repeat(keys, counts))
+    strings = np.array([b"k%d" % k for k in keys], dtype=object)
+    got = key_exchange.every_occurrence(tf.constant(strings, tf.string), tf.constant(counts))
+    assert got.numpy().tolist() == np.repeat(strings, counts).tolist()
 
 
 def _first_appearance_numbers(batches):

@@ -129,7 +129,8 @@ class DynamicExchange(base.Exchange):
         at_owner = route = None
         if view.num_replicas > 1:   # each key to its owner's map, once per replica
             at_owner, route, steps = key_exchange.send_keys(view, keys, last_steps)
-            keys = [k.keys if not training else tf.repeat(k.keys, k.counts) for k in at_owner]
+            keys = [k.keys if not training else key_exchange.every_occurrence(k.keys, k.counts)
+                    for k in at_owner]
         mapped = tf.stack(steps) if training else tf.fill([len(tables)], tf.constant(-1, tf.int64))
         settled = []
         if training and apply_kept is not None:
