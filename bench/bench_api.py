@@ -53,13 +53,26 @@ LEARNING_RATE = 0.05
 E = tf.tpu.experimental.embedding
 
 
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_workload_arguments(parser, rounds, batches):
+    """The arguments of the Criteo-like workload that every class-level benchmark takes:
+    --batch, --dim, --batches (distinct batches in the pool), --rounds and --threads."""
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--batches", type=int, default=4, help="distinct batches in the pool")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--batches", type=int, default=batches,
+                        help="distinct batches in the pool")
+
+
+def use_threads(count):
+    """TensorFlow's inter- and intra-op thread pools of this process, `count` threads each."""
+    tf.config.threading.set_intra_op_parallelism_threads(count)
+    tf.config.threading.set_inter_op_parallelism_threads(count)
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_workload_arguments(parser, rounds=40, batches=4)
     parser.add_argument("--caps", default="1000000,4000000",
                         help="vocabulary caps (rows) of the phase comparison; \"\" skips it")
     parser.add_argument("--combiner", default="sum")
@@ -310,8 +323,7 @@ def scaling(args):
 
 def main():
     args = parse_args()
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    use_threads(args.threads)
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     for cap in (int(c) for c in args.caps.split(",") if c):
         compare_at_cap(cap, args)

@@ -37,8 +37,9 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tf_sc_embedding as sce  # noqa: E402
-from bench_api import (back_to_back, batch_pool, capped_vocabulary, dataset_over,  # noqa: E402
-                       dense_head, interleaved, iterator_over, logistic_loss)
+from bench_api import (add_workload_arguments, back_to_back, batch_pool,  # noqa: E402
+                       capped_vocabulary, dataset_over, dense_head, interleaved, iterator_over,
+                       logistic_loss, use_threads)
 
 E = tf.tpu.experimental.embedding
 MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)   # odd: a bijection of the 64-bit integers
@@ -138,20 +139,15 @@ def step_function(vocab, dim, pool, dynamic=None, strategy=None):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cap", type=int, default=1_000_000)
-    parser.add_argument("--batch", type=int, default=4096)
-    parser.add_argument("--dim", type=int, default=32)
-    parser.add_argument("--batches", type=int, default=16, help="distinct batches in the pool")
-    parser.add_argument("--rounds", type=int, default=30)
+    add_workload_arguments(parser, rounds=30, batches=16)
     parser.add_argument("--warm-steps", type=int, default=16)
     parser.add_argument("--threshold", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--peer-python", help="python of a TFRA virtual environment")
     parser.add_argument("--replicas", type=int, default=1,
                         help="a MirroredStrategy over this many logical CPUs (the batch is the "
                              "global one)")
     args = parser.parse_args()
-    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    use_threads(args.threads)
     strategy = None
     if args.replicas > 1:
         tf.config.set_logical_device_configuration(

@@ -30,8 +30,8 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tf_sc_embedding as sce  # noqa: E402
-from bench_api import (LEARNING_RATE, back_to_back, batch_pool, capped_vocabulary,  # noqa: E402
-                       interleaved, our_functions)
+from bench_api import (LEARNING_RATE, add_workload_arguments, back_to_back,  # noqa: E402
+                       batch_pool, capped_vocabulary, interleaved, our_functions, use_threads)
 
 E = tf.tpu.experimental.embedding
 PHASES = ("embedding_lookup", "dequeue", "step")
@@ -52,17 +52,12 @@ def huge_page_mb():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cap", type=int, default=4_000_000)
-    parser.add_argument("--batch", type=int, default=4096)
-    parser.add_argument("--dim", type=int, default=32)
-    parser.add_argument("--batches", type=int, default=4, help="distinct batches in the pool")
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=2)
+    add_workload_arguments(parser, rounds=30, batches=4)
     parser.add_argument("--optimizer", choices=("adagrad", "row_wise_adagrad"),
                         default="adagrad")
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     args = parser.parse_args()
-    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    use_threads(args.threads)
     vocab = capped_vocabulary(args.cap)
     pool = batch_pool(vocab, args.batch, args.batches)
 

@@ -48,7 +48,6 @@ class ReferenceDynamicTable:
             self.kept_step = self.step
         else:
             self._apply(by_key, gradients)
-        self._forget_expired()
         return activations
 
     def map_only(self, features):

@@ -123,14 +123,15 @@ class DynamicExchange(base.Exchange):
                 keys = [table.check_keys(features[p][0], p) for p in paths]
                 tables.append((placement, stacked, paths, keys, features))
         keys = [tf.concat(table_keys, axis=0) for _, _, _, table_keys, _ in tables]
-        last_steps = [self._dynamic.table(p.name).last_step(view.replica_id)
-                      for p, _, _, _, _ in tables]
-        steps = [last + 1 for last in last_steps]   # one replica: its map's next step
+        steps = [None] * len(tables)   # inference on one replica: no step is mapped
         at_owner = route = None
         if view.num_replicas > 1:   # each key to its owner's map, once per replica
-            at_owner, route, steps = key_exchange.send_keys(view, keys, last_steps)
+            at_owner, route, steps = key_exchange.send_keys(view, keys,
+                                                              self._last_steps(view, tables))
             keys = [k.keys if not training else key_exchange.every_occurrence(k.keys, k.counts)
                     for k in at_owner]
+        elif training:   # one replica: its maps' next step
+            steps = [last + 1 for last in self._last_steps(view, tables)]
         mapped = tf.stack(steps) if training else tf.fill([len(tables)], tf.constant(-1, tf.int64))
         settled = []
         if training and apply_kept is not None:
@@ -159,6 +160,10 @@ class DynamicExchange(base.Exchange):
         with tf.control_dependencies(resets):
             by_path, preserved = super().lookup(view, routed, variables)
         return by_path, preserved, mapped
+
+    def _last_steps(self, view, tables):
+        """Per table, the last step this replica's map mapped (int64)."""
+        return [self._dynamic.table(t[0].name).last_step(view.replica_id) for t in tables]
 
     def _settle_kept_update(self, replica_id, apply_kept, steps):
         """With pipelining, the op that runs the kept update of an earlier step before this
