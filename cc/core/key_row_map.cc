@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <new>
+#include <unordered_set>
 #include <utility>
 
 #include "cc/core/huge_pages.h"
@@ -48,7 +49,25 @@ Status ValidateKeyRowMapConfig(const std::string& where, const KeyRowMapConfig& 
       CheckInRange(where, "steps_to_live", config.steps_to_live, 0, kMaxKeyRowMapStep));
   SCE_RETURN_IF_ERROR(CheckInRange(where, "pending_capacity", config.pending_capacity, 1,
                                    kMaxKeyRowMapCapacity));
+  if (config.total_rows != 0) {
+    SCE_RETURN_IF_ERROR(
+        CheckInRange(where, "total_rows", config.total_rows, config.capacity, kMaxInt32));
+    SCE_RETURN_IF_ERROR(CheckInRange(where, "first_row", config.first_row, 0,
+                                     config.total_rows - config.capacity));
+  } else if (config.first_row != 0) {
+    return InvalidArgument(where, ": first_row ", config.first_row,
+                           " needs total_rows (the rows of every shard)");
+  }
   return Status::Ok();
+}
+
+void KeyRowMapStepStats::Add(const KeyRowMapStepStats& other) {
+  admitted_keys += other.admitted_keys;
+  evicted_keys += other.evicted_keys;
+  refused_keys += other.refused_keys;
+  unadmitted_ids += other.unadmitted_ids;
+  untracked_ids += other.untracked_ids;
+  waiting_keys += other.waiting_keys;
 }
 
 int32_t KeyOwnerShard(uint64_t key, int32_t num_shards) {
@@ -100,10 +119,18 @@ Status KeyRowMap::Allocate() {
 }
 
 int64_t KeyRowMap::MemoryBytes() const {
+  const int64_t rows = local_rows();
   return num_slots_ * static_cast<int64_t>(sizeof(Slot)) +
          num_pending_slots_ * static_cast<int64_t>(sizeof(PendingSlot)) +
-         config_.capacity * static_cast<int64_t>(sizeof(int32_t) + sizeof(int32_t)) +
-         (config_.capacity + 7) / 8;
+         rows * static_cast<int64_t>(sizeof(int32_t) + sizeof(int32_t)) + (rows + 7) / 8 +
+         static_cast<int64_t>(lent_.size() + spare_lent_.size()) *
+             static_cast<int64_t>(sizeof(int32_t));
+}
+
+void KeyRowMap::ToTableRows(int32_t* rows, int64_t n) const {
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] != kNoRow) rows[i] = TableRow(rows[i]);
+  }
 }
 
 void KeyRowMap::ClearAll() {
@@ -111,10 +138,17 @@ void KeyRowMap::ClearAll() {
   std::fill(pending_.begin(), pending_.end(), PendingSlot{0, 0, 0});
   std::fill(row_slot_.begin(), row_slot_.end(), kNoRow);
   std::fill(row_last_seen_.begin(), row_last_seen_.end(), -1);
-  std::fill(reset_pending_.begin(), reset_pending_.end(), false);
+  row_slot_.resize(config_.capacity);
+  row_last_seen_.resize(config_.capacity);
+  reset_pending_.assign(config_.capacity, false);
+  lent_.clear();
+  spare_lent_.clear();
+  waiting_.clear();
+  wait_ = false;
   rows_to_reset_.clear();
   keys_to_reset_.clear();
   free_head_ = kNoRow;
+  free_count_ = 0;
   next_unused_ = 0;
   oldest_last_seen_ = 0;
   size_ = 0;
@@ -186,6 +220,7 @@ void KeyRowMap::TakeRowBack(int32_t row, KeyRowMapStepStats* stats) {
   row_last_seen_[row] = -1;
   row_slot_[row] = free_head_;
   free_head_ = row;
+  ++free_count_;
   --size_;
   ++stats->evicted_keys;
 }
@@ -196,7 +231,10 @@ void KeyRowMap::TakeRowBack(int32_t row, KeyRowMapStepStats* stats) {
 void KeyRowMap::SweepExpiredRows(int64_t step, KeyRowMapStepStats* stats) {
   swept_step_ = step;
   int64_t oldest = step;
-  for (int64_t row = 0; row < next_unused_; ++row) {
+  const int64_t rows = local_rows();
+  for (int64_t row = 0; row < rows; ++row) {
+    if (row == next_unused_) row = config_.capacity;   // own rows never used: skipped
+    if (row == rows) break;
     const int32_t last_seen = row_last_seen_[row];
     if (last_seen < 0) continue;
     if (Expired(last_seen, step)) {
@@ -216,6 +254,7 @@ int32_t KeyRowMap::TakeFreeRow(int64_t step, KeyRowMapStepStats* stats) {
   if (free_head_ != kNoRow) {
     const int32_t row = free_head_;
     free_head_ = row_slot_[row];
+    --free_count_;
     return row;
   }
   if (next_unused_ < config_.capacity) return static_cast<int32_t>(next_unused_++);
@@ -228,7 +267,7 @@ int32_t KeyRowMap::Admit(uint64_t key, int64_t empty_slot, int64_t step,
   const int64_t swept_before = swept_step_;
   const int32_t row = TakeFreeRow(step, stats);
   if (row == kNoRow) {
-    refused_.push_back(key);
+    (wait_ ? waiting_ : refused_).push_back(key);
     return kNoRow;
   }
   // A sweep moves entries: then the key's empty slot is found again.
@@ -277,7 +316,9 @@ int32_t KeyRowMap::CountMissedKey(uint64_t key, int64_t empty_slot, int64_t step
                                   std::vector<int32_t>* new_rows, KeyRowMapStepStats* stats) {
   *deferred = false;
   if (config_.admission_threshold == 1) {
-    return Admit(key, empty_slot, step, new_keys, new_rows, stats);
+    const int32_t row = Admit(key, empty_slot, step, new_keys, new_rows, stats);
+    *deferred = row == kNoRow && wait_;
+    return row;
   }
   int64_t slot = FindPendingSlot(key);
   if (pending_[slot].count == 0) {
@@ -302,6 +343,7 @@ int32_t KeyRowMap::CountMissedKey(uint64_t key, int64_t empty_slot, int64_t step
   }
   const int32_t row = Admit(key, empty_slot, step, new_keys, new_rows, stats);
   if (row != kNoRow) ErasePendingSlot(slot);
+  if (row == kNoRow && wait_) *deferred = true;   // FinishStep may still give it a row
   return row;
 }
 
@@ -309,7 +351,7 @@ int32_t KeyRowMap::CountMissedKey(uint64_t key, int64_t empty_slot, int64_t step
 
 Status KeyRowMap::MapStep(int64_t step, const uint64_t* keys, int64_t num_keys, int32_t* rows,
                           std::vector<uint64_t>* new_keys, std::vector<int32_t>* new_rows,
-                          KeyRowMapStepStats* stats) {
+                          KeyRowMapStepStats* stats, bool wait) {
   SCE_RETURN_IF_ERROR(CheckInRange(where_, "step", step, 0, kMaxKeyRowMapStep));
   if (step < last_step_) {
     return InvalidArgument(where_, ": step ", step, " comes before the last mapped step ",
@@ -328,6 +370,8 @@ Status KeyRowMap::MapStep(int64_t step, const uint64_t* keys, int64_t num_keys, 
   new_rows->reserve(most_admissions);
   refused_.clear();
   deferred_.clear();
+  waiting_.clear();
+  wait_ = wait;
   last_step_ = step;
   const int32_t now = static_cast<int32_t>(step);
   // Slots are prefetched this many keys ahead: a map larger than the caches costs one miss per
@@ -357,16 +401,174 @@ Status KeyRowMap::MapStep(int64_t step, const uint64_t* keys, int64_t num_keys, 
       ++stats->unadmitted_ids;
     }
   }
-  // Occurrences counted before their key was admitted later in this step read its row too.
+  if (wait_) {
+    // Each waiting key once, in the order the keys reached the threshold.
+    std::unordered_set<uint64_t> seen;
+    waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
+                                  [&seen](uint64_t key) { return !seen.insert(key).second; }),
+                   waiting_.end());
+    stats->waiting_keys = static_cast<int64_t>(waiting_.size());
+    return Status::Ok();
+  }
+  AnswerDeferred(keys, rows, stats);
+  return Status::Ok();
+}
+
+// Occurrences counted before their key was admitted later in this step read its row too; then
+// the refused keys are counted.
+void KeyRowMap::AnswerDeferred(const uint64_t* keys, int32_t* rows, KeyRowMapStepStats* stats) {
   for (int64_t i : deferred_) {
     rows[i] = slots_[FindSlot(keys[i])].row;
     if (rows[i] == kNoRow) ++stats->unadmitted_ids;
   }
+  deferred_.clear();
   std::sort(refused_.begin(), refused_.end());
-  stats->refused_keys =
-      std::unique(refused_.begin(), refused_.end()) - refused_.begin();
+  stats->refused_keys = std::unique(refused_.begin(), refused_.end()) - refused_.begin();
+  refused_.clear();
+}
+
+int64_t KeyRowMap::FreeRows(KeyRowMapStepStats* stats) {
+  if (config_.steps_to_live > 0 && last_step_ >= 0 && swept_step_ != last_step_ &&
+      Expired(static_cast<int32_t>(oldest_last_seen_), last_step_)) {
+    SweepExpiredRows(last_step_, stats);
+  }
+  return free_count_ + (config_.capacity - next_unused_);
+}
+
+void KeyRowMap::Unlist(int32_t row) {
+  if (!reset_pending_[row]) return;
+  reset_pending_[row] = false;
+  const auto listed = std::find(rows_to_reset_.begin(), rows_to_reset_.end(), row);
+  const auto at = listed - rows_to_reset_.begin();
+  rows_to_reset_.erase(listed);
+  keys_to_reset_.erase(keys_to_reset_.begin() + at);
+}
+
+Status KeyRowMap::LendRows(int64_t count, std::vector<int32_t>* rows) {
+  KeyRowMapStepStats swept;
+  const int64_t free = FreeRows(&swept);
+  if (count < 0 || count > free || rows == nullptr) {
+    return InvalidArgument(where_, ": cannot lend ", count, " rows; ", free, " are free");
+  }
+  rows->reserve(rows->size() + count);
+  for (int64_t k = 0; k < count; ++k) {
+    const int32_t row = TakeFreeRow(last_step_, &swept);
+    rows->push_back(TableRow(row));
+    Unlist(row);   // the borrower resets it for its own key
+    row_slot_[row] = kNoRow;
+    row_last_seen_[row] = -1;
+    if (row >= config_.capacity) spare_lent_.push_back(row - static_cast<int32_t>(config_.capacity));
+  }
   return Status::Ok();
 }
+
+Status KeyRowMap::ReserveKeys(int64_t keys) {
+  const int64_t needed = SlotsFor(keys);
+  if (needed <= num_slots_) return Status::Ok();
+  std::vector<Slot> grown;
+  try {
+    grown.reserve(needed);
+    BackWithHugePages(grown.data(), needed * static_cast<int64_t>(sizeof(Slot)));
+    grown.assign(needed, Slot{0, 0, kNoRow});
+  } catch (const std::bad_alloc&) {
+    return InvalidArgument(where_, ": cannot grow the key map to ", keys, " keys");
+  }
+  for (const Slot& s : slots_) {
+    if (s.row == kNoRow) continue;
+    int64_t slot = static_cast<int64_t>(MultiplyHigh(Mix64(KeyOf(s)), needed));
+    while (grown[slot].row != kNoRow) {
+      if (++slot == needed) slot = 0;
+    }
+    grown[slot] = s;
+    row_slot_[s.row] = static_cast<int32_t>(slot);
+  }
+  slots_.swap(grown);
+  num_slots_ = needed;
+  return Status::Ok();
+}
+
+Status KeyRowMap::AddLentRows(const int32_t* lent, int64_t count) {
+  if (count < 0 || (count > 0 && lent == nullptr)) {
+    return InvalidArgument(where_, ": bad lent rows (", count, ")");
+  }
+  std::vector<int32_t> sorted(lent, lent + count);
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t k = 0; k < count; ++k) {
+    if (sorted[k] < 0 || sorted[k] >= TotalRows() || (k > 0 && sorted[k] == sorted[k - 1])) {
+      return InvalidArgument(where_, ": lent row ", sorted[k], " is not a distinct row of the ",
+                             TotalRows(), " rows of the table");
+    }
+  }
+  const int64_t appended = std::max<int64_t>(0, count - static_cast<int64_t>(spare_lent_.size()));
+  const int64_t rows = local_rows() + appended;
+  if (rows > kMaxInt32) {
+    return InvalidArgument(where_, ": ", rows, " rows are more than a map can number");
+  }
+  try {
+    lent_.reserve(lent_.size() + appended);
+    row_slot_.reserve(rows);
+    row_last_seen_.reserve(rows);
+    reset_pending_.reserve(rows);
+  } catch (const std::bad_alloc&) {
+    return InvalidArgument(where_, ": cannot hold ", rows, " rows");
+  }
+  SCE_RETURN_IF_ERROR(ReserveKeys(rows));
+  // Pushed last first: the free list gives them in the order lent.
+  std::vector<int32_t> indices(count);
+  for (int64_t k = 0; k < count; ++k) {
+    int32_t index;
+    if (!spare_lent_.empty()) {
+      index = spare_lent_.back();
+      spare_lent_.pop_back();
+      lent_[index] = lent[k];
+    } else {
+      index = static_cast<int32_t>(lent_.size());
+      lent_.push_back(lent[k]);
+      row_slot_.push_back(kNoRow);
+      row_last_seen_.push_back(-1);
+      reset_pending_.push_back(false);
+    }
+    indices[k] = static_cast<int32_t>(config_.capacity) + index;
+  }
+  for (int64_t k = count - 1; k >= 0; --k) {
+    row_slot_[indices[k]] = free_head_;
+    free_head_ = indices[k];
+    ++free_count_;
+  }
+  return Status::Ok();
+}
+
+Status KeyRowMap::FinishStep(const int32_t* lent, int64_t count, const uint64_t* keys,
+                             int64_t num_keys, int32_t* rows, std::vector<uint64_t>* new_keys,
+                             std::vector<int32_t>* new_rows, KeyRowMapStepStats* stats) {
+  if (!wait_) {
+    return InvalidArgument(where_, ": FinishStep without a waiting MapStep before it");
+  }
+  if (num_keys < 0 || (num_keys > 0 && (keys == nullptr || rows == nullptr)) ||
+      new_keys == nullptr || new_rows == nullptr || stats == nullptr) {
+    return InvalidArgument(where_, ": bad key map arguments (", num_keys, " keys)");
+  }
+  for (int64_t i : deferred_) {
+    if (i >= num_keys) {
+      return InvalidArgument(where_, ": FinishStep has ", num_keys,
+                             " keys, fewer than its MapStep");
+    }
+  }
+  SCE_RETURN_IF_ERROR(AddLentRows(lent, count));
+  *stats = KeyRowMapStepStats();
+  wait_ = false;
+  for (uint64_t key : waiting_) {
+    const int32_t row = Admit(key, kUnknownSlot, last_step_, new_keys, new_rows, stats);
+    if (row != kNoRow && config_.admission_threshold > 1) {
+      const int64_t slot = FindPendingSlot(key);
+      if (pending_[slot].count != 0) ErasePendingSlot(slot);
+    }
+  }
+  waiting_.clear();
+  AnswerDeferred(keys, rows, stats);
+  return Status::Ok();
+}
+
 
 Status KeyRowMap::NumberStepRows(const int32_t* rows, int64_t n, int32_t* positions,
                                  std::vector<int32_t>* unique_rows) {
@@ -383,7 +585,7 @@ Status KeyRowMap::NumberStepRows(const int32_t* rows, int64_t n, int32_t* positi
   }
   const int32_t now = static_cast<int32_t>(last_step_);
   // Before any step no row was given (every row's -1 would read as the step -1).
-  const uint32_t capacity = last_step_ >= 0 ? static_cast<uint32_t>(config_.capacity) : 0;
+  const uint32_t capacity = last_step_ >= 0 ? static_cast<uint32_t>(local_rows()) : 0;
   // While numbering, the last-seen step of a row numbered k (= now before) holds -(k + 2): every
   // such value is <= -2, and -1 marks free rows, so neither is taken for a step.
   int32_t no_row = -1;   // the number of kNoRow, once it occurs
@@ -424,9 +626,9 @@ Status KeyRowMap::NumberStepRows(const int32_t* rows, int64_t n, int32_t* positi
   if (i < n) {
     const int32_t row = rows[i];
     unique_rows->clear();
-    if (row < kNoRow || row >= config_.capacity) {
+    if (row < kNoRow || row >= local_rows()) {
       return InvalidArgument(where_, ": rows[", i, "] = ", row, " is not a row of this map (",
-                             config_.capacity, " rows)");
+                             local_rows(), " rows)");
     }
     if (last_step_ < 0) {
       return InvalidArgument(where_, ": rows[", i, "] = ", row,
@@ -458,7 +660,9 @@ KeyRowMapState KeyRowMap::Export() const {
   KeyRowMapState state;
   state.last_step = last_step_;
   std::vector<std::pair<uint64_t, int32_t>> held;  // (key, row)
-  for (int64_t row = 0; row < next_unused_; ++row) {
+  for (int64_t row = 0; row < local_rows(); ++row) {
+    if (row == next_unused_) row = config_.capacity;   // own rows never used
+    if (row == local_rows()) break;
     const int32_t last_seen = row_last_seen_[row];
     if (last_seen < 0 || Expired(last_seen, last_step_)) continue;
     held.emplace_back(KeyOf(slots_[row_slot_[row]]), static_cast<int32_t>(row));
@@ -467,7 +671,7 @@ KeyRowMapState KeyRowMap::Export() const {
             [](const auto& a, const auto& b) { return KeyLess(a.first, b.first); });
   for (const auto& [key, row] : held) {
     state.keys.push_back(key);
-    state.rows.push_back(row);
+    state.rows.push_back(TableRow(row));
     state.last_seen.push_back(row_last_seen_[row]);
   }
   std::vector<PendingSlot> pending;
@@ -484,13 +688,50 @@ KeyRowMapState KeyRowMap::Export() const {
   return state;
 }
 
-Status KeyRowMap::Import(const KeyRowMapState& state) {
+Status KeyRowMap::Import(const KeyRowMapState& state, const KeyRowMapPlacement* placement) {
   const int64_t n = static_cast<int64_t>(state.keys.size());
   const int64_t p = static_cast<int64_t>(state.pending_keys.size());
   SCE_RETURN_IF_ERROR(CheckInRange(where_, "last_step", state.last_step, -1, kMaxKeyRowMapStep));
-  if (n > config_.capacity) {
+  const bool placed = placement != nullptr;
+  static const std::vector<int32_t> kNone;
+  const std::vector<int32_t>& rows = placed ? placement->rows : kNone;
+  const std::vector<int32_t>& lent_rows = placed ? placement->lent_rows : kNone;
+  if (placed && static_cast<int64_t>(rows.size()) != n) {
+    return InvalidArgument(where_, ": the placement has ", rows.size(), " rows for ", n, " keys");
+  }
+  if (n > (placed ? TotalRows() : config_.capacity)) {
     return InvalidArgument(where_, ": the saved state holds ", n,
-                           " keys, more than the capacity of ", config_.capacity, " rows");
+                           " keys, more than the capacity of ",
+                           placed ? TotalRows() : config_.capacity, " rows");
+  }
+  // With rows: each own row used once at most (by a key of this map or as lent), and every
+  // other row once at most.
+  std::vector<uint8_t> own_used;
+  std::vector<int32_t> others;
+  if (placed) {
+    own_used.assign(config_.capacity, 0);
+    const auto use = [&](int32_t row, bool lent) -> Status {
+      if (row < 0 || row >= TotalRows()) {
+        return InvalidArgument(where_, ": saved row ", row, " is outside the ", TotalRows(),
+                               " rows of the table");
+      }
+      const int64_t own = row - config_.first_row;
+      if (own >= 0 && own < config_.capacity) {
+        if (own_used[own]++) return InvalidArgument(where_, ": saved row ", row, " is given twice");
+      } else if (lent) {
+        return InvalidArgument(where_, ": lent row ", row, " is not a row of this map");
+      } else {
+        others.push_back(row);
+      }
+      return Status::Ok();
+    };
+    for (int32_t row : rows) SCE_RETURN_IF_ERROR(use(row, false));
+    for (int32_t row : lent_rows) SCE_RETURN_IF_ERROR(use(row, true));
+    std::vector<int32_t> sorted = others;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      return InvalidArgument(where_, ": a saved row of another shard is given twice");
+    }
   }
   if (state.last_seen.size() != state.keys.size() ||
       state.pending_counts.size() != state.pending_keys.size() ||
@@ -535,19 +776,48 @@ Status KeyRowMap::Import(const KeyRowMapState& state) {
                              " is both held and pending");
     }
   }
+  if (config_.capacity + static_cast<int64_t>(others.size()) > kMaxInt32) {
+    return InvalidArgument(where_, ": ", others.size(), " lent rows are more than a map holds");
+  }
+  SCE_RETURN_IF_ERROR(ReserveKeys(config_.capacity + static_cast<int64_t>(others.size())));
   ClearAll();
+  if (placed && !others.empty()) {
+    // Rows of other shards: lent rows of this map, in the order the keys hold them.
+    std::vector<int32_t> in_order;
+    for (int32_t row : rows) {
+      const int64_t own = row - config_.first_row;
+      if (own < 0 || own >= config_.capacity) in_order.push_back(row);
+    }
+    SCE_RETURN_IF_ERROR(AddLentRows(in_order.data(), static_cast<int64_t>(in_order.size())));
+    free_head_ = kNoRow;   // every one is held below
+    free_count_ = 0;
+  }
   last_step_ = state.last_step;
   int64_t oldest = std::max<int64_t>(state.last_step, 0);
+  int64_t next_lent = config_.capacity;
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t key = state.keys[i];
     const int64_t slot = FindSlot(key);
-    slots_[slot] = Slot{static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32),
-                        static_cast<int32_t>(i)};
-    row_slot_[i] = static_cast<int32_t>(slot);
-    row_last_seen_[i] = state.last_seen[i];
+    int32_t row = static_cast<int32_t>(i);
+    if (placed) {
+      const int64_t own = rows[i] - config_.first_row;
+      row = static_cast<int32_t>(own >= 0 && own < config_.capacity ? own : next_lent++);
+    }
+    slots_[slot] = Slot{static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32), row};
+    row_slot_[row] = static_cast<int32_t>(slot);
+    row_last_seen_[row] = state.last_seen[i];
     oldest = std::min<int64_t>(oldest, state.last_seen[i]);
   }
-  next_unused_ = n;
+  next_unused_ = placed ? config_.capacity : n;
+  if (placed) {
+    // Own rows neither held nor lent are free, lowest first.
+    for (int64_t row = config_.capacity - 1; row >= 0; --row) {
+      if (own_used[row]) continue;
+      row_slot_[row] = free_head_;
+      free_head_ = static_cast<int32_t>(row);
+      ++free_count_;
+    }
+  }
   size_ = n;
   oldest_last_seen_ = oldest;
   for (int64_t i = 0; i < p; ++i) {

@@ -38,6 +38,12 @@ struct KeyRowMapConfig {
   // Keys below the threshold whose counts are kept at once (unused with threshold 1), in
   // [1, kMaxKeyRowMapCapacity]. See KeyRowMap::MapStep for what happens when it is full.
   int64_t pending_capacity = 1;
+  // The rows of the whole table, over all its shards' maps (0: `capacity`, one shard), and the
+  // first of them that is this map's own row 0: its own rows are [first_row, first_row +
+  // capacity). Rows of other shards can be lent to this map (KeyRowMap::LendRows/FinishStep);
+  // every row the map answers with is a row of the whole table, in [0, total_rows).
+  int64_t total_rows = 0;
+  int64_t first_row = 0;
 };
 
 // Checks every field; `where` names the table in the message.
@@ -57,6 +63,9 @@ struct KeyRowMapStepStats {
   int64_t refused_keys = 0;    // keys that reached the threshold while every row was taken
   int64_t unadmitted_ids = 0;  // occurrences answered with kNoRow
   int64_t untracked_ids = 0;   // occurrences of new keys not counted: pending table full
+  int64_t waiting_keys = 0;    // MapStep(wait=true): keys waiting for FinishStep's rows
+
+  void Add(const KeyRowMapStepStats& other);
 };
 
 // The logical state of a map. Keys are ascending as signed int64 in both lists.
@@ -64,10 +73,16 @@ struct KeyRowMapState {
   int64_t last_step = -1;                  // the last step mapped; -1 before the first
   std::vector<uint64_t> keys;              // keys holding rows
   std::vector<int32_t> last_seen;          // their last-seen steps
-  std::vector<int32_t> rows;               // their rows (Export only; Import assigns 0..n-1)
+  std::vector<int32_t> rows;               // their rows of the whole table (Export only)
   std::vector<uint64_t> pending_keys;      // keys counted but below the threshold
   std::vector<int32_t> pending_counts;     // their counts, >= 1
   std::vector<int32_t> pending_last_seen;  // their last-seen steps
+};
+
+// Where an imported state's keys go when the table's shards lend rows (KeyRowMap::Import).
+struct KeyRowMapPlacement {
+  std::vector<int32_t> rows;       // per key of the state, its row of the whole table
+  std::vector<int32_t> lent_rows;  // the map's own rows that other shards' keys hold
 };
 
 class KeyRowMap {
@@ -92,10 +107,35 @@ class KeyRowMap {
   //
   // `new_keys` / `new_rows` receive the keys given a row in this step and their rows, in
   // admission order: their table values and optimizer slots must be (re)initialized before the
-  // rows are read. `stats` describes the step.
+  // rows are read. `stats` describes the step. Rows here are the map's rows ([0, local_rows()));
+  // TableRow gives their rows of the whole table.
+  //
+  // With `wait`, a key that reaches the threshold when no row is left is not refused: it waits
+  // (stats->waiting_keys), and the step ends with FinishStep, which may have rows lent by other
+  // shards for the waiting keys. Until then the occurrences of waiting keys, and those counted
+  // before their key's admission, are not answered (rows[i] is left as it is).
   Status MapStep(int64_t step, const uint64_t* keys, int64_t num_keys, int32_t* rows,
                  std::vector<uint64_t>* new_keys, std::vector<int32_t>* new_rows,
-                 KeyRowMapStepStats* stats);
+                 KeyRowMapStepStats* stats, bool wait = false);
+
+  // Rows the map can still give in its last step: free rows, rows never used, and rows of keys
+  // expired by then (taken back now, which the step would do before refusing a key anyway).
+  // After a MapStep(wait=true) with waiting keys it is 0.
+  int64_t FreeRows(KeyRowMapStepStats* stats);
+
+  // Gives `count` (<= FreeRows()) free rows to another shard's map, in the order this map would
+  // have used them: they leave this map for good (a map that is lent one of its own rows back
+  // holds it as a lent row). Their rows of the whole table are appended to `rows`. Call it
+  // between a MapStep and its FinishStep, or after a step.
+  Status LendRows(int64_t count, std::vector<int32_t>* rows);
+
+  // Ends a MapStep(wait=true) with the same keys and rows arrays: the `count` rows of the whole
+  // table in `lent` (given by other maps' LendRows) become this map's, the waiting keys take
+  // them in the order they reached the threshold, the others are refused, and every occurrence
+  // not yet answered is. new_keys/new_rows are appended to; `stats` describes this part.
+  Status FinishStep(const int32_t* lent, int64_t count, const uint64_t* keys, int64_t num_keys,
+                    int32_t* rows, std::vector<uint64_t>* new_keys,
+                    std::vector<int32_t>* new_rows, KeyRowMapStepStats* stats);
 
   // Rows given to keys and not yet confirmed reset, in admission order, each once. A caller
   // that (re)initializes the rows of new keys takes them from here and confirms them after its
@@ -128,12 +168,25 @@ class KeyRowMap {
   // exactly like the exported one.
   KeyRowMapState Export() const;
 
-  // Replaces the whole state with `state` (its `rows` are ignored): the key state.keys[i] gets
-  // row i, so a caller writes the saved values of key i into row i. Checks everything first
-  // (sizes against the capacities, keys strictly ascending and distinct from pending keys,
-  // counts >= 1, steps in range and not after last_step); on error nothing changes.
-  Status Import(const KeyRowMapState& state);
+  // Replaces the whole state with `state` (its `rows` are ignored). Without `placement` the key
+  // state.keys[i] gets the map's own row i, so a caller writes the saved values of key i into
+  // table row first_row + i. With it, key i gets the table row placement->rows[i]: one of the
+  // map's own rows or a row lent by another shard; placement->lent_rows are the map's own rows
+  // that other shards' keys hold (they leave this map); its other own rows are free. Checks
+  // everything first (sizes against the capacities, keys strictly ascending and distinct from
+  // pending keys, counts >= 1, steps in range and not after last_step, rows distinct and in
+  // range); on error nothing changes.
+  Status Import(const KeyRowMapState& state, const KeyRowMapPlacement* placement = nullptr);
 
+  // The row of the whole table of a row of this map ([0, local_rows())).
+  int32_t TableRow(int32_t row) const {
+    return row < config_.capacity ? static_cast<int32_t>(config_.first_row + row)
+                                  : lent_[row - config_.capacity];
+  }
+  // TableRow of rows[0, n), in place; kNoRow stays.
+  void ToTableRows(int32_t* rows, int64_t n) const;
+  // Rows of this map: its own `capacity` and the rows other shards lent it.
+  int64_t local_rows() const { return config_.capacity + static_cast<int64_t>(lent_.size()); }
   int64_t size() const { return size_; }                  // keys holding rows (live or not swept)
   int64_t pending_size() const { return pending_size_; }  // keys counted below the threshold
   int64_t last_step() const { return last_step_; }
@@ -174,6 +227,14 @@ class KeyRowMap {
                          KeyRowMapStepStats* stats);
   void ForgetStalePending(int64_t step);
   void ClearAll();
+  void Unlist(int32_t row);
+  // Room in the key map for `keys` keys (grows it, moving every key, when it has less).
+  Status ReserveKeys(int64_t keys);
+  Status AddLentRows(const int32_t* lent, int64_t count);
+  void AnswerDeferred(const uint64_t* keys, int32_t* rows, KeyRowMapStepStats* stats);
+  int64_t TotalRows() const {
+    return config_.total_rows > 0 ? config_.total_rows : config_.capacity;
+  }
 
   std::string where_;
   KeyRowMapConfig config_;
@@ -188,7 +249,12 @@ class KeyRowMap {
   std::vector<int32_t> rows_to_reset_;
   std::vector<uint64_t> keys_to_reset_;  // parallel to rows_to_reset_
   std::vector<bool> reset_pending_;  // per row: listed in rows_to_reset_ (1 bit per row)
+  // Rows lent by other shards: map row capacity + j is table row lent_[j]; rows lent on again
+  // leave their index to the next lent row (spare_lent_).
+  std::vector<int32_t> lent_;
+  std::vector<int32_t> spare_lent_;
   int32_t free_head_ = kNoRow;    // taken-back rows, last taken back first
+  int64_t free_count_ = 0;        // rows in that list
   int64_t next_unused_ = 0;       // rows [next_unused_, capacity) were never used
   int64_t oldest_last_seen_ = 0;  // no held row was last seen before this step
   int64_t size_ = 0;
@@ -199,6 +265,8 @@ class KeyRowMap {
   int64_t pending_cleaned_step_ = -1;
   std::vector<uint64_t> refused_;
   std::vector<int64_t> deferred_;
+  std::vector<uint64_t> waiting_;  // MapStep(wait=true): keys waiting for rows, in order
+  bool wait_ = false;              // the last MapStep waits for its FinishStep
 };
 
 }  // namespace sce

@@ -1761,6 +1761,189 @@ void TestKeyedRandomRows() {
 }
 
 
+// Shards of one table lending rows: what the exchange does in a step (exchanges/dynamic.py).
+// Every map steps with wait=true; maps with free rows lend them, in shard order, to maps with
+// waiting keys, in shard order; then every map finishes its step.
+struct ShardedStep {
+  std::vector<std::vector<int32_t>> rows;  // per shard: its keys' rows of the whole table
+  int64_t admitted = 0, refused = 0, free_after = 0;
+};
+
+ShardedStep StepShards(std::vector<std::unique_ptr<sce::KeyRowMap>>& maps, int64_t step,
+                       const std::vector<std::vector<uint64_t>>& keys) {
+  const size_t W = maps.size();
+  ShardedStep out;
+  out.rows.resize(W);
+  std::vector<int64_t> waiting(W), free(W);
+  std::vector<std::vector<uint64_t>> new_keys(W);
+  std::vector<std::vector<int32_t>> new_rows(W);
+  for (size_t r = 0; r < W; ++r) {
+    sce::KeyRowMapStepStats stats;
+    out.rows[r].assign(keys[r].size(), 99);
+    CHECK_OK(maps[r]->MapStep(step, keys[r].data(), static_cast<int64_t>(keys[r].size()),
+                              out.rows[r].data(), &new_keys[r], &new_rows[r], &stats, true));
+    waiting[r] = stats.waiting_keys;
+    free[r] = maps[r]->FreeRows(&stats);
+    CHECK(waiting[r] == 0 || free[r] == 0);
+    out.admitted += stats.admitted_keys;
+  }
+  std::vector<std::vector<int32_t>> lent(W);
+  size_t lender = 0;
+  for (size_t r = 0; r < W; ++r) {
+    int64_t need = waiting[r];
+    while (need > 0) {
+      while (lender < W && free[lender] == 0) ++lender;
+      if (lender == W) break;
+      const int64_t take = std::min(need, free[lender]);
+      CHECK_OK(maps[lender]->LendRows(take, &lent[r]));
+      free[lender] -= take;
+      need -= take;
+    }
+  }
+  for (size_t r = 0; r < W; ++r) {
+    sce::KeyRowMapStepStats stats;
+    CHECK_OK(maps[r]->FinishStep(lent[r].data(), static_cast<int64_t>(lent[r].size()),
+                                 keys[r].data(), static_cast<int64_t>(keys[r].size()),
+                                 out.rows[r].data(), &new_keys[r], &new_rows[r], &stats));
+    out.admitted += stats.admitted_keys;
+    out.refused += stats.refused_keys;
+    maps[r]->ToTableRows(out.rows[r].data(), static_cast<int64_t>(out.rows[r].size()));
+    out.free_after += maps[r]->FreeRows(&stats);
+  }
+  return out;
+}
+
+std::vector<std::unique_ptr<sce::KeyRowMap>> NewShardMaps(int64_t total, int64_t shards,
+                                                          sce::KeyRowMapConfig config) {
+  std::vector<std::unique_ptr<sce::KeyRowMap>> maps(shards);
+  int64_t first = 0;
+  for (int64_t r = 0; r < shards; ++r) {
+    config.capacity = total / shards + (r < total % shards ? 1 : 0);
+    config.total_rows = total;
+    config.first_row = first;
+    first += config.capacity;
+    CHECK_OK(sce::KeyRowMap::Create("t", config, &maps[r]));
+  }
+  return maps;
+}
+
+void TestKeyRowMapLending() {
+  g_test = "key map: shards lend free rows to shards with waiting keys; lent rows travel on";
+  sce::KeyRowMapConfig config;
+  config.steps_to_live = 1;
+  auto maps = NewShardMaps(4, 2, config);   // shard 0: rows 0-1, shard 1: rows 2-3
+  ShardedStep s0 = StepShards(maps, 0, {{1, 2, 3, 1}, {10}});
+  CHECK(s0.rows[0] == (std::vector<int32_t>{0, 1, 3, 0}));   // key 3 holds shard 1's row 3
+  CHECK(s0.rows[1] == (std::vector<int32_t>{2}));
+  CHECK_EQ(s0.refused, int64_t{0});
+  CHECK_EQ(maps[0]->local_rows(), int64_t{3});
+  ShardedStep s1 = StepShards(maps, 1, {{4, 3}, {10}});   // every row is taken: 4 is refused
+  CHECK(s1.rows[0] == (std::vector<int32_t>{sce::kNoRow, 3}));
+  CHECK_EQ(s1.refused, int64_t{1});
+  CHECK_EQ(s1.free_after, int64_t{0});
+  // Step 3: keys 1 and 2 (last seen at 0) and 10 have expired; 3 (seen at 1) has not. Key 11 of
+  // shard 1 and 4, 5, 6 of shard 0 want rows: shard 0 has 2 free rows, shard 1 lends its only one.
+  // Step 2: keys 1 and 2 (last seen at 0) have expired, 3 and 10 (seen at 1) have not. Shard 1
+  // has no row left for 11 and 12: shard 0 lends it rows 1 and 0 (its free rows, last taken
+  // back first).
+  ShardedStep s2 = StepShards(maps, 2, {{}, {11, 12, 10}});
+  CHECK(s2.rows[1] == (std::vector<int32_t>{1, 0, 2}));
+  CHECK_EQ(s2.refused, int64_t{0});
+  // Step 3: key 3 has expired; its row (lent by shard 1) goes to key 7.
+  ShardedStep s3 = StepShards(maps, 3, {{7}, {11}});
+  CHECK(s3.rows[0] == (std::vector<int32_t>{3}));
+  CHECK(s3.rows[1] == (std::vector<int32_t>{1}));
+  const sce::KeyRowMapState state0 = maps[0]->Export(), state1 = maps[1]->Export();
+  CHECK(state0.keys == (std::vector<uint64_t>{7}));
+  CHECK(state0.rows == (std::vector<int32_t>{3}));
+  CHECK(state1.rows == (std::vector<int32_t>{2, 1, 0}));   // keys 10, 11, 12
+  // Lent rows leave with their state: an import places them again.
+  auto restored = NewShardMaps(4, 2, config);
+  sce::KeyRowMapPlacement place0{{3}, {0, 1}}, place1{{2, 1, 0}, {3}};
+  CHECK_OK(restored[0]->Import(state0, &place0));
+  CHECK_OK(restored[1]->Import(state1, &place1));
+  CHECK(restored[0]->Export().rows == state0.rows);
+  CHECK(restored[1]->Export().rows == state1.rows);
+  // Step 4: 10 and 12 have expired. Shard 1 gives 13 one of their rows and lends 8 the other.
+  ShardedStep s4 = StepShards(restored, 4, {{8}, {13}});
+  CHECK_EQ(s4.refused, int64_t{0});
+  CHECK(s4.rows[1] == (std::vector<int32_t>{0}));
+  CHECK(s4.rows[0] == (std::vector<int32_t>{2}));
+  ShardedStep again = StepShards(restored, 4, {{9, 8}, {13}});   // every row is taken
+  CHECK(again.rows[0] == (std::vector<int32_t>{sce::kNoRow, 2}));
+  CHECK_EQ(again.refused, int64_t{1});
+  // Import checks the rows it is given.
+  auto fresh = NewShardMaps(4, 2, config);
+  sce::KeyRowMapPlacement twice{{2, 2, 0}, {}}, foreign_lent{{2, 1, 0}, {0}}, outside{{4}, {}};
+  CHECK_ERROR(fresh[1]->Import(state1, &twice), "given twice");
+  CHECK_ERROR(fresh[1]->Import(state1, &foreign_lent), "not a row of this map");
+  CHECK_ERROR(fresh[0]->Import(state0, &outside), "outside the 4 rows");
+  CHECK_EQ(fresh[0]->size(), int64_t{0});
+  // Misuse fails and changes nothing.
+  std::vector<int32_t> out;
+  CHECK_ERROR(fresh[0]->LendRows(3, &out), "cannot lend 3 rows");
+  std::vector<uint64_t> nk;
+  std::vector<int32_t> nr;
+  sce::KeyRowMapStepStats st;
+  CHECK_ERROR(fresh[0]->FinishStep(nullptr, 0, nullptr, 0, nullptr, &nk, &nr, &st),
+              "without a waiting MapStep");
+}
+
+void TestKeyRowMapShardsShareCapacity() {
+  g_test = "key map: shards lending rows refuse only when every row is taken, never share one";
+  std::mt19937_64 rng(20261128);
+  for (int trial = 0; trial < 300; ++trial) {
+    sce::KeyRowMapConfig config;
+    const int64_t shards = 2 + static_cast<int64_t>(rng() % 3);
+    const int64_t total = shards + static_cast<int64_t>(rng() % 30);
+    config.admission_threshold = 1 + static_cast<int64_t>(rng() % 3);
+    config.steps_to_live = static_cast<int64_t>(rng() % 4);
+    config.pending_capacity = 1000;
+    auto maps = NewShardMaps(total, shards, config);
+    sce::KeyRowMapConfig single = config;
+    single.capacity = total;
+    sce_testing::ReferenceKeyRowMap reference(single);
+    const uint64_t universe = 1 + rng() % 60;
+    int64_t step = 0;
+    bool same_keys = true, never_refused = true;
+    for (int s = 0; s < 25; ++s) {
+      step += 1 + static_cast<int64_t>(rng() % 2);
+      std::vector<uint64_t> batch(rng() % 30);
+      for (uint64_t& k : batch) k = (rng() % universe) * 0x9e3779b97f4a7c15ULL;
+      std::vector<std::vector<uint64_t>> keys(shards);
+      for (uint64_t k : batch) keys[sce::KeyOwnerShard(k, static_cast<int32_t>(shards))].push_back(k);
+      const ShardedStep out = StepShards(maps, step, keys);
+      if (out.refused > 0) CHECK_EQ(out.free_after, int64_t{0});
+      std::vector<uint64_t> by_shard, expected_new;
+      for (const auto& part : keys) by_shard.insert(by_shard.end(), part.begin(), part.end());
+      sce::KeyRowMapStepStats expected;
+      reference.MapStep(step, by_shard, &expected_new, &expected);
+      never_refused = never_refused && out.refused == 0 && expected.refused_keys == 0;
+      // Every held row is a distinct row of the table; every answer is its key's row.
+      std::map<int32_t, uint64_t> key_of_row;
+      std::set<uint64_t> held;
+      for (int64_t r = 0; r < shards; ++r) {
+        const sce::KeyRowMapState state = maps[r]->Export();
+        for (size_t i = 0; i < state.keys.size(); ++i) {
+          CHECK(state.rows[i] >= 0 && state.rows[i] < total);
+          CHECK(key_of_row.emplace(state.rows[i], state.keys[i]).second);
+          held.insert(state.keys[i]);
+        }
+        for (size_t i = 0; i < keys[r].size(); ++i) {
+          const int32_t row = out.rows[r][i];
+          CHECK(row == sce::kNoRow || key_of_row.at(row) == keys[r][i]);
+        }
+      }
+      CHECK(static_cast<int64_t>(held.size()) <= total);
+      if (never_refused) {
+        const sce::KeyRowMapState ref = reference.Export();
+        same_keys = same_keys && std::set<uint64_t>(ref.keys.begin(), ref.keys.end()) == held;
+      }
+    }
+    CHECK(same_keys);
+  }
+}
+
 void TestKeyRowMapFind() {
   g_test = "key map: Find answers held keys, -1 for the rest (expired included), changes nothing";
   auto map = NewKeyRowMap(4, 2, 1);
@@ -3569,7 +3752,7 @@ int main() {
       TestRowPrecisionConversions, TestStochasticRoundingIsUnbiased, TestLookupOf16BitRows,
       TestNarrowRowUpdate, TestRoundRowIsElementWise, TestKeyRowMapAdmission,
       TestKeyRowMapNumbering, TestKeyRowMapEviction, TestKeyRowMapStateAndErrors,
-      TestKeyRowMapMatchesReference,
+      TestKeyRowMapMatchesReference, TestKeyRowMapLending, TestKeyRowMapShardsShareCapacity,
       TestKeyRowMapFind, TestKeyedRandomRows, TestStringKeyRowMap, TestRangeScans,
   };
   for (const auto& test : tests) test();
