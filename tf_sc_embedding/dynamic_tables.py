@@ -41,6 +41,10 @@ _STATE_KEYS = ("last_step", "keys", "last_seen", "pending_keys", "pending_counts
 # A step's keys as positions among its distinct rows (DynamicTable.map_keys, numbered): int32
 # [n] position of each occurrence's row in unique_rows, int32 [u] the distinct table rows.
 NumberedRows = collections.namedtuple("NumberedRows", ["positions", "unique_rows"])
+# The first part of a step's mapping over several replicas (DynamicTable.begin_map): the map's
+# partial rows (for finish_map), int64 [3] counts (keys waiting for a row, rows the map can lend,
+# rows to reset that another replica stores), and this part's stats.
+BegunMap = collections.namedtuple("BegunMap", ["rows", "counts", "stats"])
 # The largest step a map takes (cc/core/key_row_map.h, kMaxKeyRowMapStep).
 _MAX_STEP = 2**31 - 1
 
@@ -69,15 +73,20 @@ class DynamicTable:
                                  f"rows to their constant initial value; slot '{kind}' has none")
             self.slot_values[kind] = value
         self.seed = fused_update.table_seed(name)
-        self.maps = {replica: KeyRowMap(name, **vocabulary.map_arguments(
-            shards.capacity(replica),
-            shards.pending_capacity(replica, vocabulary.pending_capacity)))
-            for replica in replicas}
+        self.maps = {replica: KeyRowMap(name, **self._map_arguments(replica))
+                     for replica in replicas}
         # One variable that every replica of the process adds to (a plain one: under a strategy
         # scope tf.Variable would give each replica a copy of its own).
         with tf.init_scope(), tf.device("CPU:0"):
             self.counters = private_tf.plain_variable(tf.zeros([len(COUNTERS)], tf.int64),
                                                       f"{name}_dynamic_counters")
+
+    def _map_arguments(self, replica):
+        arguments = self.vocabulary.map_arguments(
+            self.shards.capacity(replica),
+            self.shards.pending_capacity(replica, self.vocabulary.pending_capacity))
+        arguments.update(self.shards.map_arguments(replica))
+        return arguments
 
     @property
     def key_dtype(self):
@@ -109,10 +118,7 @@ class DynamicTable:
         if step is None:
             step = key_map.sizes()[2] + 1
         mapped = key_map.map_step(keys, step)
-        stats = mapped.stats
-        if stats.shape[0] != len(COUNTERS):
-            stats = tf.pad(stats, [[0, len(COUNTERS) - int(stats.shape[0])]])
-        counted = self.counters.assign_add(stats)
+        counted = self._count(mapped.stats)
         rows = mapped.rows
         if numbered:
             positions, rows = key_map.number_rows(rows)
@@ -123,6 +129,52 @@ class DynamicTable:
         with tf.control_dependencies([mapped.rows]):
             to_reset = key_map.rows_to_reset()
         return rows, self._in_table_rows(replica, to_reset), step
+
+    def _count(self, stats):
+        if stats.shape[0] != len(COUNTERS):
+            stats = tf.pad(stats, [[0, len(COUNTERS) - int(stats.shape[0])]])
+        return self.counters.assign_add(stats)
+
+    def begin_map(self, replica, keys, step):
+        """With several replicas, the first part of a step's mapping (map_keys' keys and step):
+        a BegunMap. Keys that find every row of the map taken wait for `finish_map`, which gets
+        the rows other maps lend (exchanges/dynamic.py;
+        docs/dynamic_vocabulary.md#capacity-over-several-replicas). Its stats are counted with
+        finish_map's (`count`)."""
+        key_map = self.maps[replica]
+        mapped = key_map.map_step(keys, step, wait=True)
+        with tf.control_dependencies([mapped.rows]):
+            lendable = key_map.lendable()
+        with tf.control_dependencies([lendable]):
+            listed = key_map.rows_to_reset().rows
+        stored, _ = self.shards.share_of_tensor(listed)
+        elsewhere = tf.reduce_sum(tf.cast(tf.not_equal(stored, replica), tf.int64))
+        return BegunMap(mapped.rows, tf.concat([lendable, elsewhere[None]], axis=0),
+                        mapped.stats)
+
+    def lend_rows(self, replica, count):
+        """int32 [count]: rows of the whole table that replica `replica`'s map gives up for
+        other maps' waiting keys (after begin_map, before their finish_map)."""
+        return self.maps[replica].lend_rows(count)
+
+    def finish_map(self, replica, lent, keys, begun, after=()):
+        """(rows int32 [n] in table rows, RowsToReset as rows of the whole table, the step's
+        stats) that end begin_map's step (`begun`), given the rows other maps lent this one
+        (`lent`); after: ops that must run first (this map's own lending). The caller adds the
+        stats to the counters (`count`), outside any branch that holds collectives."""
+        key_map = self.maps[replica]
+        with tf.control_dependencies(list(after)):
+            mapped = key_map.finish_step(lent, keys, begun.rows)
+        rows = self._table_rows(replica, mapped.rows)
+        with tf.control_dependencies([mapped.rows]):
+            to_reset = key_map.rows_to_reset()
+        return rows, to_reset, begun.stats + mapped.stats
+
+    def count(self, stats):
+        """Adds a step's stats to the table's counters (one variable for every replica of the
+        process: each replica updates it once per step, after its collectives, or one replica's
+        update would wait for another's step)."""
+        return self._count(stats)
 
     def confirm_reset(self, replica, to_reset, writes):
         """Confirms `to_reset` (map_keys' rows to reset) once `writes` have run."""
@@ -137,13 +189,19 @@ class DynamicTable:
         rows = self._table_rows(replica, key_map.find(keys))
         return rows, self._in_table_rows(replica, key_map.rows_to_reset()), key_map.sizes()[2]
 
-    def _table_rows(self, replica, map_rows):
-        """The table rows of a map's answers; -1 (no row) reads the replica's scratch row."""
-        return tf.where(map_rows < 0, tf.constant(self.shards.scratch_row(replica), tf.int32),
-                        self.shards.table_rows(replica, tf.maximum(map_rows, 0)))
+    def _table_rows(self, replica, rows):
+        """The table rows of a map's answers (rows of the whole table); -1 (no row) reads the
+        replica's scratch row."""
+        return tf.where(rows < 0, tf.constant(self.shards.scratch_row(replica), tf.int32),
+                        self.shards.table_rows(tf.maximum(rows, 0)))
 
     def _in_table_rows(self, replica, to_reset):
-        return RowsToReset(self.shards.table_rows(replica, to_reset.rows), to_reset.keys)
+        del replica
+        return self.in_table_rows(to_reset)
+
+    def in_table_rows(self, to_reset):
+        """RowsToReset with its rows of the whole table turned into table rows."""
+        return RowsToReset(self.shards.table_rows(to_reset.rows), to_reset.keys)
 
     def rows_to_write(self, replica, to_reset):
         """int32 [k + 1]: the table rows written before the lookup, for every kind alike: the
@@ -190,7 +248,8 @@ class DynamicTable:
         states, table_rows = [], []
         for replica, state in sorted(local.items()):
             states.append(state)
-            table_rows.append(np.asarray(self.shards.table_rows(replica, state.rows), np.int64))
+            table_rows.append(np.asarray(self.shards.table_rows(np.asarray(state.rows)),
+                                         np.int64))
         if len(states) == 1:
             return states[0], table_rows[0]
         merged = {"last_step": max(int(s.last_step) for s in states)}
@@ -278,13 +337,8 @@ class DynamicTable:
         self._check_map_rules(state, fail)
         W = self.shards.num_replicas
         if W > 1:
-            owners, pending_owners = self._owners(state)
+            _, pending_owners = self._owners(state)
             for replica in range(W):
-                held = int(np.sum(owners == replica))
-                if held > self.shards.capacity(replica):
-                    fail(f"holds {held} keys owned by replica {replica}, more than its "
-                         f"{self.shards.capacity(replica)} rows (the capacity is split evenly "
-                         f"over the {W} replicas)")
                 room = self.shards.pending_capacity(replica, self.vocabulary.pending_capacity)
                 counted = int(np.sum(pending_owners == replica))
                 if counted > room:
@@ -327,9 +381,13 @@ class DynamicTable:
         """Replaces the maps' state (each key goes to its owner's map, which gives it a row) and
         returns {kind: values by table row} for rows [0, last row held], to be written to the
         table. check_logical_state has checked every rule the maps' import checks."""
-        owners, pending_owners = (self._owners(state) if self.shards.num_replicas > 1 else
+        several = self.shards.num_replicas > 1
+        owners, pending_owners = (self._owners(state) if several else
                                   (np.zeros(len(state["keys"]), np.int32),
                                    np.zeros(len(state["pending_keys"]), np.int32)))
+        # Several replicas: keys beyond their owner's share of the rows hold rows the other
+        # owners leave free (ShardRows.placement), so any state of at most `capacity` keys fits.
+        placement = self.shards.placement(owners) if several else {}
         for replica, key_map in sorted(self.maps.items()):
             mine, pending = owners == replica, pending_owners == replica
             part = {name: np.asarray(value)[pending if name.startswith("pending") else mine]
@@ -337,7 +395,7 @@ class DynamicTable:
                     if name in ("keys", "last_seen", "pending_keys", "pending_counts",
                                 "pending_last_seen")}
             part["last_step"] = state["last_step"]
-            key_map.import_state(self._map_state(part))
+            key_map.import_state(self._map_state(part), placement.get(replica))
         merged, rows = self.export_state(gather)   # the same key order as the state
         height = int(rows.max()) + 1 if len(rows) else 0
         by_row = {}

@@ -671,7 +671,7 @@ KeyRowMapState KeyRowMap::Export() const {
             [](const auto& a, const auto& b) { return KeyLess(a.first, b.first); });
   for (const auto& [key, row] : held) {
     state.keys.push_back(key);
-    state.rows.push_back(TableRow(row));
+    state.rows.push_back(row);
     state.last_seen.push_back(row_last_seen_[row]);
   }
   std::vector<PendingSlot> pending;

@@ -73,7 +73,7 @@ struct KeyRowMapState {
   int64_t last_step = -1;                  // the last step mapped; -1 before the first
   std::vector<uint64_t> keys;              // keys holding rows
   std::vector<int32_t> last_seen;          // their last-seen steps
-  std::vector<int32_t> rows;               // their rows of the whole table (Export only)
+  std::vector<int32_t> rows;               // their map rows (Export only; TableRow converts)
   std::vector<uint64_t> pending_keys;      // keys counted but below the threshold
   std::vector<int32_t> pending_counts;     // their counts, >= 1
   std::vector<int32_t> pending_last_seen;  // their last-seen steps
@@ -122,6 +122,8 @@ class KeyRowMap {
   // expired by then (taken back now, which the step would do before refusing a key anyway).
   // After a MapStep(wait=true) with waiting keys it is 0.
   int64_t FreeRows(KeyRowMapStepStats* stats);
+  // Keys waiting for FinishStep.
+  int64_t waiting_keys() const { return wait_ ? static_cast<int64_t>(waiting_.size()) : 0; }
 
   // Gives `count` (<= FreeRows()) free rows to another shard's map, in the order this map would
   // have used them: they leave this map for good (a map that is lent one of its own rows back

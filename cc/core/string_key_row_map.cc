@@ -36,16 +36,59 @@ Status StringKeyRowMap::Create(const std::string& where, const KeyRowMapConfig& 
 Status StringKeyRowMap::MapStep(int64_t step, const std::string_view* keys,
                                 const uint64_t* fingerprints, int64_t num_keys, int32_t* rows,
                                 std::vector<int32_t>* new_rows, KeyRowMapStepStats* stats,
-                                int64_t* collided_ids) {
+                                int64_t* collided_ids, bool wait) {
   if (num_keys > 0 && keys == nullptr) {
     return InvalidArgument(where_, ": bad string key map arguments (", num_keys, " keys)");
   }
   if (collided_ids == nullptr) return InvalidArgument(where_, ": no collided_ids output");
   SCE_RETURN_IF_ERROR(map_->MapStep(step, fingerprints, num_keys, rows, &new_fingerprints_,
-                                    new_rows, stats));
+                                    new_rows, stats, wait));
   *collided_ids = 0;
+  if (wait) {   // strings are matched once FinishStep has answered every occurrence
+    waiting_new_rows_ = *new_rows;
+    return Status::Ok();
+  }
+  MatchStrings(keys, num_keys, rows, *new_rows, stats, collided_ids);
+  return Status::Ok();
+}
+
+Status StringKeyRowMap::FinishStep(const int32_t* lent, int64_t count,
+                                   const std::string_view* keys, const uint64_t* fingerprints,
+                                   int64_t num_keys, int32_t* rows,
+                                   std::vector<int32_t>* new_rows, KeyRowMapStepStats* stats,
+                                   int64_t* collided_ids) {
+  if ((num_keys > 0 && keys == nullptr) || collided_ids == nullptr || new_rows == nullptr) {
+    return InvalidArgument(where_, ": bad string key map arguments (", num_keys, " keys)");
+  }
+  new_rows->clear();
+  SCE_RETURN_IF_ERROR(map_->FinishStep(lent, count, fingerprints, num_keys, rows,
+                                       &new_fingerprints_, new_rows, stats));
+  SCE_RETURN_IF_ERROR(FitRows());
+  *collided_ids = 0;
+  // Every row given in the step: MapStep's part (not reported while waiting) and this one's.
+  new_rows->insert(new_rows->begin(), waiting_new_rows_.begin(), waiting_new_rows_.end());
+  waiting_new_rows_.clear();
+  MatchStrings(keys, num_keys, rows, *new_rows, stats, collided_ids);
+  return Status::Ok();
+}
+
+Status StringKeyRowMap::FitRows() {
+  const size_t rows = static_cast<size_t>(map_->local_rows());
+  if (row_keys_.size() >= rows) return Status::Ok();
+  try {
+    row_keys_.resize(rows);
+    row_is_new_.resize(rows, false);
+  } catch (const std::bad_alloc&) {
+    return InvalidArgument(where_, ": cannot hold the strings of ", rows, " rows");
+  }
+  return Status::Ok();
+}
+
+void StringKeyRowMap::MatchStrings(const std::string_view* keys, int64_t num_keys, int32_t* rows,
+                                   const std::vector<int32_t>& given, KeyRowMapStepStats* stats,
+                                   int64_t* collided_ids) {
   // A row given out in this step belongs to the first string that reads it in batch order.
-  for (int32_t row : *new_rows) row_is_new_[row] = true;
+  for (int32_t row : given) row_is_new_[row] = true;
   for (int64_t i = 0; i < num_keys; ++i) {
     const int32_t row = rows[i];
     if (row == kNoRow) continue;
@@ -60,7 +103,6 @@ Status StringKeyRowMap::MapStep(int64_t step, const std::string_view* keys,
       ++stats->unadmitted_ids;
     }
   }
-  return Status::Ok();
 }
 
 void StringKeyRowMap::Find(const std::string_view* keys, const uint64_t* fingerprints,
@@ -92,7 +134,8 @@ StringKeyRowMapState StringKeyRowMap::Export() const {
   return state;
 }
 
-Status StringKeyRowMap::Import(const StringKeyRowMapState& state) {
+Status StringKeyRowMap::Import(const StringKeyRowMapState& state,
+                               const KeyRowMapPlacement* placement) {
   const size_t n = state.keys.size();
   if (state.fingerprints.size() != n || state.last_seen.size() != n) {
     return InvalidArgument(where_, ": the saved keys, fingerprints and last-seen steps differ in "
@@ -121,8 +164,24 @@ Status StringKeyRowMap::Import(const StringKeyRowMapState& state) {
   inner.pending_keys = state.pending_fingerprints;
   inner.pending_counts = state.pending_counts;
   inner.pending_last_seen = state.pending_last_seen;
-  SCE_RETURN_IF_ERROR(map_->Import(inner));
-  for (size_t i = 0; i < n; ++i) row_keys_[i] = state.keys[order[i]];
+  if (placement == nullptr) {
+    SCE_RETURN_IF_ERROR(map_->Import(inner));
+    for (size_t i = 0; i < n; ++i) row_keys_[i] = state.keys[order[i]];
+    return Status::Ok();
+  }
+  if (placement->rows.size() != n) {
+    return InvalidArgument(where_, ": the placement has ", placement->rows.size(), " rows for ",
+                           n, " keys");
+  }
+  KeyRowMapPlacement ordered{{}, placement->lent_rows};
+  for (size_t i = 0; i < n; ++i) ordered.rows.push_back(placement->rows[order[i]]);
+  SCE_RETURN_IF_ERROR(map_->Import(inner, &ordered));
+  SCE_RETURN_IF_ERROR(FitRows());
+  std::vector<int32_t> rows(n);
+  map_->Find(inner.keys.data(), static_cast<int64_t>(n), rows.data());
+  for (size_t i = 0; i < n; ++i) {
+    if (rows[i] != kNoRow) row_keys_[rows[i]] = state.keys[order[i]];   // else expired already
+  }
   return Status::Ok();
 }
 

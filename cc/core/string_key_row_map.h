@@ -43,7 +43,15 @@ class StringKeyRowMap {
   // stats->unadmitted_ids).
   Status MapStep(int64_t step, const std::string_view* keys, const uint64_t* fingerprints,
                  int64_t num_keys, int32_t* rows, std::vector<int32_t>* new_rows,
-                 KeyRowMapStepStats* stats, int64_t* collided_ids);
+                 KeyRowMapStepStats* stats, int64_t* collided_ids, bool wait = false);
+
+  // KeyRowMap::FinishStep after a MapStep(wait=true) with the same keys and rows; the strings
+  // are matched to rows (and collisions answered kNoRow) once every occurrence has its answer.
+  // `new_rows` receives every row given in the step (MapStep's part included).
+  Status FinishStep(const int32_t* lent, int64_t count, const std::string_view* keys,
+                    const uint64_t* fingerprints, int64_t num_keys, int32_t* rows,
+                    std::vector<int32_t>* new_rows, KeyRowMapStepStats* stats,
+                    int64_t* collided_ids);
 
   // Held keys ascending by bytes, with their fingerprints, rows and last-seen steps; pending
   // counts per fingerprint.
@@ -58,7 +66,9 @@ class StringKeyRowMap {
   // with the i-th smallest fingerprint gets row i; Export then gives each key's row. Fails,
   // changing nothing, on a repeated key, two keys with one fingerprint, or whatever
   // KeyRowMap::Import rejects.
-  Status Import(const StringKeyRowMapState& state);
+  // With `placement` (KeyRowMap::Import), its rows follow the state's keys in their given order.
+  Status Import(const StringKeyRowMapState& state,
+                const KeyRowMapPlacement* placement = nullptr);
 
   const KeyRowMap& key_map() const { return *map_; }
   // The key map itself, for its rows_to_reset / ConfirmReset (the strings need no reset).
@@ -72,6 +82,12 @@ class StringKeyRowMap {
 
  private:
   StringKeyRowMap(std::string where, std::unique_ptr<KeyRowMap> map);
+  // Matches the strings of answered occurrences to the rows given in this step (`given`).
+  void MatchStrings(const std::string_view* keys, int64_t num_keys, int32_t* rows,
+                    const std::vector<int32_t>& given, KeyRowMapStepStats* stats,
+                    int64_t* collided_ids);
+  // Per-row arrays for every row of the map (it grows when rows are lent to it).
+  Status FitRows();
 
   std::string where_;
   std::unique_ptr<KeyRowMap> map_;
@@ -81,6 +97,7 @@ class StringKeyRowMap {
   std::vector<bool> row_is_new_;
   std::vector<uint64_t> fingerprint_scratch_;
   std::vector<uint64_t> new_fingerprints_;
+  std::vector<int32_t> waiting_new_rows_;  // rows MapStep(wait=true) gave, for FinishStep
 };
 
 }  // namespace sce

@@ -62,7 +62,8 @@ absl::Status LookupMap(OpKernelContext* ctx, core::RefCountPtr<MapResource<Map>>
 
 bool SameConfig(const sce::KeyRowMapConfig& a, const sce::KeyRowMapConfig& b) {
   return a.capacity == b.capacity && a.admission_threshold == b.admission_threshold &&
-         a.steps_to_live == b.steps_to_live && a.pending_capacity == b.pending_capacity;
+         a.steps_to_live == b.steps_to_live && a.pending_capacity == b.pending_capacity &&
+         a.total_rows == b.total_rows && a.first_row == b.first_row;
 }
 
 template <typename Map>
@@ -76,6 +77,8 @@ class KeyRowMapOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_threshold", &config_.admission_threshold));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("steps_to_live", &config_.steps_to_live));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("pending_capacity", &config_.pending_capacity));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("total_rows", &config_.total_rows));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("first_row", &config_.first_row));
     OP_REQUIRES_OK(ctx, ToTf(sce::ValidateKeyRowMapConfig(Where(table_name_), config_)));
     OP_REQUIRES(ctx, !shared_name_.empty(),
                 absl::InvalidArgumentError(Where(table_name_) + ": the key map needs a shared_name"));
@@ -114,9 +117,22 @@ class KeyRowMapOp : public OpKernel {
   sce::KeyRowMapConfig config_;
 };
 
+sce::KeyRowMap* KeyMapOf(sce::KeyRowMap* map) { return map; }
+sce::KeyRowMap* KeyMapOf(sce::StringKeyRowMap* map) { return map->mutable_key_map(); }
+
+absl::Status OutputStats(OpKernelContext* ctx, int index, const sce::KeyRowMapStepStats& stats,
+                         const int64_t* collided = nullptr) {
+  std::vector<int64_t> values{stats.admitted_keys, stats.evicted_keys, stats.refused_keys,
+                              stats.unadmitted_ids, stats.untracked_ids};
+  if (collided != nullptr) values.push_back(*collided);
+  return OutputVector(ctx, index, values);
+}
+
 class KeyRowMapStepOp : public OpKernel {
  public:
-  explicit KeyRowMapStepOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit KeyRowMapStepOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("wait", &wait_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<KeyRowMapResource> resource;
@@ -137,11 +153,15 @@ class KeyRowMapStepOp : public OpKernel {
     sce::KeyRowMapStepStats stats;
     {
       mutex_lock lock(*resource->mu());
-      OP_REQUIRES_OK(ctx, ToTf(resource->map()->MapStep(
+      sce::KeyRowMap* map = resource->map();
+      int32_t* answers = rows->flat<int32_t>().data();
+      std::fill(answers, answers + keys.NumElements(), sce::kNoRow);
+      OP_REQUIRES_OK(ctx, ToTf(map->MapStep(
                               step.scalar<int64_t>()(),
                               reinterpret_cast<const uint64_t*>(keys.flat<int64_t>().data()),
-                              keys.NumElements(), rows->flat<int32_t>().data(), &new_keys,
-                              &new_rows, &stats)));
+                              keys.NumElements(), answers, &new_keys, &new_rows, &stats, wait_)));
+      if (!wait_) map->ToTableRows(answers, keys.NumElements());
+      map->ToTableRows(new_rows.data(), static_cast<int64_t>(new_rows.size()));
     }
     Tensor* new_keys_out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
@@ -149,15 +169,108 @@ class KeyRowMapStepOp : public OpKernel {
     std::copy(new_keys.begin(), new_keys.end(),
               reinterpret_cast<uint64_t*>(new_keys_out->flat<int64_t>().data()));
     OP_REQUIRES_OK(ctx, OutputVector(ctx, 2, new_rows));
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 3, std::vector<int64_t>{
-                                                 stats.admitted_keys, stats.evicted_keys,
-                                                 stats.refused_keys, stats.unadmitted_ids,
-                                                 stats.untracked_ids}));
+    OP_REQUIRES_OK(ctx, OutputStats(ctx, 3, stats));
+  }
+
+ private:
+  bool wait_ = false;
+};
+
+// Lending between shards (KeyRowMap::FreeRows / waiting_keys / LendRows).
+template <typename Map>
+class LendableOp : public OpKernel {
+ public:
+  explicit LendableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<MapResource<Map>> resource;
+    OP_REQUIRES_OK(ctx, LookupMap<Map>(ctx, &resource));
+    int64_t waiting = 0, free = 0;
+    {
+      mutex_lock lock(*resource->mu());
+      sce::KeyRowMap* map = KeyMapOf(resource->map());
+      sce::KeyRowMapStepStats swept;
+      waiting = map->waiting_keys();
+      free = map->FreeRows(&swept);
+    }
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, std::vector<int64_t>{waiting, free}));
   }
 };
 
-sce::KeyRowMap* KeyMapOf(sce::KeyRowMap* map) { return map; }
-sce::KeyRowMap* KeyMapOf(sce::StringKeyRowMap* map) { return map->mutable_key_map(); }
+template <typename Map>
+class LendRowsOp : public OpKernel {
+ public:
+  explicit LendRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<MapResource<Map>> resource;
+    OP_REQUIRES_OK(ctx, LookupMap<Map>(ctx, &resource));
+    const Tensor& count = ctx->input(1);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(count.shape()),
+                absl::InvalidArgumentError(absl::StrCat(Where(resource->table_name()),
+                                                        ": count must be a scalar, got ",
+                                                        count.shape().DebugString())));
+    std::vector<int32_t> rows;
+    {
+      mutex_lock lock(*resource->mu());
+      OP_REQUIRES_OK(ctx, ToTf(KeyMapOf(resource->map())->LendRows(count.scalar<int64_t>()(),
+                                                                   &rows)));
+    }
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, rows));
+  }
+};
+
+// Checks FinishStep's inputs: lent rows, keys and the rows of Step(wait=true), one per key.
+absl::Status CheckFinishInputs(const std::string& where, const Tensor& lent, const Tensor& keys,
+                               const Tensor& rows) {
+  if (!TensorShapeUtils::IsVector(lent.shape()) || !TensorShapeUtils::IsVector(keys.shape()) ||
+      rows.shape() != keys.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": lent rows, keys and rows must be vectors, the last two of one length; got ",
+        lent.shape().DebugString(), ", ", keys.shape().DebugString(), " and ",
+        rows.shape().DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+class KeyRowMapFinishStepOp : public OpKernel {
+ public:
+  explicit KeyRowMapFinishStepOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<KeyRowMapResource> resource;
+    OP_REQUIRES_OK(ctx, LookupMap<sce::KeyRowMap>(ctx, &resource));
+    const Tensor& lent = ctx->input(1);
+    const Tensor& keys = ctx->input(2);
+    OP_REQUIRES_OK(ctx, CheckFinishInputs(Where(resource->table_name()), lent, keys,
+                                          ctx->input(3)));
+    Tensor* rows = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &rows));
+    const auto given = ctx->input(3).flat<int32_t>();
+    int32_t* answers = rows->flat<int32_t>().data();
+    std::copy(given.data(), given.data() + given.size(), answers);
+    std::vector<uint64_t> new_keys;
+    std::vector<int32_t> new_rows;
+    sce::KeyRowMapStepStats stats;
+    {
+      mutex_lock lock(*resource->mu());
+      sce::KeyRowMap* map = resource->map();
+      OP_REQUIRES_OK(ctx, ToTf(map->FinishStep(
+                              lent.flat<int32_t>().data(), lent.NumElements(),
+                              reinterpret_cast<const uint64_t*>(keys.flat<int64_t>().data()),
+                              keys.NumElements(), answers, &new_keys, &new_rows, &stats)));
+      map->ToTableRows(answers, keys.NumElements());
+      map->ToTableRows(new_rows.data(), static_cast<int64_t>(new_rows.size()));
+    }
+    Tensor* new_keys_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            1, TensorShape({static_cast<int64_t>(new_keys.size())}), &new_keys_out));
+    std::copy(new_keys.begin(), new_keys.end(),
+              reinterpret_cast<uint64_t*>(new_keys_out->flat<int64_t>().data()));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 2, new_rows));
+    OP_REQUIRES_OK(ctx, OutputStats(ctx, 3, stats));
+  }
+};
 
 // The rows to reset, and their confirmation (KeyRowMap::rows_to_reset / ConfirmReset).
 template <typename Map>
@@ -174,6 +287,7 @@ class RowsToResetOp : public OpKernel {
       tf_shared_lock lock(*resource->mu());
       const sce::KeyRowMap* map = KeyMapOf(resource->map());
       rows = map->rows_to_reset();
+      map->ToTableRows(rows.data(), static_cast<int64_t>(rows.size()));
       keys.assign(map->keys_to_reset().begin(), map->keys_to_reset().end());
     }
     OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, rows));
@@ -219,6 +333,12 @@ class NumberRowsOp : public OpKernel {
     std::vector<int32_t> unique_rows;
     {
       mutex_lock lock(*resource->mu());
+      const sce::KeyRowMap& map = resource->KeyMap();
+      // Its rows are then the map's own numbering: the answers need no translation.
+      OP_REQUIRES(ctx, map.config().first_row == 0 && map.local_rows() == map.config().capacity,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      Where(resource->table_name()),
+                      ": numbering rows needs a map that holds its own rows only")));
       OP_REQUIRES_OK(ctx, ToTf(KeyMapOf(resource->map())->NumberStepRows(
                               rows.flat<int32_t>().data(), rows.NumElements(),
                               positions->flat<int32_t>().data(), &unique_rows)));
@@ -245,6 +365,7 @@ class KeyRowMapFindOp : public OpKernel {
     tf_shared_lock lock(*resource->mu());
     resource->map()->Find(reinterpret_cast<const uint64_t*>(keys.flat<int64_t>().data()),
                           keys.NumElements(), rows->flat<int32_t>().data());
+    resource->map()->ToTableRows(rows->flat<int32_t>().data(), keys.NumElements());
   }
 };
 
@@ -274,6 +395,7 @@ class StringKeyRowMapFindOp : public OpKernel {
     resource->map()->Find(views.data(),
                           reinterpret_cast<const uint64_t*>(fingerprints.flat<int64_t>().data()),
                           keys.NumElements(), rows->flat<int32_t>().data());
+    resource->KeyMap().ToTableRows(rows->flat<int32_t>().data(), keys.NumElements());
   }
 };
 
@@ -296,6 +418,7 @@ class KeyRowMapExportOp : public OpKernel {
     {
       mutex_lock lock(*resource->mu());
       state = resource->map()->Export();
+      resource->map()->ToTableRows(state.rows.data(), static_cast<int64_t>(state.rows.size()));
     }
     Tensor* last_step = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &last_step));
@@ -321,9 +444,20 @@ absl::Status ReadVector(const Tensor& t, const std::string& where, const char* n
   return absl::OkStatus();
 }
 
+// Reads an import's placement (inputs `first`, `first + 1`) when the op has placed=true.
+absl::Status ReadPlacement(OpKernelContext* ctx, int first, const std::string& where,
+                           sce::KeyRowMapPlacement* placement) {
+  TF_RETURN_IF_ERROR((ReadVector<int32_t, int32_t>(ctx->input(first), where, "placement_rows",
+                                                   &placement->rows)));
+  return ReadVector<int32_t, int32_t>(ctx->input(first + 1), where, "lent_rows",
+                                      &placement->lent_rows);
+}
+
 class KeyRowMapImportOp : public OpKernel {
  public:
-  explicit KeyRowMapImportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit KeyRowMapImportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("placed", &placed_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<KeyRowMapResource> resource;
@@ -342,9 +476,14 @@ class KeyRowMapImportOp : public OpKernel {
                                                       &state.pending_counts)));
     OP_REQUIRES_OK(ctx, (ReadVector<int32_t, int32_t>(ctx->input(6), where, "pending_last_seen",
                                                       &state.pending_last_seen)));
+    sce::KeyRowMapPlacement placement;
+    OP_REQUIRES_OK(ctx, ReadPlacement(ctx, 7, where, &placement));
     mutex_lock lock(*resource->mu());
-    OP_REQUIRES_OK(ctx, ToTf(resource->map()->Import(state)));
+    OP_REQUIRES_OK(ctx, ToTf(resource->map()->Import(state, placed_ ? &placement : nullptr)));
   }
+
+ private:
+  bool placed_ = false;
 };
 
 template <typename Map>
@@ -364,9 +503,41 @@ class KeyRowMapSizeOp : public OpKernel {
 
 // ---- String keys -------------------------------------------------------------------------
 
+// The string views of a vector of keys (valid while the tensor lives).
+std::vector<std::string_view> StringViews(const Tensor& keys) {
+  const auto key_strings = keys.flat<tstring>();
+  std::vector<std::string_view> views(key_strings.size());
+  for (int64_t i = 0; i < key_strings.size(); ++i) {
+    views[i] = std::string_view(key_strings(i).data(), key_strings(i).size());
+  }
+  return views;
+}
+
+absl::Status CheckStringKeys(const std::string& where, const Tensor& keys,
+                             const Tensor& fingerprints) {
+  if (!TensorShapeUtils::IsVector(keys.shape()) || fingerprints.shape() != keys.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": keys and fingerprints must be vectors of one length, got ",
+        keys.shape().DebugString(), " and ", fingerprints.shape().DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+// new_keys (the strings given rows) and new_rows (as rows of the whole table), outputs 1 and 2.
+absl::Status OutputNewStrings(OpKernelContext* ctx, const std::vector<std::string>& new_keys,
+                              const std::vector<int32_t>& new_rows) {
+  Tensor* new_keys_out = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(
+      1, TensorShape({static_cast<int64_t>(new_keys.size())}), &new_keys_out));
+  for (size_t i = 0; i < new_keys.size(); ++i) new_keys_out->flat<tstring>()(i) = new_keys[i];
+  return OutputVector(ctx, 2, new_rows);
+}
+
 class StringKeyRowMapStepOp : public OpKernel {
  public:
-  explicit StringKeyRowMapStepOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit StringKeyRowMapStepOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("wait", &wait_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<StringKeyRowMapResource> resource;
@@ -375,44 +546,81 @@ class StringKeyRowMapStepOp : public OpKernel {
     const Tensor& fingerprints = ctx->input(2);
     const Tensor& step = ctx->input(3);
     const std::string where = Where(resource->table_name());
-    OP_REQUIRES(ctx,
-                TensorShapeUtils::IsVector(keys.shape()) && fingerprints.shape() == keys.shape(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    where, ": keys and fingerprints must be vectors of one length, got ",
-                    keys.shape().DebugString(), " and ", fingerprints.shape().DebugString())));
+    OP_REQUIRES_OK(ctx, CheckStringKeys(where, keys, fingerprints));
     OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step.shape()),
                 absl::InvalidArgumentError(absl::StrCat(where, ": step must be a scalar, got ",
                                                         step.shape().DebugString())));
-    const auto key_strings = keys.flat<tstring>();
-    std::vector<std::string_view> views(key_strings.size());
-    for (int64_t i = 0; i < key_strings.size(); ++i) {
-      views[i] = std::string_view(key_strings(i).data(), key_strings(i).size());
-    }
+    const std::vector<std::string_view> views = StringViews(keys);
     Tensor* rows = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &rows));
+    int32_t* answers = rows->flat<int32_t>().data();
+    std::fill(answers, answers + keys.NumElements(), sce::kNoRow);
     std::vector<int32_t> new_rows;
     std::vector<std::string> new_keys;
     sce::KeyRowMapStepStats stats;
     int64_t collided = 0;
     {
       mutex_lock lock(*resource->mu());
+      sce::StringKeyRowMap* map = resource->map();
       OP_REQUIRES_OK(
-          ctx, ToTf(resource->map()->MapStep(
+          ctx, ToTf(map->MapStep(
                    step.scalar<int64_t>()(), views.data(),
                    reinterpret_cast<const uint64_t*>(fingerprints.flat<int64_t>().data()),
-                   keys.NumElements(), rows->flat<int32_t>().data(), &new_rows, &stats,
-                   &collided)));
-      for (int32_t row : new_rows) new_keys.push_back(resource->map()->row_key(row));
+                   keys.NumElements(), answers, &new_rows, &stats, &collided, wait_)));
+      // Waiting: the strings are matched to rows (and new_keys known) in FinishStep.
+      if (!wait_) {
+        for (int32_t row : new_rows) new_keys.push_back(map->row_key(row));
+        map->key_map().ToTableRows(answers, keys.NumElements());
+        map->key_map().ToTableRows(new_rows.data(), static_cast<int64_t>(new_rows.size()));
+      } else {
+        new_rows.clear();
+      }
     }
-    Tensor* new_keys_out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            1, TensorShape({static_cast<int64_t>(new_keys.size())}), &new_keys_out));
-    for (size_t i = 0; i < new_keys.size(); ++i) new_keys_out->flat<tstring>()(i) = new_keys[i];
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 2, new_rows));
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 3, std::vector<int64_t>{
-                                                 stats.admitted_keys, stats.evicted_keys,
-                                                 stats.refused_keys, stats.unadmitted_ids,
-                                                 stats.untracked_ids, collided}));
+    OP_REQUIRES_OK(ctx, OutputNewStrings(ctx, new_keys, new_rows));
+    OP_REQUIRES_OK(ctx, OutputStats(ctx, 3, stats, &collided));
+  }
+
+ private:
+  bool wait_ = false;
+};
+
+class StringKeyRowMapFinishStepOp : public OpKernel {
+ public:
+  explicit StringKeyRowMapFinishStepOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<StringKeyRowMapResource> resource;
+    OP_REQUIRES_OK(ctx, LookupMap<sce::StringKeyRowMap>(ctx, &resource));
+    const Tensor& lent = ctx->input(1);
+    const Tensor& keys = ctx->input(2);
+    const Tensor& fingerprints = ctx->input(3);
+    const std::string where = Where(resource->table_name());
+    OP_REQUIRES_OK(ctx, CheckStringKeys(where, keys, fingerprints));
+    OP_REQUIRES_OK(ctx, CheckFinishInputs(where, lent, keys, ctx->input(4)));
+    const std::vector<std::string_view> views = StringViews(keys);
+    Tensor* rows = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &rows));
+    const auto given = ctx->input(4).flat<int32_t>();
+    int32_t* answers = rows->flat<int32_t>().data();
+    std::copy(given.data(), given.data() + given.size(), answers);
+    std::vector<int32_t> new_rows;
+    std::vector<std::string> new_keys;
+    sce::KeyRowMapStepStats stats;
+    int64_t collided = 0;
+    {
+      mutex_lock lock(*resource->mu());
+      sce::StringKeyRowMap* map = resource->map();
+      OP_REQUIRES_OK(
+          ctx, ToTf(map->FinishStep(
+                   lent.flat<int32_t>().data(), lent.NumElements(), views.data(),
+                   reinterpret_cast<const uint64_t*>(fingerprints.flat<int64_t>().data()),
+                   keys.NumElements(), answers, &new_rows, &stats, &collided)));
+      for (int32_t row : new_rows) new_keys.push_back(map->row_key(row));
+      map->key_map().ToTableRows(answers, keys.NumElements());
+      map->key_map().ToTableRows(new_rows.data(), static_cast<int64_t>(new_rows.size()));
+    }
+    OP_REQUIRES_OK(ctx, OutputNewStrings(ctx, new_keys, new_rows));
+    OP_REQUIRES_OK(ctx, OutputStats(ctx, 3, stats, &collided));
   }
 };
 
@@ -435,6 +643,7 @@ class StringKeyRowMapExportOp : public OpKernel {
     {
       mutex_lock lock(*resource->mu());
       state = resource->map()->Export();
+      resource->KeyMap().ToTableRows(state.rows.data(), static_cast<int64_t>(state.rows.size()));
     }
     Tensor* last_step = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &last_step));
@@ -451,7 +660,9 @@ class StringKeyRowMapExportOp : public OpKernel {
 
 class StringKeyRowMapImportOp : public OpKernel {
  public:
-  explicit StringKeyRowMapImportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit StringKeyRowMapImportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("placed", &placed_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<StringKeyRowMapResource> resource;
@@ -479,9 +690,14 @@ class StringKeyRowMapImportOp : public OpKernel {
                                                       &state.pending_counts)));
     OP_REQUIRES_OK(ctx, (ReadVector<int32_t, int32_t>(ctx->input(7), where, "pending_last_seen",
                                                       &state.pending_last_seen)));
+    sce::KeyRowMapPlacement placement;
+    OP_REQUIRES_OK(ctx, ReadPlacement(ctx, 8, where, &placement));
     mutex_lock lock(*resource->mu());
-    OP_REQUIRES_OK(ctx, ToTf(resource->map()->Import(state)));
+    OP_REQUIRES_OK(ctx, ToTf(resource->map()->Import(state, placed_ ? &placement : nullptr)));
   }
+
+ private:
+  bool placed_ = false;
 };
 
 // SceKeyOwnerShards: the owner shard of each key.
@@ -553,6 +769,17 @@ REGISTER_KERNEL_BUILDER(Name("SceKeyOwnerShards").Device(DEVICE_CPU), KeyOwnerSh
 REGISTER_KERNEL_BUILDER(Name("SceKeyedRandomRows").Device(DEVICE_CPU), KeyedRandomRowsOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMap").Device(DEVICE_CPU), KeyRowMapOp<sce::KeyRowMap>);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapStep").Device(DEVICE_CPU), KeyRowMapStepOp);
+REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapFinishStep").Device(DEVICE_CPU), KeyRowMapFinishStepOp);
+REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMapFinishStep").Device(DEVICE_CPU),
+                        StringKeyRowMapFinishStepOp);
+REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapLendable").Device(DEVICE_CPU),
+                        LendableOp<sce::KeyRowMap>);
+REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMapLendable").Device(DEVICE_CPU),
+                        LendableOp<sce::StringKeyRowMap>);
+REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapLendRows").Device(DEVICE_CPU),
+                        LendRowsOp<sce::KeyRowMap>);
+REGISTER_KERNEL_BUILDER(Name("SceStringKeyRowMapLendRows").Device(DEVICE_CPU),
+                        LendRowsOp<sce::StringKeyRowMap>);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapExport").Device(DEVICE_CPU), KeyRowMapExportOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapFind").Device(DEVICE_CPU), KeyRowMapFindOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapRowsToReset").Device(DEVICE_CPU),

@@ -52,7 +52,9 @@ REGISTER_OP("SceKeyedRandomRows")
     });
 
 // The handle of one shard's map, created on first use from the attributes. A second op naming
-// the same (container, shared_name) must give the same configuration.
+// the same (container, shared_name) must give the same configuration. total_rows / first_row:
+// the rows of the whole table over every shard's map (0: capacity) and this map's first own row
+// among them; every row an op gives or takes is a row of the whole table.
 REGISTER_OP("SceKeyRowMap")
     .Output("handle: resource")
     .Attr("container: string = ''")
@@ -62,6 +64,8 @@ REGISTER_OP("SceKeyRowMap")
     .Attr("admission_threshold: int = 1")
     .Attr("steps_to_live: int = 0")
     .Attr("pending_capacity: int = 1")
+    .Attr("total_rows: int = 0")
+    .Attr("first_row: int = 0")
     .SetIsStateful()
     .SetShapeFn(shape_inference::ScalarShape);
 
@@ -69,10 +73,14 @@ REGISTER_OP("SceKeyRowMap")
 // occurrence reads zeros and trains nothing). new_keys / new_rows: the keys given a row in this
 // step and their rows, whose table values and slots the caller initializes before reading them.
 // stats: admitted keys, evicted keys, refused keys, unadmitted ids, untracked ids.
+// wait=true: keys left without a row when every row is taken wait for <prefix>FinishStep, which
+// ends the step (docs/dynamic_vocabulary.md#capacity-over-several-replicas); `rows` are then the
+// map's own numbering, only for FinishStep, and new_rows / stats describe this part only.
 REGISTER_OP("SceKeyRowMapStep")
     .Input("handle: resource")
     .Input("keys: int64")
     .Input("step: int64")
+    .Attr("wait: bool = false")
     .Output("rows: int32")
     .Output("new_keys: int64")
     .Output("new_rows: int32")
@@ -111,6 +119,57 @@ REGISTER_OP("SceKeyRowMapStep")
 SCE_REGISTER_RESET_OPS("SceKeyRowMap");
 SCE_REGISTER_RESET_OPS("SceStringKeyRowMap");
 #undef SCE_REGISTER_RESET_OPS
+
+// Between a Step(wait=true) and its FinishStep: <prefix>Lendable gives [keys waiting for a row,
+// rows the map can still give] (rows of expired keys taken back first); <prefix>LendRows gives
+// `count` of those rows to another shard's map (they leave this one), as rows of the whole table.
+#define SCE_REGISTER_LENDING_OPS(prefix)                                           \
+  REGISTER_OP(prefix "Lendable")                                                   \
+      .Input("handle: resource")                                                   \
+      .Output("counts: int64")                                                     \
+      .SetIsStateful()                                                             \
+      .SetShapeFn([](InferenceContext* c) {                                        \
+        c->set_output(0, c->Vector(2));                                            \
+        return absl::OkStatus();                                                   \
+      });                                                                          \
+  REGISTER_OP(prefix "LendRows")                                                   \
+      .Input("handle: resource")                                                   \
+      .Input("count: int64")                                                       \
+      .Output("rows: int32")                                                       \
+      .SetIsStateful()                                                             \
+      .SetShapeFn([](InferenceContext* c) {                                        \
+        ShapeHandle count;                                                         \
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &count));                   \
+        return VectorOutputs(c, 0, 1);                                             \
+      })
+SCE_REGISTER_LENDING_OPS("SceKeyRowMap");
+SCE_REGISTER_LENDING_OPS("SceStringKeyRowMap");
+#undef SCE_REGISTER_LENDING_OPS
+
+// Ends a SceKeyRowMapStep(wait=true), given the same keys, its rows and the rows other shards
+// lent this map (`lent`): the waiting keys take them in order, the others are refused. Outputs
+// as SceKeyRowMapStep's, for this part of the step.
+REGISTER_OP("SceKeyRowMapFinishStep")
+    .Input("handle: resource")
+    .Input("lent: int32")
+    .Input("keys: int64")
+    .Input("rows: int32")
+    .Output("finished_rows: int32")
+    .Output("new_keys: int64")
+    .Output("new_rows: int32")
+    .Output("stats: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle lent, keys, rows;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &lent));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &keys));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &rows));
+      TF_RETURN_IF_ERROR(c->Merge(keys, rows, &keys));
+      c->set_output(0, keys);
+      TF_RETURN_IF_ERROR(VectorOutputs(c, 1, 2));
+      c->set_output(3, c->Vector(5));
+      return absl::OkStatus();
+    });
 
 // The distinct rows of the map's last step (KeyRowMap::NumberStepRows): `rows` are that step's
 // answers (or some of them, -1 included); positions[i] is the index of rows[i] in unique_rows,
@@ -166,8 +225,10 @@ REGISTER_OP("SceKeyRowMapExport")
       return VectorOutputs(c, 1, 6);
     });
 
-// Replaces the state with a logical one (as exported); keys[i] gets row i. Everything is checked
-// first; on error the map is unchanged.
+// Replaces the state with a logical one (as exported); keys[i] gets the map's own row i, or, with
+// placed=true, the row placement_rows[i] of the whole table, lent_rows being the map's own rows
+// that other shards' keys hold (KeyRowMap::Import). Everything is checked first; on error the
+// map is unchanged.
 REGISTER_OP("SceKeyRowMapImport")
     .Input("handle: resource")
     .Input("last_step: int64")
@@ -176,11 +237,14 @@ REGISTER_OP("SceKeyRowMapImport")
     .Input("pending_keys: int64")
     .Input("pending_counts: int32")
     .Input("pending_last_seen: int32")
+    .Input("placement_rows: int32")
+    .Input("lent_rows: int32")
+    .Attr("placed: bool = false")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &unused));
-      for (int i = 2; i < 7; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &unused));
+      for (int i = 2; i < 9; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &unused));
       return absl::OkStatus();
     });
 
@@ -206,6 +270,8 @@ REGISTER_OP("SceStringKeyRowMap")
     .Attr("admission_threshold: int = 1")
     .Attr("steps_to_live: int = 0")
     .Attr("pending_capacity: int = 1")
+    .Attr("total_rows: int = 0")
+    .Attr("first_row: int = 0")
     .SetIsStateful()
     .SetShapeFn(shape_inference::ScalarShape);
 
@@ -216,6 +282,7 @@ REGISTER_OP("SceStringKeyRowMapStep")
     .Input("keys: string")
     .Input("fingerprints: int64")
     .Input("step: int64")
+    .Attr("wait: bool = false")
     .Output("rows: int32")
     .Output("new_keys: string")
     .Output("new_rows: int32")
@@ -227,6 +294,32 @@ REGISTER_OP("SceStringKeyRowMapStep")
       TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &fingerprints));
       TF_RETURN_IF_ERROR(c->Merge(keys, fingerprints, &keys));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &step));
+      c->set_output(0, keys);
+      TF_RETURN_IF_ERROR(VectorOutputs(c, 1, 2));
+      c->set_output(3, c->Vector(6));
+      return absl::OkStatus();
+    });
+
+// As SceKeyRowMapFinishStep, for string keys.
+REGISTER_OP("SceStringKeyRowMapFinishStep")
+    .Input("handle: resource")
+    .Input("lent: int32")
+    .Input("keys: string")
+    .Input("fingerprints: int64")
+    .Input("rows: int32")
+    .Output("finished_rows: int32")
+    .Output("new_keys: string")
+    .Output("new_rows: int32")
+    .Output("stats: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle lent, keys, fingerprints, rows;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &lent));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &keys));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &fingerprints));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &rows));
+      TF_RETURN_IF_ERROR(c->Merge(keys, fingerprints, &keys));
+      TF_RETURN_IF_ERROR(c->Merge(keys, rows, &keys));
       c->set_output(0, keys);
       TF_RETURN_IF_ERROR(VectorOutputs(c, 1, 2));
       c->set_output(3, c->Vector(6));
@@ -268,7 +361,8 @@ REGISTER_OP("SceStringKeyRowMapExport")
       return VectorOutputs(c, 1, 7);
     });
 
-// Replaces the state; the key with the i-th smallest fingerprint gets row i.
+// Replaces the state; the key with the i-th smallest fingerprint gets the map's own row i, or
+// with placed=true keys[i] gets placement_rows[i] (as SceKeyRowMapImport).
 REGISTER_OP("SceStringKeyRowMapImport")
     .Input("handle: resource")
     .Input("last_step: int64")
@@ -278,11 +372,14 @@ REGISTER_OP("SceStringKeyRowMapImport")
     .Input("pending_fingerprints: int64")
     .Input("pending_counts: int32")
     .Input("pending_last_seen: int32")
+    .Input("placement_rows: int32")
+    .Input("lent_rows: int32")
+    .Attr("placed: bool = false")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &unused));
-      for (int i = 2; i < 8; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &unused));
+      for (int i = 2; i < 10; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &unused));
       return absl::OkStatus();
     });
 

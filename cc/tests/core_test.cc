@@ -1813,6 +1813,12 @@ ShardedStep StepShards(std::vector<std::unique_ptr<sce::KeyRowMap>>& maps, int64
   return out;
 }
 
+sce::KeyRowMapState TableRowState(const sce::KeyRowMap& map) {
+  sce::KeyRowMapState state = map.Export();
+  map.ToTableRows(state.rows.data(), static_cast<int64_t>(state.rows.size()));
+  return state;
+}
+
 std::vector<std::unique_ptr<sce::KeyRowMap>> NewShardMaps(int64_t total, int64_t shards,
                                                           sce::KeyRowMapConfig config) {
   std::vector<std::unique_ptr<sce::KeyRowMap>> maps(shards);
@@ -1853,7 +1859,7 @@ void TestKeyRowMapLending() {
   ShardedStep s3 = StepShards(maps, 3, {{7}, {11}});
   CHECK(s3.rows[0] == (std::vector<int32_t>{3}));
   CHECK(s3.rows[1] == (std::vector<int32_t>{1}));
-  const sce::KeyRowMapState state0 = maps[0]->Export(), state1 = maps[1]->Export();
+  const sce::KeyRowMapState state0 = TableRowState(*maps[0]), state1 = TableRowState(*maps[1]);
   CHECK(state0.keys == (std::vector<uint64_t>{7}));
   CHECK(state0.rows == (std::vector<int32_t>{3}));
   CHECK(state1.rows == (std::vector<int32_t>{2, 1, 0}));   // keys 10, 11, 12
@@ -1862,8 +1868,8 @@ void TestKeyRowMapLending() {
   sce::KeyRowMapPlacement place0{{3}, {0, 1}}, place1{{2, 1, 0}, {3}};
   CHECK_OK(restored[0]->Import(state0, &place0));
   CHECK_OK(restored[1]->Import(state1, &place1));
-  CHECK(restored[0]->Export().rows == state0.rows);
-  CHECK(restored[1]->Export().rows == state1.rows);
+  CHECK(TableRowState(*restored[0]).rows == state0.rows);
+  CHECK(TableRowState(*restored[1]).rows == state1.rows);
   // Step 4: 10 and 12 have expired. Shard 1 gives 13 one of their rows and lends 8 the other.
   ShardedStep s4 = StepShards(restored, 4, {{8}, {13}});
   CHECK_EQ(s4.refused, int64_t{0});
@@ -1923,7 +1929,8 @@ void TestKeyRowMapShardsShareCapacity() {
       std::map<int32_t, uint64_t> key_of_row;
       std::set<uint64_t> held;
       for (int64_t r = 0; r < shards; ++r) {
-        const sce::KeyRowMapState state = maps[r]->Export();
+        sce::KeyRowMapState state = maps[r]->Export();
+        maps[r]->ToTableRows(state.rows.data(), static_cast<int64_t>(state.rows.size()));
         for (size_t i = 0; i < state.keys.size(); ++i) {
           CHECK(state.rows[i] >= 0 && state.rows[i] < total);
           CHECK(key_of_row.emplace(state.rows[i], state.keys[i]).second);

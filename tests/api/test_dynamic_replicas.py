@@ -54,8 +54,9 @@ def _first_appearance_numbers(batches):
 ])
 def test_identity_with_a_fixed_vocabulary_over_several_replicas(replicas, key_dtype, kind,
                                                                  combiner, optimizer, pipelined):
-    """Threshold 1, no eviction, room for every key, one initial value for every row: on R
-    replicas every activation and every key's row equal, bit for bit, those of a fixed table on R
+    """Threshold 1, no eviction, exactly as many rows as keys (whose owners hold uneven numbers
+    of them: maps lend each other rows), one initial value for every row: on R replicas every
+    activation and every key's row equal, bit for bit, those of a fixed table on R
     replicas trained on the keys renumbered 0..n-1 (both pipelined, or neither)."""
     rng = np.random.default_rng(11)
     keys = key_values(rng, 40, key_dtype)
@@ -65,7 +66,7 @@ def test_identity_with_a_fixed_vocabulary_over_several_replicas(replicas, key_dt
     strategy = ph.make_strategy(replicas)
     with strategy.scope():
         dynamic = make_embedding(
-            E.TableConfig(vocabulary_size=64, dim=DIM, initializer=initializer,
+            E.TableConfig(vocabulary_size=len(number), dim=DIM, initializer=initializer,
                           combiner=combiner, name="items"), ph.make_optimizer(optimizer),
             dynamic_vocabularies={"items": sce.DynamicVocabulary(key_dtype=key_dtype)},
             pipeline_execution_with_tensor_core=pipelined)
@@ -180,27 +181,70 @@ def test_checkpoint_restores_into_other_replica_counts(tmp_path, source, target)
             ph.assert_close(state[part], reference[part], part)
 
 
-def test_restore_fails_when_a_replica_share_is_too_small_and_writes_nothing(tmp_path):
-    """The capacity is split evenly over the replicas: a checkpoint whose keys fit the table but
-    not one replica's share fails naming the table and changes nothing."""
+def test_a_full_checkpoint_restores_into_more_replicas_with_rows_lent(tmp_path):
+    """The capacity is the whole table's, not a share per replica: a checkpoint holding exactly
+    `capacity` keys restores into 4 replicas although their owners hold uneven numbers of them
+    (the keys beyond a replica's share hold rows the others lend), and training goes on as on
+    one replica."""
     rng = np.random.default_rng(8)
     keys = key_values(rng, 20, tf.string)
     one = ph.make_strategy(1)
     original = _checkpoint_embedding(one, capacity=24)
     train(original, random_batches(rng, 4, BATCH, keys), "ragged", tf.string, one)
-    held = len(original.export_dynamic_table("items")[0])
+    held_keys = original.export_dynamic_table("items")[0]
+    held = len(held_keys)
     assert 12 < held <= 24
     path = tf.train.Checkpoint(embedding=original).save(str(tmp_path / "ckpt"))
     four = ph.make_strategy(4)
-    small = _checkpoint_embedding(four, capacity=held)
-    train(small, random_batches(rng, 2, BATCH, keys[:3]), "ragged", tf.string, four)
-    before = small.dynamic_tables.logical_state("items")
-    with pytest.raises(ValueError, match=r"table 'items'.*keys owned by replica \d, more than "
-                                         r"its \d+ rows.*split evenly.*Nothing was restored"):
-        tf.train.Checkpoint(embedding=small).restore(path)
-    after = small.dynamic_tables.logical_state("items")
-    for part in before:
-        np.testing.assert_array_equal(after[part], before[part], err_msg=part)
+    full_four = _checkpoint_embedding(four, capacity=held)
+    tf.train.Checkpoint(embedding=full_four).restore(path).assert_consumed()
+    full_one = _checkpoint_embedding(one, capacity=held)
+    tf.train.Checkpoint(embedding=full_one).restore(path).assert_consumed()
+    table = full_four.dynamic_tables.table("items")
+    sizes = [len(table.maps[r].export().keys.numpy()) for r in range(4)]
+    assert sum(sizes) == held
+    assert any(size > table.shards.capacity(r) for r, size in enumerate(sizes))
+    batches = random_batches(rng, 3, BATCH, list(held_keys))
+    got = train(full_four, batches, "ragged", tf.string, four)
+    want = train(full_one, batches, "ragged", tf.string, one)
+    for step, (a, b) in enumerate(zip(got, want)):
+        for name in a:
+            ph.assert_close(a[name], b[name], f"step {step} {name}")
+    state = full_four.dynamic_tables.logical_state("items")
+    reference = full_one.dynamic_tables.logical_state("items")
+    for part in ("keys", "last_seen", "pending_keys", "pending_counts", "last_step"):
+        np.testing.assert_array_equal(state[part], reference[part], err_msg=part)
+    assert full_four.num_refused_keys() == full_one.num_refused_keys() == 0
+
+
+@pytest.mark.parametrize("replicas,threshold,steps_to_live", [(2, 1, 0), (4, 2, 2), (2, 1, 1)])
+def test_keys_are_refused_only_when_every_row_of_the_table_is_taken(replicas, threshold,
+                                                                    steps_to_live):
+    """Maps share the table's capacity: a map whose own rows are taken borrows the others' free
+    rows in the step, so after every step the table holds min(capacity, keys that earned a row)
+    keys, and a step that refuses a key leaves no row free; two keys never share a row."""
+    rng = np.random.default_rng(30 + replicas)
+    keys = key_values(rng, 60, tf.int64)
+    capacity = 13
+    strategy = ph.make_strategy(replicas)
+    with strategy.scope():
+        embedding = make_embedding(
+            E.TableConfig(vocabulary_size=capacity, dim=DIM, name="items",
+                          initializer=tf.constant_initializer(0.25)), E.SGD(0.1),
+            dynamic_vocabularies={"items": sce.DynamicVocabulary(
+                admission_threshold=threshold, steps_to_live=steps_to_live or None)})
+    refused = 0
+    for batch in random_batches(rng, 8, BATCH, keys):
+        train(embedding, [batch], "ragged", tf.int64, strategy)
+        held, _ = embedding.export_dynamic_table("items")
+        assert len(held) <= capacity
+        if embedding.num_refused_keys() > refused:
+            assert len(held) == capacity
+        refused = embedding.num_refused_keys()
+        table = embedding.dynamic_tables.table("items")
+        _, rows = table.export_state()
+        assert len(np.unique(rows)) == len(rows)
+    assert refused > 0
 
 
 def test_inference_over_replicas_reads_rows_without_admitting():

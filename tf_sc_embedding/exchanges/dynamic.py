@@ -42,6 +42,7 @@ from tf_sc_embedding.exchanges import base
 from tf_sc_embedding.exchanges import key_exchange
 from tf_sc_embedding.ops import segment_sum
 from tf_sc_embedding.ops.assign_rows import assign_rows
+from tf_sc_embedding.ops.key_row_map import RowsToReset
 from tf_sc_embedding.table_storage import PARAMETERS, TableStorage
 
 # What a dynamic lookup preserves for its update: `tables`, the lookup's own (one replica:
@@ -140,12 +141,16 @@ class DynamicExchange(base.Exchange):
             if view.num_replicas == 1 and training:
                 by_path, preserved = self._lookup_numbered(view, tables, keys, variables, steps)
                 return by_path, preserved, mapped
-            by_path, resets, rows_at_owner = {}, [], []
-            for (placement, stacked, _, _, _), owned, step in zip(tables, keys, steps):
-                rows, written = self._map_table(view, placement, stacked, owned, variables,
-                                                training, step)
-                rows_at_owner.append(rows)
-                resets.extend(written)
+            by_path = {}
+            if training:   # several replicas: the maps lend each other rows
+                rows_at_owner, resets = self._map_lending(view, tables, keys, variables, steps)
+            else:
+                resets, rows_at_owner = [], []
+                for (placement, stacked, _, _, _), owned in zip(tables, keys):
+                    rows, written = self._map_table(view, placement, stacked, owned, variables,
+                                                    False)
+                    rows_at_owner.append(rows)
+                    resets.extend(written)
         if view.num_replicas > 1:
             if training:   # the row of each key's first occurrence (all of them read it)
                 rows_at_owner = [tf.gather(rows, tf.cumsum(k.counts, exclusive=True))
@@ -308,6 +313,130 @@ class DynamicExchange(base.Exchange):
             rows[name] = (state.unique_rows, per_unique)
         return all_to_all.owned_rows_inputs(self.layout, 0, rows, padded=True), None
 
+    def _map_lending(self, view, tables, keys, variables, steps):
+        """Several replicas, training: (per table the table row of each key this replica's map
+        holds, the writes to wait for), with the table's capacity shared by all the maps
+        (docs/dynamic_vocabulary.md#capacity-over-several-replicas).
+
+        1. Each map maps its keys; keys that find every row of the map taken wait
+           (DynamicTable.begin_map), and the map reports [waiting keys, rows it can lend, rows
+           to reset that another replica stores].
+        2. One all-gather of those counts (all tables); from them every replica computes the
+           same plan: maps with free rows lend them, replica after replica, to the maps with
+           waiting keys, replica after replica (`_lending_plan`).
+        3. Only when some map lends or must reset a row another replica stores (every replica
+           takes the same branch): lenders give up their rows (DynamicTable.lend_rows), an
+           all-to-all brings them to the borrowers, each map ends its step
+           (DynamicTable.finish_map: waiting keys take lent rows in order, the rest are
+           refused), and the rows to reset that another replica stores go there, with their
+           keys, for it to write (`_reset_elsewhere`). Otherwise each map ends its step alone.
+        """
+        me, W = view.replica_id, view.num_replicas
+        names = [t[0].name for t in tables]
+        dynamic = [self._dynamic.table(n) for n in names]
+        begun = [table.begin_map(me, owned, step)
+                 for table, owned, step in zip(dynamic, keys, steps)]
+        counts = tf.stack([b.counts for b in begun])                        # [T, 3]
+        gathered = tf.reshape(view.all_gather(tf.cast(counts, tf.int32)[None]),
+                              [W, len(tables), 3])
+        plan = _lending_plan(gathered[:, :, 0], gathered[:, :, 1])          # [T, W lender, W]
+        exchange = tf.logical_or(tf.reduce_any(plan > 0),
+                                 tf.reduce_any(gathered[:, :, 2] > 0))
+
+        def finish(lent_by_table, after):
+            rows, to_reset, stats = [], [], []
+            for table, owned, part, lent in zip(dynamic, keys, begun, lent_by_table):
+                r, listed, counted = table.finish_map(me, lent, owned, part, after)
+                rows.append(r)
+                to_reset.append(listed)
+                stats.append(counted)
+            return rows, to_reset, stats
+
+        def shared():
+            lent_out = [table.lend_rows(me, tf.reduce_sum(plan[t, me]))
+                        for t, table in enumerate(dynamic)]
+            send = tf.transpose(plan[:, me, :])                             # [W dest, T]
+            receive = tf.transpose(plan[:, :, me])                          # [W source, T]
+            chunk = tf.maximum(tf.reduce_max(tf.reduce_sum(plan, axis=0)), 1)
+            lent_in = all_to_all.unpack_by_replica(
+                all_to_all.all_to_all_flat(view, all_to_all.pack_by_replica(
+                    lent_out, send, chunk)), receive, [None] * len(tables))
+            rows, to_reset, stats = finish(lent_in, lent_out)
+            written = self._reset_elsewhere(view, tables, dynamic, to_reset, variables)
+            return rows, [t.rows for t in to_reset], [t.keys for t in to_reset], stats, written
+
+        def alone():
+            rows, to_reset, stats = finish([tf.zeros([0], tf.int32)] * len(tables), ())
+            return (rows, [t.rows for t in to_reset], [t.keys for t in to_reset], stats,
+                    tf.constant(0, tf.int32))
+
+        # The branches touch only this replica's maps and variables: the counters (one variable
+        # of the process) are updated after the branch, or one replica's branch would wait for
+        # another's.
+        rows, reset_rows, reset_keys, stats, written = tf.cond(exchange, shared, alone)
+        resets = [table.count(s) for table, s in zip(dynamic, stats)]
+        for (placement, stacked, _, _, _), table, listed_rows, listed_keys in zip(
+                tables, dynamic, reset_rows, reset_keys):
+            listed = RowsToReset(listed_rows, listed_keys)
+            writes = self._write_resets(view, placement, stacked, table,
+                                        table.in_table_rows(listed), variables, scratch=True)
+            resets.extend(writes)
+            with tf.control_dependencies([written]):
+                resets.append(table.confirm_reset(me, listed, writes))
+        return rows, resets
+
+    def _reset_elsewhere(self, view, tables, dynamic, to_reset, variables):
+        """Sends every table's rows to reset that another replica stores (rows of the whole
+        table, with their keys) to that replica, which writes their initial values and slots;
+        returns an op to wait for. One all-gather of the counts and one all-to-all."""
+        me, W = view.replica_id, view.num_replicas
+        payloads, counts = [], []
+        for table, listed in zip(dynamic, to_reset):
+            stored, _ = table.shards.share_of_tensor(listed.rows)
+            elsewhere = tf.not_equal(stored, me)
+            stored = tf.boolean_mask(stored, elsewhere)
+            order = tf.argsort(stored, stable=True)
+            rows = tf.gather(tf.boolean_mask(listed.rows, elsewhere), order)
+            keys = tf.gather(tf.boolean_mask(listed.keys, elsewhere), order)
+            words = tf.concat([rows[:, None], tf.reshape(tf.bitcast(keys, tf.int32), [-1, 2])],
+                              axis=1)
+            payloads.append(words)
+            counts.append(tf.math.bincount(stored, minlength=W, maxlength=W, dtype=tf.int32))
+        send = tf.stack(counts, axis=1)                                     # [W dest, T]
+        every = tf.reshape(view.all_gather(send[None]), [W, W, len(tables)])
+        chunk = tf.maximum(tf.reduce_max(tf.reduce_sum(every, axis=2)) * 3, 1)
+        received = all_to_all.unpack_by_replica(
+            all_to_all.all_to_all_flat(view, all_to_all.pack_by_replica(payloads, send, chunk)),
+            every[:, me, :], [3] * len(tables))
+        writes = []
+        for (placement, stacked, _, _, _), table, words in zip(tables, dynamic, received):
+            keys = tf.reshape(tf.bitcast(tf.reshape(words[:, 1:], [-1, 2]), tf.int64), [-1])
+            listed = table.in_table_rows(RowsToReset(words[:, 0], keys))
+            writes.extend(self._write_resets(view, placement, stacked, table, listed, variables,
+                                             scratch=False))
+        with tf.control_dependencies(writes):
+            return tf.constant(0, tf.int32)
+
+    def _write_resets(self, view, placement, stacked, table, to_reset, variables, scratch):
+        """The writes of the initial values and slots of rows to reset (RowsToReset in table
+        rows) that this replica stores (scratch: and of its scratch row)."""
+        replica = view.replica_id
+        rows = (table.rows_to_write(replica, to_reset) if scratch else to_reset.rows)
+        owner, storage_rows = self._storage.storage_rows(placement.name, rows)
+        mine = tf.equal(owner, replica)
+        storage_rows = tf.boolean_mask(storage_rows, mine)
+        writes = []
+        for kind in table.kinds:
+            width = (placement.dim if kind == PARAMETERS
+                     else TableStorage.stored_width(stacked, kind))
+            values = table.reset_values(to_reset, kind, width)
+            if not scratch:
+                values = values[:-1]
+            variable = variables[stacked.name][kind].shard(replica)
+            writes.append(assign_rows(variable, storage_rows, tf.boolean_mask(values, mine),
+                                      placement.name))
+        return writes
+
     def _map_table(self, view, placement, stacked, keys, variables, training, step=None,
                    numbered=False):
         """(table row of each key, the row writes to wait for) of the keys of one table that
@@ -343,6 +472,21 @@ class DynamicExchange(base.Exchange):
             writes.append(assign_rows(variable, storage_rows, values, placement.name))
         confirmed = table.confirm_reset(replica, to_reset, writes)
         return rows, writes + [confirmed]
+
+
+def _lending_plan(waiting, free):
+    """int32 [T, W, W]: per table, the rows replica q's map lends replica r's ([t, q, r]), from
+    every map's waiting keys and lendable rows ([W, T] each, gathered). Lenders in replica order
+    fill borrowers in replica order: the overlap of lender q's interval of the free rows' running
+    sum with borrower r's interval of the waiting keys' running sum, so no map lends more than
+    it has and no map gets more than it waits for; every replica computes the same plan."""
+    waiting = tf.transpose(waiting)                                     # [T, W]
+    free = tf.transpose(free)
+    free_end = tf.cumsum(free, axis=1)
+    wait_end = tf.cumsum(waiting, axis=1)
+    low = tf.maximum((free_end - free)[:, :, None], (wait_end - waiting)[:, None, :])
+    high = tf.minimum(free_end[:, :, None], wait_end[:, None, :])
+    return tf.maximum(high - low, 0)
 
 
 def _ones_like(ids):

@@ -122,13 +122,16 @@ class KeyRowMap(tf.saved_model.experimental.TrackableResource):
 
     Args: the table's name (for error messages), its `capacity` in rows, the
     `admission_threshold` (occurrences that earn a row), `steps_to_live` (0: rows are kept),
-    `pending_capacity` (keys counted below the threshold at once; default: the capacity) and
-    `key_dtype` (tf.int64 or tf.string). Every value is checked by the op, which fails with
-    InvalidArgument naming the table.
+    `pending_capacity` (keys counted below the threshold at once; default: the capacity),
+    `key_dtype` (tf.int64 or tf.string), and with several shards `total_rows` (the rows of all
+    of them) and `first_row` (this shard's first own row among them): every row the map gives
+    or takes is then a row of the whole table, and shards can lend each other rows
+    (`lendable`, `lend_rows`, `finish_step`). Every value is checked by the op, which fails
+    with InvalidArgument naming the table.
     """
 
     def __init__(self, table_name, capacity, admission_threshold=1, steps_to_live=0,
-                 pending_capacity=None, key_dtype=tf.int64):
+                 pending_capacity=None, key_dtype=tf.int64, total_rows=0, first_row=0):
         key_dtype = tf.as_dtype(key_dtype)
         if key_dtype not in (tf.int64, tf.string):
             raise ValueError(f"table '{table_name}': key_dtype must be tf.int64 or tf.string, "
@@ -138,7 +141,8 @@ class KeyRowMap(tf.saved_model.experimental.TrackableResource):
         self._config = dict(
             table_name=table_name, capacity=int(capacity),
             admission_threshold=int(admission_threshold), steps_to_live=int(steps_to_live),
-            pending_capacity=int(capacity if pending_capacity is None else pending_capacity))
+            pending_capacity=int(capacity if pending_capacity is None else pending_capacity),
+            total_rows=int(total_rows), first_row=int(first_row))
         # Each map is its own resource: a process-wide unique shared name.
         self._shared_name = f"sce_key_row_map_{table_name}_{next(_map_ids)}"
         super().__init__()
@@ -174,18 +178,51 @@ class KeyRowMap(tf.saved_model.experimental.TrackableResource):
         with tf.init_scope():
             tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
 
-    def map_step(self, keys, step, name=None):
+    def map_step(self, keys, step, wait=False, name=None):
         """MappedKeys of one step's keys ([n] of key_dtype, every occurrence, in batch order);
-        stats in the order of STEP_STATS (STRING_STEP_STATS for string keys)."""
+        stats in the order of STEP_STATS (STRING_STEP_STATS for string keys).
+
+        wait=True: keys that find every row taken wait, and `finish_step` ends the step with the
+        rows other shards lend (until then `rows` are only for finish_step; string keys report
+        their new rows there)."""
         step = tf.cast(step, tf.int64)
         if self._strings:
             keys = tf.convert_to_tensor(keys, tf.string)
             outputs = _lib.sce_string_key_row_map_step(
                 handle=self.resource_handle, keys=keys, fingerprints=key_fingerprints(keys),
-                step=step, name=name)
+                step=step, wait=wait, name=name)
         else:
             outputs = _lib.sce_key_row_map_step(handle=self.resource_handle, keys=keys,
-                                                step=step, name=name)
+                                                step=step, wait=wait, name=name)
+        return MappedKeys(*outputs)
+
+    def lendable(self, name=None):
+        """int64 [2]: after map_step(wait=True), [keys waiting for a row, rows this map can
+        still give] (rows of keys expired by then taken back first)."""
+        op = (_lib.sce_string_key_row_map_lendable if self._strings
+              else _lib.sce_key_row_map_lendable)
+        return op(handle=self.resource_handle, name=name)
+
+    def lend_rows(self, count, name=None):
+        """int32 [count]: `count` (<= lendable()[1]) of this map's free rows, given to another
+        shard's map (they leave this one), in the order this map would have used them."""
+        op = (_lib.sce_string_key_row_map_lend_rows if self._strings
+              else _lib.sce_key_row_map_lend_rows)
+        return op(handle=self.resource_handle, count=tf.cast(count, tf.int64), name=name)
+
+    def finish_step(self, lent, keys, rows, name=None):
+        """MappedKeys that end a map_step(wait=True) of the same keys, given its rows and the
+        rows other maps lent this one: the waiting keys take them in order, the others are
+        refused. stats and new rows are this part's (string keys: the whole step's new rows)."""
+        lent = tf.cast(lent, tf.int32)
+        if self._strings:
+            keys = tf.convert_to_tensor(keys, tf.string)
+            outputs = _lib.sce_string_key_row_map_finish_step(
+                handle=self.resource_handle, lent=lent, keys=keys,
+                fingerprints=key_fingerprints(keys), rows=rows, name=name)
+        else:
+            outputs = _lib.sce_key_row_map_finish_step(handle=self.resource_handle, lent=lent,
+                                                       keys=keys, rows=rows, name=name)
         return MappedKeys(*outputs)
 
     def rows_to_reset(self, name=None):
@@ -230,12 +267,18 @@ class KeyRowMap(tf.saved_model.experimental.TrackableResource):
         return KeyRowMapState(*_lib.sce_key_row_map_export(handle=self.resource_handle,
                                                            name=name))
 
-    def import_state(self, state, name=None):
+    def import_state(self, state, placement=None, name=None):
         """Replaces the state with `state` (as `export` returns it; `rows` is ignored, and string
-        keys are fingerprinted again). Int64 keys: keys[i] gets row i; string keys: the key with
-        the i-th smallest fingerprint. Fails naming the table, with nothing changed, when the
-        state does not fit."""
+        keys are fingerprinted again). Int64 keys: keys[i] gets the map's own row i; string keys:
+        the key with the i-th smallest fingerprint. placement: (rows, lent_rows), keys[i] then
+        getting the table row rows[i] (the map's own or another shard's), lent_rows being the
+        map's own rows other shards' keys hold. Fails naming the table, with nothing changed,
+        when the state does not fit."""
         last_step = tf.cast(state.last_step, tf.int64)
+        rows, lent = placement if placement is not None else ([], [])
+        placed = dict(placement_rows=tf.constant(np.asarray(rows, np.int32).reshape([-1])),
+                      lent_rows=tf.constant(np.asarray(lent, np.int32).reshape([-1])),
+                      placed=placement is not None)
         if self._strings:
             keys = tf.convert_to_tensor(state.keys, tf.string)
             return _lib.sce_string_key_row_map_import(
@@ -243,12 +286,12 @@ class KeyRowMap(tf.saved_model.experimental.TrackableResource):
                 fingerprints=key_fingerprints(keys), last_seen=state.last_seen,
                 pending_fingerprints=state.pending_fingerprints,
                 pending_counts=state.pending_counts, pending_last_seen=state.pending_last_seen,
-                name=name)
+                name=name, **placed)
         return _lib.sce_key_row_map_import(
             handle=self.resource_handle, last_step=last_step, keys=state.keys,
             last_seen=state.last_seen, pending_keys=state.pending_keys,
             pending_counts=state.pending_counts, pending_last_seen=state.pending_last_seen,
-            name=name)
+            name=name, **placed)
 
     def sizes(self, name=None):
         """int64 [3]: keys holding rows (including expired ones not yet swept), pending keys and
