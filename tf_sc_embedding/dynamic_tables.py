@@ -5,10 +5,11 @@
 `build()` can import a map's state at once. It owns, per dynamic table (`DynamicTable`):
 
 * the key-to-row maps (ops.key_row_map.KeyRowMap), one per replica of this process, each
-  holding the keys of its owner shard in rows that replica stores (dynamic_shards.ShardRows),
-  and the counters of what they refused;
-* a replica's key mapping in a step (`map_keys`, `find_keys`) and the rows that must be reset
-  before the lookup reads them (`rows_to_write`, `reset_values`), used by exchanges/dynamic.py;
+  holding the keys of its owner shard, first in its replica's share of the rows and then in
+  rows the other maps lend it (dynamic_shards.ShardRows), and the counters of what they refused;
+* a replica's key mapping in a step (`map_keys`, `find_keys`; over several replicas
+  `begin_map`, `lend_rows`, `finish_map`) and the rows that must be reset before the lookup
+  reads them (`rows_to_write`, `reset_values`), used by exchanges/dynamic.py;
 * the logical state (sorted keys with their rows, slots, last-seen steps and the pending
   admission counts) that `export_dynamic_table` returns and checkpoints save (`DynamicTableNode`):
   the maps' states merged (gathered from every worker first, with several worker processes),

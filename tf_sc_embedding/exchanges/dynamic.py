@@ -11,10 +11,11 @@ its features' occurrences (feature order, then sample order):
    all-gather and one all-to-all for all tables), with its occurrences, so admission counts
    every replica's batch;
 2. maps the keys to table rows (dynamic_tables.DynamicTable.map_keys); an occurrence without a
-   row reads the owner's scratch row. The rows of a replica's map are rows that replica stores
-   (dynamic_shards.ShardRows);
-3. writes the initial values and slot values of every row given to a key in this step, and
-   zeros into the scratch row (whose last update held the gradients of unadmitted keys). The
+   row reads the owner's scratch row. Over several replicas the maps share the table's
+   capacity: a map whose own rows are taken borrows the others' free rows in the step
+   (`_map_lending`; dynamic_shards.ShardRows says where each row is stored);
+3. writes the initial values and slot values of every row given to a key in this step (on the
+   replica that stores it), and zeros into the scratch row (whose last update held the gradients of unadmitted keys). The
    map lists the rows to reset until the writes confirm them, so a step aborted between its
    mapping and its writes leaves them to the next step instead of unreset;
 4. sends each key's row back to the replicas that asked (a second all-to-all), and looks the
