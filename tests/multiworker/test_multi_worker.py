@@ -370,8 +370,9 @@ def test_dynamic_table_over_workers_is_one_process_table_and_restores_anywhere(t
                                                           marks=pytest.mark.slow)],
                          ids=["sequential", "pipelined"])
 def test_dynamic_table_over_two_workers_equals_a_fixed_table_bit_for_bit(tmp_path, pipelining):
-    """Identity with a fixed vocabulary over 2 workers: threshold 1, no eviction, room for every
-    key and one initial value for every row. The open vocabulary's keys are the fixed run's ids
+    """Identity with a fixed vocabulary over 2 workers: threshold 1, no eviction, as many rows
+    as possible keys (the maps lend each other rows across workers) and one initial value for
+    every row. The open vocabulary's keys are the fixed run's ids
     through an injective map (id * 1000003 - 17, mw_worker.py), so each key's values and slots
     must equal, bit for bit, the fixed table's row of its id, and the other table is untouched
     by the difference (both runs pipelined, or neither)."""

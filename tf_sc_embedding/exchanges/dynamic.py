@@ -441,14 +441,15 @@ class DynamicExchange(base.Exchange):
     def _map_table(self, view, placement, stacked, keys, variables, training, step=None,
                    numbered=False):
         """(table row of each key, the row writes to wait for) of the keys of one table that
-        this replica's map holds (one replica: every occurrence of the batch; several: those
-        the key exchange brought, every occurrence when training, each key once when not);
-        step: the step every replica's map of the table maps (None: this map's next one).
+        this replica's map holds (one replica: every occurrence of the batch; several, only
+        for inference: each key the key exchange brought, once; training over several replicas
+        maps through _map_lending); step: the step to map (None: this map's next one).
 
         The rows written are the map's rows to reset (this step's new rows, after those of a
         step aborted before its writes ran) and the replica's scratch row; the map forgets them
         only once the writes ran. Not training: the keys are only found; the scratch row (which
-        the last update may have written) and any rows an aborted step left are reset."""
+        the last update may have written) and any rows an aborted step left are reset (over
+        several replicas those this replica stores, confirmed by the next training step)."""
         table = self._dynamic.table(placement.name)
         replica = view.replica_id
         if training:
@@ -471,6 +472,11 @@ class DynamicExchange(base.Exchange):
                 values = tf.boolean_mask(values, mine)
             variable = variables[stacked.name][kind].shard(replica)
             writes.append(assign_rows(variable, storage_rows, values, placement.name))
+        if view.num_replicas > 1:
+            # Inference over several replicas (training maps through _map_lending): rows an
+            # aborted step left may be stored elsewhere and were not written here, so they stay
+            # listed for the next training step, which writes them where they are stored.
+            return rows, writes
         confirmed = table.confirm_reset(replica, to_reset, writes)
         return rows, writes + [confirmed]
 
