@@ -155,7 +155,8 @@ class KeyRowMapStepOp : public OpKernel {
       mutex_lock lock(*resource->mu());
       sce::KeyRowMap* map = resource->map();
       int32_t* answers = rows->flat<int32_t>().data();
-      std::fill(answers, answers + keys.NumElements(), sce::kNoRow);
+      // Waiting, the occurrences FinishStep answers are left as they are: defined here.
+      if (wait_) std::fill(answers, answers + keys.NumElements(), sce::kNoRow);
       OP_REQUIRES_OK(ctx, ToTf(map->MapStep(
                               step.scalar<int64_t>()(),
                               reinterpret_cast<const uint64_t*>(keys.flat<int64_t>().data()),
@@ -554,7 +555,7 @@ class StringKeyRowMapStepOp : public OpKernel {
     Tensor* rows = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &rows));
     int32_t* answers = rows->flat<int32_t>().data();
-    std::fill(answers, answers + keys.NumElements(), sce::kNoRow);
+    if (wait_) std::fill(answers, answers + keys.NumElements(), sce::kNoRow);
     std::vector<int32_t> new_rows;
     std::vector<std::string> new_keys;
     sce::KeyRowMapStepStats stats;
