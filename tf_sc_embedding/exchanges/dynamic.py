@@ -423,9 +423,12 @@ class DynamicExchange(base.Exchange):
         rows) that this replica stores (scratch: and of its scratch row)."""
         replica = view.replica_id
         rows = (table.rows_to_write(replica, to_reset) if scratch else to_reset.rows)
+        # Where the rows to write live: the same for the parameters and every slot.
         owner, storage_rows = self._storage.storage_rows(placement.name, rows)
-        mine = tf.equal(owner, replica)
-        storage_rows = tf.boolean_mask(storage_rows, mine)
+        mine = None   # one replica stores every row
+        if view.num_replicas > 1:
+            mine = tf.equal(owner, replica)
+            storage_rows = tf.boolean_mask(storage_rows, mine)
         writes = []
         for kind in table.kinds:
             width = (placement.dim if kind == PARAMETERS
@@ -433,9 +436,10 @@ class DynamicExchange(base.Exchange):
             values = table.reset_values(to_reset, kind, width)
             if not scratch:
                 values = values[:-1]
+            if mine is not None:
+                values = tf.boolean_mask(values, mine)
             variable = variables[stacked.name][kind].shard(replica)
-            writes.append(assign_rows(variable, storage_rows, tf.boolean_mask(values, mine),
-                                      placement.name))
+            writes.append(assign_rows(variable, storage_rows, values, placement.name))
         return writes
 
     def _map_table(self, view, placement, stacked, keys, variables, training, step=None,
@@ -456,22 +460,8 @@ class DynamicExchange(base.Exchange):
             rows, to_reset, _ = table.map_keys(replica, keys, step, numbered)
         else:
             rows, to_reset, _ = table.find_keys(replica, keys)
-        # Where the rows to write live: the same for the parameters and every slot.
-        owner, storage_rows = self._storage.storage_rows(placement.name,
-                                                         table.rows_to_write(replica, to_reset))
-        mine = None   # one replica stores every row
-        if view.num_replicas > 1:
-            mine = tf.equal(owner, replica)
-            storage_rows = tf.boolean_mask(storage_rows, mine)
-        writes = []
-        for kind in table.kinds:
-            width = (placement.dim if kind == PARAMETERS
-                     else TableStorage.stored_width(stacked, kind))
-            values = table.reset_values(to_reset, kind, width)
-            if mine is not None:
-                values = tf.boolean_mask(values, mine)
-            variable = variables[stacked.name][kind].shard(replica)
-            writes.append(assign_rows(variable, storage_rows, values, placement.name))
+        writes = self._write_resets(view, placement, stacked, table, to_reset, variables,
+                                    scratch=True)
         if view.num_replicas > 1:
             # Inference over several replicas (training maps through _map_lending): rows an
             # aborted step left may be stored elsewhere and were not written here, so they stay
