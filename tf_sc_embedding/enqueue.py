@@ -18,6 +18,7 @@ from absl import logging
 
 from tf_sc_embedding import ops
 from tf_sc_embedding.ops import preprocessing as ops_preprocessing
+from tf_sc_embedding.ops.require import require
 
 PreprocessedTable = collections.namedtuple(
     "PreprocessedTable",
@@ -37,15 +38,11 @@ def _ids_as_int32(values, path, table_name=None):
             "need dynamic_vocabularies)")
         raise ValueError(f"feature '{path}': ids must be int32 or int64, got "
                          f"{values.dtype.name}{table}")
-    checks = [
-        tf.debugging.assert_less_equal(
-            values, tf.constant(_INT32_MAX, tf.int64),
-            message=f"feature '{path}': int64 ids above 2^31 - 1 cannot be looked up"),
-        tf.debugging.assert_greater_equal(
-            values, tf.constant(-_INT32_MAX - 1, tf.int64),
-            message=f"feature '{path}': int64 ids below -2^31 cannot be looked up")]
-    with tf.control_dependencies(checks):
-        return tf.cast(values, tf.int32)
+    [values] = require(tf.reduce_all(values <= _INT32_MAX), [values],
+                       f"feature '{path}': int64 ids above 2^31 - 1 cannot be looked up")
+    [values] = require(tf.reduce_all(values >= -_INT32_MAX - 1), [values],
+                       f"feature '{path}': int64 ids below -2^31 cannot be looked up")
+    return tf.cast(values, tf.int32)
 
 
 def _weights_values(weights, kind, path):

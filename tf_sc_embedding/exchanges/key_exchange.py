@@ -143,5 +143,7 @@ def _string_bytes(strings):
 def _strings_of(byte_values, lengths):
     """The strings of `lengths` bytes each, cut one after another from byte_values (int32)."""
     characters = tf.gather(tf.constant(_BYTE_STRINGS), byte_values)
-    return tf.strings.reduce_join(tf.RaggedTensor.from_row_lengths(characters, lengths),
-                                  axis=1)
+    # validate=False: the lengths came with the bytes, and a validating RaggedTensor adds
+    # stateful Assert ops, which must not follow a collective (ops/require.py).
+    return tf.strings.reduce_join(
+        tf.RaggedTensor.from_row_lengths(characters, lengths, validate=False), axis=1)
