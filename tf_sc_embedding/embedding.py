@@ -389,7 +389,7 @@ class TPUEmbeddingV2(tf.Module):
             feature_shapes.check_same_kind(path, ids, next_ids, "next_features")
         step = self._require_built_from(current[0])
         flat, preserved = step.lookup_prefetching(lambda: step.enqueue(*upcoming), current,
-                                                  upcoming)
+                                                  upcoming, training)
         return tf.nest.pack_sequence_as(self._feature_config, flat), preserved
 
     def prefetch(self, features, weights=None):
@@ -406,13 +406,6 @@ class TPUEmbeddingV2(tf.Module):
         if not self._pipelining:
             raise ValueError(f"{what} (prefetching a lookup) needs "
                              "pipeline_execution_with_tensor_core=True")
-        if self._dynamic.names:
-            # A prefetched lookup maps its keys (counts, admits, steps the maps); the last batch
-            # and a batch after a restore are looked up again without it, and would be counted
-            # twice (docs/dynamic_vocabulary.md#pipelining).
-            raise ValueError(f"{what} (prefetching a lookup) is not supported with "
-                             f"open-vocabulary tables {sorted(self._dynamic.names)}: pipeline "
-                             "without next_features")
         if _has_distributed_values(*structures):
             raise ValueError(f"{what}: call the embedding inside strategy.run with each "
                              "replica's own tensors")

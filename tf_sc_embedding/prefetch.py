@@ -3,16 +3,18 @@ N+1 while its own dense forward and backward run (docs/pipelining.md#prefetching
 
 A pipelined step that is given the next batch (`TPUEmbeddingV2.embedding_lookup(features,
 next_features=...)`) returns batch N's activations from what step N-1 prefetched, then, once the
-kept update of step N-1 has been applied, runs batch N+1's whole lookup (routing, the collectives,
-the rows and the combiners) and keeps its result here for step N+1. Nothing of that depends on
-batch N's gradients, so TensorFlow may run it beside the dense model (which pays where the
-collectives' transport has cores of its own; BENCHMARKS.md#pipelining-over-two-workers). The tables read by the prefetch hold the updates of steps 0..N-1, exactly
-what step N+1's lookup would read under pipelining, so the numbers are those of the pipelined
-step without prefetching, bit for bit.
+kept update of step N-1 has been applied, runs what it can of batch N+1's lookup and keeps it here
+for step N+1. For fixed tables that is the whole lookup (routing, the collectives, the rows and
+the combiners); for open vocabularies only the key exchange, since mapping keys changes the maps
+(exchanges/base.py `look_ahead`, `lookup_after`). Nothing of that depends on batch N's
+gradients, so TensorFlow may run it beside the dense model (which pays where the collectives'
+transport has cores of its own; BENCHMARKS.md#pipelining-over-two-workers). The tables read by
+the prefetch hold the updates of steps 0..N-1, exactly what step N+1's lookup would read under
+pipelining, so the numbers are those of the pipelined step without prefetching, bit for bit.
 
-`PrefetchStash` holds, per local replica, one prefetched lookup: its activations and preserved
-outputs as flat tensors (in variables whose shape may change), a fingerprint of the batch they
-belong to, and a pending flag. A prefetch is used by the next lookup only, and only if that
+`PrefetchStash` holds, per local replica, one prefetched lookup: what each exchange looked ahead
+(`base.Ahead`) as flat tensors (in variables whose shape may change), a fingerprint of the batch
+they belong to, and a pending flag. A prefetch is used by the next lookup only, and only if that
 lookup's batch has the same fingerprint; any other lookup forgets it.
 """
 import threading
@@ -20,6 +22,7 @@ import threading
 import tensorflow as tf
 
 from tf_sc_embedding import private_tf
+from tf_sc_embedding.ops.require import require
 
 
 def batch_fingerprint(flat_ids, flat_weights):
@@ -80,20 +83,24 @@ class PrefetchStash:
                 self._values[replica_id] = existing
             return existing
 
-    def keep(self, replica_id, lookup, fingerprint):
-        """Keeps a lookup's outputs ((flat activations, preserved): a nest of tensors and None)
-        for the next step; returns the op that marks them pending.
+    def keep(self, replica_id, aheads, fingerprint):
+        """Keeps what the exchanges looked ahead (a list of `base.Ahead`, nests of tensors and
+        None) for the next step; returns the op that marks them pending.
 
         The flag is cleared before any write and set after the last, so a step stopped half-way
         leaves no prefetch rather than a mixed one. Static shapes are kept for the activations
-        only (fixed by the layout); the preserved tensors' sizes change with every batch.
+        only (fixed by the layout); the other tensors' sizes change with every batch.
         """
-        activations, preserved = lookup
-        tensors = [t for t in tf.nest.flatten(lookup) if t is not None]
-        shapes = ([(t.dtype, t.shape) for t in activations] +
-                  [(t.dtype, tf.TensorShape([None] * t.shape.rank))
-                   for t in tf.nest.flatten(preserved) if t is not None])
-        present = tf.nest.map_structure(lambda t: t is not None, lookup)
+        tensors, shapes = [], []
+        for ahead in aheads:
+            for t in tf.nest.flatten(ahead.activations):
+                tensors.append(t)
+                shapes.append((t.dtype, t.shape))
+            for t in tf.nest.flatten(ahead.kept):
+                if t is not None:
+                    tensors.append(t)
+                    shapes.append((t.dtype, tf.TensorShape([None] * t.shape.rank)))
+        present = tf.nest.map_structure(lambda t: t is not None, list(aheads))
         with self._lock:
             if self._structure is None:
                 self._structure = (present, shapes)
@@ -108,28 +115,30 @@ class PrefetchStash:
             return self._pending[replica_id].assign(True)
 
     def read(self, replica_id, fingerprint):
-        """The kept lookup outputs, after checking that there is one and that `fingerprint` is its
-        batch's: fails with InvalidArgument otherwise, before anything reads them."""
+        """(the kept list of `base.Ahead`, a tensor computed once the checks passed), after
+        checking that there is a prefetch and that `fingerprint` is its batch's: fails with
+        InvalidArgument otherwise, before anything reads them."""
         if self._structure is None:
             raise RuntimeError("a step that uses next_features reads the lookup the previous "
                                "step prefetched: call prefetch(first batch) (inside "
                                "strategy.run) before the first such step")
         present, shapes = self._structure
-        pending = tf.debugging.Assert(
+        # require, not tf.debugging: see ops/require.py.
+        [fingerprint_kept] = require(
             self._pending[replica_id].read_value(),
-            ["TPUEmbeddingV2: no prefetched lookup for this step: call prefetch(features) "
-             "before the first step that passes next_features (and again after a restore or a "
-             "lookup without next_features)"])
-        with tf.control_dependencies([pending]):
-            check = tf.debugging.assert_equal(
-                self._fingerprints[replica_id].read_value(), fingerprint,
-                message="TPUEmbeddingV2: the features of this step are not the batch prefetched "
-                        "for it (every step's features must be the previous step's "
-                        "next_features, or the batch given to prefetch)")
-        with tf.control_dependencies([check]):
-            values = iter([tf.ensure_shape(v.read_value(), shape)
-                           for v, (_, shape) in zip(self._variables(replica_id), shapes)])
-        return tf.nest.map_structure(lambda kept: next(values) if kept else None, present)
+            [self._fingerprints[replica_id].read_value()],
+            "TPUEmbeddingV2: no prefetched lookup for this step: call prefetch(features) "
+            "before the first step that passes next_features (and again after a restore or a "
+            "lookup without next_features)")
+        checked = require(
+            tf.equal(fingerprint_kept, fingerprint),
+            [fingerprint] + [v.read_value() for v in self._variables(replica_id)],
+            "TPUEmbeddingV2: the features of this step are not the batch prefetched for it "
+            "(every step's features must be the previous step's next_features, or the batch "
+            "given to prefetch)")
+        ready = checked[0]
+        values = iter([tf.ensure_shape(v, shape) for v, (_, shape) in zip(checked[1:], shapes)])
+        return tf.nest.map_structure(lambda kept: next(values) if kept else None, present), ready
 
     def forget(self, replica_id):
         """Drops a replica's prefetched lookup (a lookup that does not use it came first)."""

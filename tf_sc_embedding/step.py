@@ -89,16 +89,22 @@ class EmbeddingStep:
         return [by_path[p] for p in self._paths], tuple(preserved)
 
     def prefetch(self, preprocessed, batch):
-        """Looks up one replica's batch now (from the tables as they are) and keeps the result
-        for the next prefetching lookup (prefetch.py); returns the op that marks it kept.
-        batch: (flat ids, flat weights)."""
-        replica = collectives.ReplicaView(self._group).replica_id
-        lookup = self.dequeue(preprocessed, forget_prefetched=False)
-        return self.prefetched.keep(replica, lookup, prefetch_lib.batch_fingerprint(*batch))
+        """Runs what each exchange can of one replica's lookup of a batch now (from the tables
+        as they are: `Exchange.look_ahead`) and keeps it for the next prefetching lookup
+        (prefetch.py); returns the op that marks it kept. batch: (flat ids, flat weights)."""
+        view = collectives.ReplicaView(self._group)
+        variables = self.storage.stacked_variables()
+        aheads = [exchange.look_ahead(view, preprocessed, variables)
+                  for exchange in self.exchanges]
+        if self.online_limits is not None:
+            self.online_limits.update(view)
+        return self.prefetched.keep(view.replica_id, aheads,
+                                    prefetch_lib.batch_fingerprint(*batch))
 
-    def lookup_prefetching(self, enqueue_next, current, upcoming):
+    def lookup_prefetching(self, enqueue_next, current, upcoming, training=True):
         """(flat activations, preserved) of this step's batch, prefetched by the previous step
-        (or `prefetch`); then the next batch's lookup, kept for the next step.
+        (or `prefetch`) and completed here (`Exchange.lookup_after`); then what can be
+        prefetched of the next batch's lookup, kept for the next step.
 
         enqueue_next: a callable that preprocesses the next batch; current / upcoming: (flat ids,
         flat weights) of this step's and the next step's batch. The kept update of the previous
@@ -107,19 +113,33 @@ class EmbeddingStep:
         preserved outputs returned come out once the next lookup is kept, so a step that fails
         its gradient checks in apply_gradients still leaves the next batch prefetched.
         """
-        replica = collectives.ReplicaView(self._group).replica_id
-        flat, preserved = self.prefetched.read(replica, prefetch_lib.batch_fingerprint(*current))
+        view = collectives.ReplicaView(self._group)
+        replica = view.replica_id
+        aheads, ready = self.prefetched.read(replica,
+                                             prefetch_lib.batch_fingerprint(*current))
+        ids, weights = dict(zip(self._paths, current[0])), dict(zip(self._paths, current[1]))
+        variables = self.storage.stacked_variables()
+        apply_kept = lambda: self._apply_kept(replica)   # noqa: E731
+        by_path, preserved = {}, []
+        with tf.control_dependencies([ready]):
+            next_preprocessed = enqueue_next()   # may overlap this lookup
+            for exchange, ahead in zip(self.exchanges, aheads):
+                activations, kept = exchange.lookup_after(
+                    view, ahead, lambda e=exchange: e.preprocess(ids, weights), variables,
+                    training, apply_kept)
+                by_path.update(activations)
+                preserved.append(kept)
+        flat, preserved = [by_path[p] for p in self._paths], tuple(preserved)
         checked = [t for t in tf.nest.flatten((flat, preserved)) if t is not None]
         with tf.control_dependencies(checked):
             # Apply_gradients then finds nothing kept.
             applied = self._apply_kept(replica)
-            next_preprocessed = enqueue_next()   # may overlap the update
         with tf.control_dependencies([applied]):
             kept = self.prefetch(next_preprocessed, upcoming)
         with tf.control_dependencies([kept]):
             preserved = tf.nest.map_structure(
                 lambda t: None if t is None else tf.identity(t), preserved)
-        return list(flat), preserved
+        return flat, preserved
 
     def _apply_kept(self, replica_id):
         """Runs a replica's kept update (pipelining) now, counting skipped rows."""

@@ -242,20 +242,6 @@ def test_a_step_that_skips_a_number_applies_the_kept_update_before_its_keys_expi
     assert embedding.num_refused_keys() == reference.counters["refused_keys"] == 1
 
 
-def test_prefetching_a_lookup_is_refused_with_dynamic_tables():
-    """A prefetched lookup maps its keys; the last batch (and a batch after a restore) would be
-    looked up again without it and counted twice."""
-    table = E.TableConfig(vocabulary_size=8, dim=DIM, name="items")
-    embedding = make_embedding(table, ph.make_optimizer("sgd"), names=("f1",),
-                               dynamic_vocabularies={"items": sce.DynamicVocabulary()},
-                               pipeline_execution_with_tensor_core=True)
-    features = {"f1": tf.ragged.constant([[1], [2], [3], [4]], tf.int64)}
-    with pytest.raises(ValueError, match="not supported with open-vocabulary tables"):
-        embedding.prefetch(features)
-    with pytest.raises(ValueError, match="not supported with open-vocabulary tables"):
-        embedding(features, next_features=features)
-
-
 def test_dynamic_and_fixed_tables_in_one_embedding():
     """A dynamic table and a fixed one side by side: the fixed one trains as it would alone."""
     rng = np.random.default_rng(1)

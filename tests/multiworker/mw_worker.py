@@ -49,9 +49,10 @@ def parse():
                         "given back after 3 unseen steps); its logical state goes to "
                         "dynamic_<i>.npz")
     p.add_argument("--identity", action="store_true",
-                   help="with --dynamic: threshold 1, no eviction and 128 rows (64 per shard "
-                        "over 2 replicas: room for all 37 keys on either), the conditions under which the open vocabulary "
-                        "equals the fixed table trained on the keys' ids")
+                   help="with --dynamic: threshold 1, no eviction and exactly 37 rows for the "
+                        "37 possible keys (the maps lend each other rows), the conditions under "
+                        "which the open vocabulary equals the fixed table trained on the keys' "
+                        "ids")
     p.add_argument("--prefetch", action="store_true",
                    help="with --pipelining: every step also looks up the next step's batch "
                         "(next_features), the first one prefetched before the loop")

@@ -13,14 +13,23 @@ in the subclasses:
   has the preserved outputs (step.py), so every tensor of `preserved` must come out only after
   the lookup is done reading the tables: a table value still alive when the update writes makes
   the update copy the whole table (all_to_all.py ties its owner rows to the packing for this);
+* `look_ahead`, `lookup_after`: the same lookup split in two for prefetching
+  (docs/pipelining.md#prefetching-the-next-lookup): the part that may run a step early, and the
+  rest, in the step that consumes the batch;
 * `stack_gradients`, `update_targets`, `update_inputs`: the backward pass, ending with one fused
   optimizer update per stacked table on the replica's own variables (fused_update.py).
 """
 import abc
+import collections
 
 from tf_sc_embedding import enqueue as enqueue_lib
 from tf_sc_embedding import collectives, fused_update
 from tf_sc_embedding.table_storage import PARAMETERS
+
+# What a prefetch keeps of one exchange's lookup of the next batch (prefetch.PrefetchStash):
+# `activations` ({feature path: tensor}, shapes fixed by the layout) and `kept`, a nest of
+# tensors whose sizes change with every batch, which `lookup_after` completes.
+Ahead = collections.namedtuple("Ahead", ["activations", "kept"])
 
 
 class Exchange(abc.ABC):
@@ -70,6 +79,21 @@ class Exchange(abc.ABC):
                 self.layout, stacked, stacked_activations[name],
                 feature_major=self.feature_major_rows(name) is not None))
         return by_path, preserved
+
+    def look_ahead(self, view, preprocessed, variables):
+        """The part of a later batch's lookup a prefetch runs now (an `Ahead`): by default all
+        of it, since a lookup of fixed tables changes no state and reads tables that hold what
+        the consuming step's lookup would read (docs/pipelining.md#the-same-numbers)."""
+        activations, preserved = self.lookup(view, preprocessed, variables)
+        return Ahead(activations, preserved)
+
+    def lookup_after(self, view, ahead, preprocess, variables, training=True, apply_kept=None):
+        """(activations by path, preserved) of the batch `look_ahead` gave `ahead` for, in the
+        step that consumes it. preprocess: a callable giving this exchange's preprocessing of
+        the batch (for an exchange that looks ahead only partly); training and apply_kept as
+        for `lookup`."""
+        del view, preprocess, variables, training, apply_kept
+        return ahead.activations, ahead.kept
 
     @abc.abstractmethod
     def _lookup_stacked(self, view, preprocessed, parameters):

@@ -105,18 +105,40 @@ class DynamicExchange(base.Exchange):
         """training=False (inference) reads the keys' rows without changing the maps: no count,
         admission or eviction; a key without a row reads zeros. apply_kept: see
         `_settle_kept_update`."""
+        return self._lookup(view, preprocessed, variables, training, apply_kept, None)
+
+    def look_ahead(self, view, preprocessed, variables):
+        """A prefetch only sends the keys to their owners (over several replicas): mapping them
+        counts, admits and evicts, which must happen in the step that trains the batch, or a
+        prefetch the loop never consumes (the last batch, a restore) would leave its counts
+        (docs/dynamic_vocabulary.md#pipelining). The maps' last steps read here are the ones
+        the consuming step's maps start from: any lookup in between forgets the prefetch."""
+        del variables
+        if view.num_replicas == 1:
+            return base.Ahead({}, ())
+        with tf.control_dependencies(_checked(preprocessed)):
+            tables, keys = self._tables(preprocessed)
+            sent = key_exchange.send_keys(view, keys, self._last_steps(view, tables))
+        return base.Ahead({}, sent)
+
+    def lookup_after(self, view, ahead, preprocess, variables, training=True, apply_kept=None):
+        """Maps the keys `look_ahead` sent (one replica: the batch's own) and looks them up."""
+        return self._lookup(view, preprocess(), variables, training, apply_kept,
+                            ahead.kept or None)
+
+    def _lookup(self, view, preprocessed, variables, training, apply_kept, sent):
         # Keys are mapped (and counted) only once every table's ids of the batch passed the
         # preprocessing checks: a batch that fails there leaves the maps as they were.
-        checked = [t for t in tf.nest.flatten(preprocessed, expand_composites=True)
-                   if isinstance(t, tf.Tensor)]
-        with tf.control_dependencies(checked):
+        with tf.control_dependencies(_checked(preprocessed)):
             by_path, preserved, steps = self._lookup_after_checks(
-                view, preprocessed, variables, training, apply_kept)
+                view, preprocessed, variables, training, apply_kept, sent)
         return by_path, DynamicLookup(preserved, steps)
 
-    def _lookup_after_checks(self, view, preprocessed, variables, training, apply_kept):
-        """(activations by path, the lookup's preserved outputs, the steps mapped)."""
-        tables = []   # (placement, stacked table, its features' paths, their keys, ids)
+    def _tables(self, preprocessed):
+        """(per dynamic table (placement, stacked table, its features' paths, their keys, the
+        stacked table's preprocessed features by path), per table every occurrence of its keys
+        in feature order)."""
+        tables = []
         for stacked_name, stacked in self.stacked_tables.items():
             features = dict(zip([f.path for f in stacked.features], preprocessed[stacked_name]))
             for placement in stacked.tables:
@@ -124,12 +146,17 @@ class DynamicExchange(base.Exchange):
                 paths = [f.path for f in stacked.features if f.table.name == placement.name]
                 keys = [table.check_keys(features[p][0], p) for p in paths]
                 tables.append((placement, stacked, paths, keys, features))
-        keys = [tf.concat(table_keys, axis=0) for _, _, _, table_keys, _ in tables]
+        return tables, [tf.concat(t[3], axis=0) for t in tables]
+
+    def _lookup_after_checks(self, view, preprocessed, variables, training, apply_kept, sent):
+        """(activations by path, the lookup's preserved outputs, the steps mapped); sent:
+        send_keys' result when a prefetch sent the keys (several replicas), else None."""
+        tables, keys = self._tables(preprocessed)
         steps = [None] * len(tables)   # inference on one replica: no step is mapped
         at_owner = route = None
         if view.num_replicas > 1:   # each key to its owner's map, once per replica
-            at_owner, route, steps = key_exchange.send_keys(view, keys,
-                                                              self._last_steps(view, tables))
+            at_owner, route, steps = sent or key_exchange.send_keys(
+                view, keys, self._last_steps(view, tables))
             keys = [k.keys if not training else key_exchange.every_occurrence(k.keys, k.counts)
                     for k in at_owner]
         elif training:   # one replica: its maps' next step
@@ -484,6 +511,12 @@ def _lending_plan(waiting, free):
     low = tf.maximum((free_end - free)[:, :, None], (wait_end - waiting)[:, None, :])
     high = tf.minimum(free_end[:, :, None], wait_end[:, None, :])
     return tf.maximum(high - low, 0)
+
+
+def _checked(preprocessed):
+    """The tensors of a preprocessed batch (they exist once its checks passed)."""
+    return [t for t in tf.nest.flatten(preprocessed, expand_composites=True)
+            if isinstance(t, tf.Tensor)]
 
 
 def _ones_like(ids):
