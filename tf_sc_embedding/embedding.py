@@ -371,8 +371,10 @@ class TPUEmbeddingV2(tf.Module):
         training=False: see `dequeue` (open vocabularies only; fixed tables are read alike).
 
         next_features (and next_weights), with pipeline_execution_with_tensor_core=True, in a
-        replica's step: the batch of the next step. Its lookup runs during this step, beside the
-        dense model, and the next step's lookup (whose features must be this batch) returns it
+        replica's step: the batch of the next step. Its lookup (for open vocabularies only the
+        key exchange: mapping keys belongs to the step that trains them) runs during this step,
+        beside the dense model, and the next step's lookup (whose features must be this batch)
+        completes and returns it
         (docs/pipelining.md#prefetching-the-next-lookup); this step's own lookup must have been
         prefetched (by the previous step, or by `prefetch`). The numbers are those of
         pipelining without it.
@@ -394,7 +396,7 @@ class TPUEmbeddingV2(tf.Module):
 
     def prefetch(self, features, weights=None):
         """With pipeline_execution_with_tensor_core=True, inside a replica's step: looks a batch
-        up now and keeps it for the next `embedding_lookup(features, next_features=...)`, whose
+        up now (open vocabularies: sends its keys) and keeps it for the next `embedding_lookup(features, next_features=...)`, whose
         features must be this batch (docs/pipelining.md#prefetching-the-next-lookup). Call it
         before the first step that passes next_features, and after a restore."""
         self._check_prefetching("prefetch", features, weights)

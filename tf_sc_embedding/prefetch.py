@@ -114,10 +114,13 @@ class PrefetchStash:
         with tf.control_dependencies([written]):
             return self._pending[replica_id].assign(True)
 
-    def read(self, replica_id, fingerprint):
-        """(the kept list of `base.Ahead`, a tensor computed once the checks passed), after
-        checking that there is a prefetch and that `fingerprint` is its batch's: fails with
-        InvalidArgument otherwise, before anything reads them."""
+    def read(self, replica_id, fingerprint, batch):
+        """(the kept list of `base.Ahead`, `batch`), both coming out of the checks that there
+        is a prefetch and that `fingerprint` is its batch's: fails with InvalidArgument
+        otherwise, before anything reads them. batch: a nest of tensors (composites and None
+        allowed), this step's own features, for the exchanges that complete their lookup from
+        them: a data dependency on the checks, which a stateless op needs (a check whose
+        outputs only fed control edges would be pruned by Grappler)."""
         if self._structure is None:
             raise RuntimeError("a step that uses next_features reads the lookup the previous "
                                "step prefetched: call prefetch(first batch) (inside "
@@ -130,15 +133,20 @@ class PrefetchStash:
             "TPUEmbeddingV2: no prefetched lookup for this step: call prefetch(features) "
             "before the first step that passes next_features (and again after a restore or a "
             "lookup without next_features)")
+        leaves = tf.nest.flatten(batch, expand_composites=True)
+        given = [t for t in leaves if t is not None]
+        kept = [v.read_value() for v in self._variables(replica_id)]
         checked = require(
-            tf.equal(fingerprint_kept, fingerprint),
-            [fingerprint] + [v.read_value() for v in self._variables(replica_id)],
+            tf.equal(fingerprint_kept, fingerprint), kept + given,
             "TPUEmbeddingV2: the features of this step are not the batch prefetched for it "
             "(every step's features must be the previous step's next_features, or the batch "
             "given to prefetch)")
-        ready = checked[0]
-        values = iter([tf.ensure_shape(v, shape) for v, (_, shape) in zip(checked[1:], shapes)])
-        return tf.nest.map_structure(lambda kept: next(values) if kept else None, present), ready
+        values = iter([tf.ensure_shape(v, shape)
+                       for v, (_, shape) in zip(checked[:len(kept)], shapes)])
+        passed = iter(checked[len(kept):])
+        batch = tf.nest.pack_sequence_as(
+            batch, [None if t is None else next(passed) for t in leaves], expand_composites=True)
+        return tf.nest.map_structure(lambda kept: next(values) if kept else None, present), batch
 
     def forget(self, replica_id):
         """Drops a replica's prefetched lookup (a lookup that does not use it came first)."""

@@ -66,13 +66,13 @@ class EmbeddingStep:
         return lambda maxima: self.stats.observe_maxima(maxima, summarize)
 
     # ----------------------------------------------------------------------------- dequeue
-    def dequeue(self, preprocessed, forget_prefetched=True, training=True):
+    def dequeue(self, preprocessed, training=True):
         """(flat activations in feature order, preserved) of this replica's batch.
 
         A lookup that does not use a prefetched one makes it stale: it is forgotten. training=
         False: open vocabularies read their keys without admitting or counting them."""
         view = collectives.ReplicaView(self._group)
-        if forget_prefetched and self.prefetched is not None:
+        if self.prefetched is not None:
             self.prefetched.forget(view.replica_id)
         variables = self.storage.stacked_variables()
         by_path, preserved = {}, []
@@ -109,20 +109,34 @@ class EmbeddingStep:
         enqueue_next: a callable that preprocesses the next batch; current / upcoming: (flat ids,
         flat weights) of this step's and the next step's batch. The kept update of the previous
         step (pipelining) is applied between the two: the next lookup reads the tables it leaves.
-        Nothing else runs before this step's batch passed its checks (prefetch.py). The
-        preserved outputs returned come out once the next lookup is kept, so a step that fails
-        its gradient checks in apply_gradients still leaves the next batch prefetched.
+        Nothing else runs before this step's batch passed its checks (prefetch.py), nothing of
+        it is mapped before the next batch passed its own, and the prefetch it reads is then
+        used up (a step that fails later leaves none). The preserved outputs returned come out
+        once the next lookup is kept, so a step that fails its gradient checks in
+        apply_gradients still leaves the next batch prefetched.
         """
         view = collectives.ReplicaView(self._group)
         replica = view.replica_id
-        aheads, ready = self.prefetched.read(replica,
-                                             prefetch_lib.batch_fingerprint(*current))
+        current = tuple([v if v is None or isinstance(v, (tf.RaggedTensor, tf.SparseTensor))
+                         else tf.convert_to_tensor(v) for v in part] for part in current)
+        aheads, current = self.prefetched.read(replica, prefetch_lib.batch_fingerprint(*current),
+                                               current)
+        passed = [t for t in tf.nest.flatten(current, expand_composites=True) if t is not None]
+        # Once checked, the prefetch is used up: a step that fails later leaves none, so the
+        # next try prefetches again (and an open vocabulary's maps start from their steps then).
+        with tf.control_dependencies(passed):
+            forgotten = self.prefetched.forget(replica)
+        with tf.control_dependencies([forgotten]):
+            next_preprocessed = enqueue_next()   # may overlap the update
+        # Nothing of this batch is mapped before the next batch passed its checks: a bad
+        # next_features fails the step with every map as it was.
+        next_checked = [t for t in tf.nest.flatten(next_preprocessed, expand_composites=True)
+                        if isinstance(t, tf.Tensor)]
         ids, weights = dict(zip(self._paths, current[0])), dict(zip(self._paths, current[1]))
         variables = self.storage.stacked_variables()
         apply_kept = lambda: self._apply_kept(replica)   # noqa: E731
         by_path, preserved = {}, []
-        with tf.control_dependencies([ready]):
-            next_preprocessed = enqueue_next()   # may overlap this lookup
+        with tf.control_dependencies(next_checked + [forgotten]):
             for exchange, ahead in zip(self.exchanges, aheads):
                 activations, kept = exchange.lookup_after(
                     view, ahead, lambda e=exchange: e.preprocess(ids, weights), variables,

@@ -17,9 +17,10 @@ BATCH = 16
 OFFSETS = {"f1": np.float32(0.25), "f2": np.float32(-0.125), "f3": np.float32(0.5)}
 MAP_STATE = ("keys", "last_seen", "pending_keys", "pending_counts", "pending_last_seen",
              "last_step", "values", "slot_accumulators")
+KEYS_STATE = MAP_STATE[:6]   # what mapping keys changes
 
 
-def make_embedding(strategy, key_dtype, capacity=12):
+def make_embedding(strategy, key_dtype, capacity=12, fixed_table=True):
     """Features f1, f2 on open vocabulary 'items' (threshold 2, rows given back after 1 unseen
     step, fewer rows than keys: admission, eviction, refusals and, over several replicas,
     lending all happen), f3 on the fixed table 'ids'; pipelined."""
@@ -28,8 +29,9 @@ def make_embedding(strategy, key_dtype, capacity=12):
     ids = E.TableConfig(vocabulary_size=16, dim=DIM, name="ids", combiner="sum",
                         initializer=tf.constant_initializer(0.25))
     features = {"f1": E.FeatureConfig(table=items, name="f1"),
-                "f2": E.FeatureConfig(table=items, name="f2"),
-                "f3": E.FeatureConfig(table=ids, name="f3")}
+                "f2": E.FeatureConfig(table=items, name="f2")}
+    if fixed_table:
+        features["f3"] = E.FeatureConfig(table=ids, name="f3")
     with strategy.scope():
         return sce.TPUEmbeddingV2(
             features, optimizer=ph.make_optimizer("adagrad"),
@@ -221,3 +223,70 @@ def test_inference_with_prefetching_reads_the_same_rows_and_changes_no_map():
     after = embedding.dynamic_tables.logical_state("items")
     for part in MAP_STATE:
         np.testing.assert_array_equal(after[part], before[part], err_msg=part)
+
+
+def _keys_state(embedding):
+    state = embedding.dynamic_tables.logical_state("items")
+    return {part: state[part] for part in KEYS_STATE}
+
+
+def _assert_keys_state(embedding, want, where):
+    for part, value in _keys_state(embedding).items():
+        np.testing.assert_array_equal(value, want[part], err_msg=f"{where}: {part}")
+
+
+def test_the_checks_guard_the_maps_with_only_open_vocabularies_on_one_replica():
+    """One replica, no fixed table: nothing is prefetched but the batch's fingerprint, and the
+    check of it still runs before the batch's keys are mapped (it forwards the batch)."""
+    rng = np.random.default_rng(8)
+    batches = [{k: v for k, v in b.items() if k != "f3"}
+               for b in random_batches(rng, 4, key_values(rng, 16, tf.int64))]
+    strategy = ph.make_strategy(1)
+    embedding = make_embedding(strategy, tf.int64, fixed_table=False)
+    loop = Loop(embedding, strategy, tf.int64)
+    loop.prefetch(batches[0])
+    loop.step(batches[0], batches[1])
+    before = _keys_state(embedding)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not the batch prefetched"):
+        loop.step(batches[2], batches[3])
+    _assert_keys_state(embedding, before, "after the refused step")
+    got = [loop.step(batches[1], batches[2]), loop.step(batches[2], batches[3]),
+           loop.step(batches[3])]
+
+    twin = make_embedding(strategy, tf.int64, fixed_table=False)
+    twin_loop = Loop(twin, strategy, tf.int64)
+    twin_loop.run(batches[:1], prefetch=False)
+    _keys_state(twin)   # the same read (it applies the kept update)
+    want = twin_loop.run(batches[1:], prefetch=False)
+    assert_same_activations(got, want)
+    np.testing.assert_array_equal(embedding.export_dynamic_table("items")[1],
+                                  twin.export_dynamic_table("items")[1])
+
+
+def test_a_bad_next_batch_fails_before_this_batch_is_mapped():
+    """next_features with an id the fixed table cannot take: the step fails with every map as
+    it was and uses up its prefetch; prefetching again goes on like a run without the failure."""
+    rng = np.random.default_rng(9)
+    batches = random_batches(rng, 3, key_values(rng, 16, tf.int64))
+    bad = dict(batches[2], f3=[[2 ** 40]] * BATCH)
+    strategy = ph.make_strategy(2)
+    embedding = make_embedding(strategy, tf.int64)
+    loop = Loop(embedding, strategy, tf.int64)
+    loop.prefetch(batches[0])
+    got = [loop.step(batches[0], batches[1])]
+    before = _keys_state(embedding)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="above 2.31 - 1"):
+        loop.step(batches[1], bad)
+    _assert_keys_state(embedding, before, "after the failed step")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="no prefetched lookup"):
+        loop.step(batches[1], batches[2])
+    loop.prefetch(batches[1])
+    got += [loop.step(batches[1], batches[2]), loop.step(batches[2])]
+
+    twin = make_embedding(strategy, tf.int64)
+    twin_loop = Loop(twin, strategy, tf.int64)
+    want = twin_loop.run(batches[:1], prefetch=False)
+    _keys_state(twin)
+    want += twin_loop.run(batches[1:], prefetch=False)
+    assert_same_activations(got, want)
+    assert_same_state(embedding, twin, "after the last step")
