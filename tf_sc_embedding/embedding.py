@@ -396,9 +396,10 @@ class TPUEmbeddingV2(tf.Module):
 
     def prefetch(self, features, weights=None):
         """With pipeline_execution_with_tensor_core=True, inside a replica's step: looks a batch
-        up now (open vocabularies: sends its keys) and keeps it for the next `embedding_lookup(features, next_features=...)`, whose
-        features must be this batch (docs/pipelining.md#prefetching-the-next-lookup). Call it
-        before the first step that passes next_features, and after a restore."""
+        up now (open vocabularies: sends its keys) and keeps it for the next
+        `embedding_lookup(features, next_features=...)`, whose features must be this batch
+        (docs/pipelining.md#prefetching-the-next-lookup). Call it before the first step that
+        passes next_features, and after a restore."""
         self._check_prefetching("prefetch", features, weights)
         batch = self._flatten_batch(features, weights, "features")
         step = self._require_built_from(batch[0])

@@ -29,6 +29,13 @@ PreprocessedCoo = collections.namedtuple("PreprocessedCoo", ["row_ids", "col_ids
 _INT32_MAX = 2 ** 31 - 1
 
 
+def tensors_of(structure):
+    """Every tensor of a batch or of its preprocessing (composites expanded, None skipped): what a
+    step waits for before it changes state, since each exists only once its checks passed."""
+    return [t for t in tf.nest.flatten(structure, expand_composites=True)
+            if isinstance(t, tf.Tensor)]
+
+
 def _ids_as_int32(values, path, table_name=None):
     if values.dtype == tf.int32:
         return values

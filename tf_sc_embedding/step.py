@@ -11,6 +11,7 @@ import contextlib
 import tensorflow as tf
 
 from tf_sc_embedding import collectives
+from tf_sc_embedding import enqueue as enqueue_lib
 from tf_sc_embedding import fused_update
 from tf_sc_embedding import online_limits as online_limits_lib
 from tf_sc_embedding import pipelining
@@ -121,22 +122,19 @@ class EmbeddingStep:
                          else tf.convert_to_tensor(v) for v in part] for part in current)
         aheads, current = self.prefetched.read(replica, prefetch_lib.batch_fingerprint(*current),
                                                current)
-        passed = [t for t in tf.nest.flatten(current, expand_composites=True) if t is not None]
         # Once checked, the prefetch is used up: a step that fails later leaves none, so the
         # next try prefetches again (and an open vocabulary's maps start from their steps then).
-        with tf.control_dependencies(passed):
+        with tf.control_dependencies(enqueue_lib.tensors_of(current)):
             forgotten = self.prefetched.forget(replica)
         with tf.control_dependencies([forgotten]):
             next_preprocessed = enqueue_next()   # may overlap the update
         # Nothing of this batch is mapped before the next batch passed its checks: a bad
         # next_features fails the step with every map as it was.
-        next_checked = [t for t in tf.nest.flatten(next_preprocessed, expand_composites=True)
-                        if isinstance(t, tf.Tensor)]
         ids, weights = dict(zip(self._paths, current[0])), dict(zip(self._paths, current[1]))
         variables = self.storage.stacked_variables()
         apply_kept = lambda: self._apply_kept(replica)   # noqa: E731
         by_path, preserved = {}, []
-        with tf.control_dependencies(next_checked + [forgotten]):
+        with tf.control_dependencies(enqueue_lib.tensors_of(next_preprocessed) + [forgotten]):
             for exchange, ahead in zip(self.exchanges, aheads):
                 activations, kept = exchange.lookup_after(
                     view, ahead, lambda e=exchange: e.preprocess(ids, weights), variables,

@@ -15,9 +15,10 @@ its features' occurrences (feature order, then sample order):
    capacity: a map whose own rows are taken borrows the others' free rows in the step
    (`_map_lending`; dynamic_shards.ShardRows says where each row is stored);
 3. writes the initial values and slot values of every row given to a key in this step (on the
-   replica that stores it), and zeros into the scratch row (whose last update held the gradients of unadmitted keys). The
-   map lists the rows to reset until the writes confirm them, so a step aborted between its
-   mapping and its writes leaves them to the next step instead of unreset;
+   replica that stores it), and zeros into the scratch row (whose last update held the
+   gradients of unadmitted keys). The map lists the rows to reset until the writes confirm
+   them, so a step aborted between its mapping and its writes leaves them to the next step
+   instead of unreset;
 4. sends each key's row back to the replicas that asked (a second all-to-all), and looks the
    rows up as the all-to-all exchange does: over several replicas with its exchange; on one
    replica without it. There, when training, each map also numbers the distinct rows of its
@@ -116,7 +117,7 @@ class DynamicExchange(base.Exchange):
         del variables
         if view.num_replicas == 1:
             return base.Ahead({}, ())
-        with tf.control_dependencies(_checked(preprocessed)):
+        with tf.control_dependencies(enqueue_lib.tensors_of(preprocessed)):
             tables, keys = self._tables(preprocessed)
             sent = key_exchange.send_keys(view, keys, self._last_steps(view, tables))
         return base.Ahead({}, sent)
@@ -129,7 +130,7 @@ class DynamicExchange(base.Exchange):
     def _lookup(self, view, preprocessed, variables, training, apply_kept, sent):
         # Keys are mapped (and counted) only once every table's ids of the batch passed the
         # preprocessing checks: a batch that fails there leaves the maps as they were.
-        with tf.control_dependencies(_checked(preprocessed)):
+        with tf.control_dependencies(enqueue_lib.tensors_of(preprocessed)):
             by_path, preserved, steps = self._lookup_after_checks(
                 view, preprocessed, variables, training, apply_kept, sent)
         return by_path, DynamicLookup(preserved, steps)
@@ -511,12 +512,6 @@ def _lending_plan(waiting, free):
     low = tf.maximum((free_end - free)[:, :, None], (wait_end - waiting)[:, None, :])
     high = tf.minimum(free_end[:, :, None], wait_end[:, None, :])
     return tf.maximum(high - low, 0)
-
-
-def _checked(preprocessed):
-    """The tensors of a preprocessed batch (they exist once its checks passed)."""
-    return [t for t in tf.nest.flatten(preprocessed, expand_composites=True)
-            if isinstance(t, tf.Tensor)]
 
 
 def _ones_like(ids):
