@@ -536,7 +536,9 @@ def run_case(case):
             return (key_row_map.key_owner_shards(keys, case["shards"]),
                     key_row_map.keyed_random_rows(keys, case["seed"], case["width"],
                                                   case["distribution"], case["low"],
-                                                  case["high"]))
+                                                  case["high"]),
+                    tuple(key_row_map.group_keys_by_owner(keys, case["shards"])),
+                    key_row_map.repeat_indices(np.clip(keys, -3, 7).astype(np.int32)))
         if op == "assign_rows":
             from tf_sc_embedding.ops.assign_rows import assign_rows  # noqa: PLC0415
             variable = tf.Variable(tf.zeros([case["height"], case["width"]], case["dtype"]))

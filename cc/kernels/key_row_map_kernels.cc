@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/core/key_grouping.h"
 #include "cc/core/key_row_map.h"
 #include "cc/core/key_values.h"
 #include "cc/core/string_key_row_map.h"
@@ -726,6 +727,67 @@ class KeyOwnerShardsOp : public OpKernel {
   int32_t num_shards_ = 1;
 };
 
+// SceGroupKeysByOwner: a replica's distinct keys of one table, grouped by owner shard.
+class GroupKeysByOwnerOp : public OpKernel {
+ public:
+  explicit GroupKeysByOwnerOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards_));
+    std::string table_name;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name));
+    where_ = table_name.empty() ? std::string("SceGroupKeysByOwner") : Where(table_name);
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& keys = ctx->input(0);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(keys.shape()),
+                absl::InvalidArgumentError(absl::StrCat(where_, ": keys must be a vector, got ",
+                                                        keys.shape().DebugString())));
+    Tensor* positions = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, keys.shape(), &positions));
+    sce::KeysByOwner grouped;
+    OP_REQUIRES_OK(ctx, ToTf(sce::GroupKeysByOwner(
+                            where_, reinterpret_cast<const uint64_t*>(keys.flat<int64_t>().data()),
+                            keys.NumElements(), num_shards_, positions->flat<int32_t>().data(),
+                            &grouped)));
+    Tensor* grouped_keys = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({static_cast<int64_t>(grouped.keys.size())}),
+                            &grouped_keys));
+    std::copy(grouped.keys.begin(), grouped.keys.end(),
+              reinterpret_cast<uint64_t*>(grouped_keys->flat<int64_t>().data()));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 1, grouped.occurrences));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 2, grouped.owner_counts));
+  }
+
+ private:
+  int64_t num_shards_ = 1;
+  std::string where_;
+};
+
+// SceRepeatIndices: the key index of every occurrence, from the keys' occurrence counts.
+class RepeatIndicesOp : public OpKernel {
+ public:
+  explicit RepeatIndicesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string table_name;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name));
+    where_ = table_name.empty() ? std::string("SceRepeatIndices") : Where(table_name);
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& counts = ctx->input(0);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(counts.shape()),
+                absl::InvalidArgumentError(absl::StrCat(
+                    where_, ": counts must be a vector, got ", counts.shape().DebugString())));
+    std::vector<int32_t> indices;
+    OP_REQUIRES_OK(ctx, ToTf(sce::RepeatIndices(where_, counts.flat<int32_t>().data(),
+                                                counts.NumElements(), &indices)));
+    OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, indices));
+  }
+
+ private:
+  std::string where_;
+};
+
 // SceKeyedRandomRows: [n, width] initial values of (seed, key, column).
 class KeyedRandomRowsOp : public OpKernel {
  public:
@@ -768,6 +830,8 @@ class KeyedRandomRowsOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("SceKeyOwnerShards").Device(DEVICE_CPU), KeyOwnerShardsOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyedRandomRows").Device(DEVICE_CPU), KeyedRandomRowsOp);
+REGISTER_KERNEL_BUILDER(Name("SceGroupKeysByOwner").Device(DEVICE_CPU), GroupKeysByOwnerOp);
+REGISTER_KERNEL_BUILDER(Name("SceRepeatIndices").Device(DEVICE_CPU), RepeatIndicesOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMap").Device(DEVICE_CPU), KeyRowMapOp<sce::KeyRowMap>);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapStep").Device(DEVICE_CPU), KeyRowMapStepOp);
 REGISTER_KERNEL_BUILDER(Name("SceKeyRowMapFinishStep").Device(DEVICE_CPU), KeyRowMapFinishStepOp);

@@ -30,6 +30,43 @@ REGISTER_OP("SceKeyOwnerShards")
       return absl::OkStatus();
     });
 
+// A replica's keys of one table grouped for their owner shards (sce::GroupKeysByOwner, the first
+// step of the key exchange): the distinct keys grouped by owner (owner 0's first, each owner's in
+// order of first appearance), their occurrences, the distinct keys per owner [num_shards], and
+// each key's index among the grouped keys. Int64 keys only: two strings may share a fingerprint,
+// so string tables group their strings themselves.
+REGISTER_OP("SceGroupKeysByOwner")
+    .Input("keys: int64")
+    .Output("grouped_keys: int64")
+    .Output("occurrences: int32")
+    .Output("owner_counts: int32")
+    .Output("positions: int32")
+    .Attr("num_shards: int >= 1")
+    .Attr("table_name: string = ''")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle keys;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &keys));
+      int64_t num_shards;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_shards", &num_shards));
+      TF_RETURN_IF_ERROR(VectorOutputs(c, 0, 2));
+      c->set_output(2, c->Vector(num_shards));
+      c->set_output(3, keys);
+      return absl::OkStatus();
+    });
+
+// The owner's side of the key exchange (sce::RepeatIndices): for keys received with their
+// occurrence counts, the index of the key of every occurrence, key k repeated counts[k] times in
+// order. Counts must be >= 0.
+REGISTER_OP("SceRepeatIndices")
+    .Input("counts: int32")
+    .Output("indices: int32")
+    .Attr("table_name: string = ''")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle counts;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &counts));
+      return VectorOutputs(c, 0, 1);
+    });
+
 // The initial values of rows given to new keys: [n, width], element (i, j) a function of (seed,
 // keys[i], j) only (sce::KeyedRandomRows), so a row's values depend on its key, not on the step,
 // the shard or the order of admission. distribution: "uniform" (a = low, b = high), "normal" or

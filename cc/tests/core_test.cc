@@ -34,6 +34,7 @@
 #include "cc/core/gradient_check.h"
 #include "cc/core/huge_pages.h"
 #include "cc/core/id_routing.h"
+#include "cc/core/key_grouping.h"
 #include "cc/core/key_row_map.h"
 #include "cc/core/key_values.h"
 #include "cc/core/string_key_row_map.h"
@@ -3742,6 +3743,81 @@ void TestRangeScans() {
   CHECK_EQ(sce::FirstDecrease(top.data(), 3), -1);
 }
 
+void TestGroupKeysByOwner() {
+  g_test = "key grouping: distinct keys by owner, first appearance kept within an owner";
+  // Owners at 4 shards (TestKeyRowMap...: -3 -> 3, 0 -> 2, 1 -> 0, 2 -> 3, 99 -> 2).
+  const std::vector<uint64_t> keys = {2, static_cast<uint64_t>(-3), 99, 2, 0, 1,
+                                      static_cast<uint64_t>(-3), 2};
+  std::vector<int32_t> positions(keys.size(), -7);
+  sce::KeysByOwner grouped;
+  CHECK_OK(sce::GroupKeysByOwner("table 't'", keys.data(), 8, 4, positions.data(), &grouped));
+  CHECK(grouped.keys == (std::vector<uint64_t>{1, 99, 0, 2, static_cast<uint64_t>(-3)}));
+  CHECK(grouped.occurrences == (std::vector<int32_t>{1, 1, 1, 3, 2}));
+  CHECK(grouped.owner_counts == (std::vector<int32_t>{1, 0, 2, 2}));
+  CHECK(positions == (std::vector<int32_t>{3, 4, 1, 3, 2, 0, 4, 3}));
+  CHECK_OK(sce::GroupKeysByOwner("table 't'", nullptr, 0, 3, nullptr, &grouped));
+  CHECK(grouped.keys.empty() && grouped.owner_counts == (std::vector<int32_t>{0, 0, 0}));
+
+  g_test = "key grouping: equals unique + stable sort by owner on random keys";
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t shards = 1 + static_cast<int64_t>(rng() % 5);
+    const int64_t n = static_cast<int64_t>(rng() % 300);
+    std::vector<uint64_t> batch(n);
+    for (auto& k : batch) k = rng() % 2 ? rng() % 40 : rng();   // repeats and singletons
+    std::vector<int32_t> got_positions(n);
+    CHECK_OK(sce::GroupKeysByOwner("t", batch.data(), n, shards, got_positions.data(), &grouped));
+    std::vector<uint64_t> unique;   // first appearance
+    std::map<uint64_t, int32_t> count;
+    for (uint64_t k : batch) {
+      if (count[k]++ == 0) unique.push_back(k);
+    }
+    std::vector<uint64_t> want;
+    std::vector<int32_t> want_counts(shards, 0);
+    for (int64_t s = 0; s < shards; ++s) {
+      for (uint64_t k : unique) {
+        if (sce::KeyOwnerShard(k, static_cast<int32_t>(shards)) == s) {
+          want.push_back(k);
+          ++want_counts[s];
+        }
+      }
+    }
+    CHECK(grouped.keys == want);
+    CHECK(grouped.owner_counts == want_counts);
+    bool agree = grouped.occurrences.size() == want.size();
+    for (size_t k = 0; agree && k < want.size(); ++k) {
+      agree = grouped.occurrences[k] == count[want[k]];
+    }
+    for (int64_t i = 0; agree && i < n; ++i) agree = want[got_positions[i]] == batch[i];
+    CHECK(agree);
+  }
+
+  g_test = "key grouping: bad arguments fail naming the table, positions untouched";
+  std::vector<int32_t> untouched(2, -7);
+  CHECK_ERROR(sce::GroupKeysByOwner("table 'u'", keys.data(), 2, 0, untouched.data(), &grouped),
+              "table 'u': num_shards must be in [1, 65536], got 0");
+  CHECK_ERROR(sce::GroupKeysByOwner("table 'u'", keys.data(), -1, 2, untouched.data(), &grouped),
+              "table 'u': the number of keys must be in");
+  CHECK_ERROR(sce::GroupKeysByOwner("table 'u'", nullptr, 2, 2, untouched.data(), &grouped),
+              "bad key grouping arguments");
+  CHECK(untouched == (std::vector<int32_t>{-7, -7}));
+
+  g_test = "key grouping: every occurrence, counts of 0 skipped, bad counts rejected";
+  std::vector<int32_t> repeats = {9};
+  const int32_t counts[] = {2, 0, 1, 3};
+  CHECK_OK(sce::RepeatIndices("t", counts, 4, &repeats));
+  CHECK(repeats == (std::vector<int32_t>{0, 0, 2, 3, 3, 3}));
+  CHECK_OK(sce::RepeatIndices("t", nullptr, 0, &repeats));
+  CHECK(repeats.empty());
+  repeats = {9};
+  const int32_t negative[] = {1, -1};
+  CHECK_ERROR(sce::RepeatIndices("table 'u'", negative, 2, &repeats),
+              "table 'u': counts[1] = -1 is negative");
+  const int32_t huge[] = {2147483647, 1};
+  CHECK_ERROR(sce::RepeatIndices("table 'u'", huge, 2, &repeats), "sum to more than");
+  CHECK(repeats == (std::vector<int32_t>{9}));
+}
+
 int main() {
   const std::vector<std::function<void()>> tests = {
       TestConvertToCoo,   TestConvertToListOfCoo, TestSortListOfCoo,
@@ -3761,6 +3837,7 @@ int main() {
       TestKeyRowMapNumbering, TestKeyRowMapEviction, TestKeyRowMapStateAndErrors,
       TestKeyRowMapMatchesReference, TestKeyRowMapLending, TestKeyRowMapShardsShareCapacity,
       TestKeyRowMapFind, TestKeyedRandomRows, TestStringKeyRowMap, TestRangeScans,
+      TestGroupKeysByOwner,
   };
   for (const auto& test : tests) test();
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

@@ -332,6 +332,63 @@ def test_keyed_random_rows_match_the_reference_however_many_are_drawn(distributi
         assert np.all(np.abs(got) <= 2 * b)
 
 
+def _grouped_by_owner(keys, shards):
+    """numpy reference of group_keys_by_owner: distinct keys by first appearance, then a stable
+    sort by owner shard (key_hashing's mirror of the core's mix)."""
+    unique, first, position, counts = np.unique(keys, return_index=True, return_inverse=True,
+                                                return_counts=True)
+    by_appearance = np.argsort(first, kind="stable")
+    owners = np.array([key_hashing.owner_shard(k, shards) for k in unique[by_appearance]],
+                      np.int64)
+    order = by_appearance[np.argsort(owners, kind="stable")]
+    place = np.empty(len(unique), np.int64)
+    place[order] = np.arange(len(unique))
+    return (unique[order], counts[order], np.bincount(owners, minlength=shards),
+            place[position.reshape(-1)])
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(keys=st.lists(st.one_of(st.integers(-5, 5),
+                               st.integers(-2**63, 2**63 - 1)), max_size=200),
+       shards=st.integers(1, 5))
+def test_group_keys_by_owner_matches_unique_and_a_stable_owner_sort(keys, shards):
+    """SceGroupKeysByOwner (the key exchange's first step) against tf.unique's first-appearance
+    order grouped stably by owner, in numpy: the order in which owners map the keys."""
+    keys = np.array(keys, np.int64)
+    got = key_row_map.group_keys_by_owner(keys, shards)
+    want = _grouped_by_owner(keys, shards)
+    for name, g, w in zip(got._fields, got, want):
+        np.testing.assert_array_equal(g.numpy(), w, err_msg=name)
+    assert got.owner_counts.shape == (shards,)
+
+
+def test_group_keys_by_owner_rejects_bad_input():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="vector|rank"):
+        key_row_map.group_keys_by_owner(tf.zeros([2, 2], tf.int64), 2, "users")
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
+        key_row_map.group_keys_by_owner(tf.zeros([2], tf.int64), 0)
+
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.int64)])   # rank known only to the kernel
+    def grouped(keys):
+        return key_row_map.group_keys_by_owner(keys, 2, "users")
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="table 'users': keys must be a"):
+        grouped(tf.zeros([2, 2], tf.int64))
+
+
+def test_repeat_indices_repeat_each_key_its_count_and_reject_negative_counts():
+    np.testing.assert_array_equal(key_row_map.repeat_indices([2, 0, 1, 3]),
+                                  [0, 0, 2, 3, 3, 3])
+    assert key_row_map.repeat_indices(tf.zeros([0], tf.int32)).shape == (0,)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"table 'users': counts\[1\] = -2 is negative"):
+        key_row_map.repeat_indices([1, -2], "users")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sum to more than"):
+        key_row_map.repeat_indices([2**31 - 1, 1], "users")
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="vector|rank"):
+        key_row_map.repeat_indices(tf.zeros([2, 2], tf.int32))
+
+
 def test_key_hash_ops_reject_bad_shapes():
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="vector|rank"):
         key_row_map.key_owner_shards(tf.zeros([2, 2], tf.int64), 2)

@@ -9,9 +9,11 @@ not depend on how the batch was split) and answers each key with its table row. 
 at once this costs one all-gather of the counts (and of the maps' last steps, so that every map
 of a table maps the same step) and two all-to-alls:
 
-1. `send_keys`: per table, the batch's distinct keys (`tf.unique`, first-appearance order) are
-   grouped by owner (stable) and sent as int32 triples (hash low word, high word, occurrences);
-   string keys add their length, and their bytes go in the same all-to-all, one int32 each;
+1. `send_keys`: per table, the batch's distinct keys (first-appearance order) are grouped by
+   owner (stable; int64 keys by one op, ops.key_row_map.group_keys_by_owner, strings by
+   TensorFlow ops, as two strings may share a fingerprint) and sent as int32 triples (hash low
+   word, high word, occurrences); string keys add their length, and their bytes go in the same
+   all-to-all, one int32 each;
 2. the owner receives, per table, the keys of every replica in replica order (`KeysAtOwner`);
 3. `return_rows`: the owner's rows go back in the same chunks, and each replica spreads them
    over its occurrences.
@@ -21,16 +23,17 @@ import collections
 import tensorflow as tf
 
 from tf_sc_embedding.exchanges import all_to_all
-from tf_sc_embedding.ops.key_row_map import key_hashes, key_owner_shards
+from tf_sc_embedding.ops.key_row_map import (KeysByOwner, group_keys_by_owner, key_hashes,
+                                              key_owner_shards, repeat_indices)
 
 # One table's keys as its owner receives them: keys [m] (int64, or strings), their occurrences in
 # the senders' batches [m] int32, from replica 0's first to the last replica's last.
 KeysAtOwner = collections.namedtuple("KeysAtOwner", ["keys", "counts"])
-# What return_rows needs of send_keys: per table, each occurrence's distinct key and the owner
-# order of the distinct keys; the entries per (replica, table) sent and received, and the chunk
+# What return_rows needs of send_keys: per table, each occurrence's index among the distinct
+# keys sent (grouped by owner); the entries per (replica, table) sent and received, and the chunk
 # of the answer (the largest number of keys one replica sends another).
-KeyRoute = collections.namedtuple("KeyRoute", ["positions", "orders", "send_counts",
-                                               "recv_counts", "answer_chunk"])
+KeyRoute = collections.namedtuple("KeyRoute", ["positions", "send_counts", "recv_counts",
+                                               "answer_chunk"])
 
 _KEY_WORDS = 3      # hash low word, hash high word, occurrences
 _STRING_WORDS = 4   # ... and the string's length in bytes
@@ -46,26 +49,21 @@ def send_keys(view, keys_by_table, last_steps):
     int64 or string); last_steps: per table, this replica's map's last step (ride in the
     all-gather of the counts)."""
     W = view.num_replicas
-    positions, orders, payloads, counts = [], [], [], []
+    positions, payloads, counts = [], [], []
     byte_payloads, byte_counts = [], []
     for keys in keys_by_table:
-        unique, position = tf.unique(keys, out_idx=tf.int32)
-        occurrences = tf.math.unsorted_segment_sum(tf.ones_like(position), position,
-                                                   tf.size(unique))
-        hashes = key_hashes(unique)
-        owners = key_owner_shards(hashes, W)
-        order = tf.argsort(owners, stable=True)
-        words = [_hash_words(unique), occurrences[:, None]]
         if keys.dtype == tf.string:
-            lengths = tf.strings.length(unique, unit="BYTE")
+            grouped, lengths, owner_bytes = _group_strings_by_owner(keys, W)
+        else:
+            grouped = group_keys_by_owner(keys, W)
+        words = [_hash_words(grouped.keys), grouped.occurrences[:, None]]
+        if keys.dtype == tf.string:
             words.append(lengths[:, None])
-            ordered = tf.gather(unique, order)
-            byte_payloads.append(_string_bytes(ordered))
-            byte_counts.append(tf.math.unsorted_segment_sum(lengths, owners, W))
-        positions.append(position)
-        orders.append(order)
-        payloads.append(tf.gather(tf.concat(words, axis=1), order))
-        counts.append(tf.math.bincount(owners, minlength=W, maxlength=W, dtype=tf.int32))
+            byte_payloads.append(_string_bytes(grouped.keys))
+            byte_counts.append(owner_bytes)
+        positions.append(grouped.positions)
+        payloads.append(tf.concat(words, axis=1))
+        counts.append(grouped.owner_counts)
     T = len(keys_by_table)
     send_counts = tf.stack(counts + byte_counts, axis=1)                 # [W dest, entries]
     widths = [int(p.shape[1]) for p in payloads] + [1] * len(byte_payloads)
@@ -90,21 +88,33 @@ def send_keys(view, keys_by_table, last_steps):
         else:
             owned = tf.reshape(tf.bitcast(words[:, :2], tf.int64), [-1])
         at_owner.append(KeysAtOwner(owned, words[:, 2]))
-    return at_owner, KeyRoute(positions, orders, send_counts[:, :T], recv_counts[:, :T],
+    return at_owner, KeyRoute(positions, send_counts[:, :T], recv_counts[:, :T],
                               answer_chunk), tf.unstack(steps, num=T)
 
 
-def every_occurrence(keys, counts):
-    """Each of `keys` repeated `counts` times, in order (what the owner's map steps through).
+def _group_strings_by_owner(keys, num_shards):
+    """(KeysByOwner of string keys, each grouped key's length in bytes, the bytes per owner
+    [num_shards]): group_keys_by_owner's grouping in TensorFlow ops, which compare the strings
+    themselves."""
+    unique, position = tf.unique(keys, out_idx=tf.int32)
+    occurrences = tf.math.unsorted_segment_sum(tf.ones_like(position), position, tf.size(unique))
+    owners = key_owner_shards(key_hashes(unique), num_shards)
+    order = tf.argsort(owners, stable=True)
+    lengths = tf.strings.length(unique, unit="BYTE")
+    grouped = KeysByOwner(
+        tf.gather(unique, order), tf.gather(occurrences, order),
+        tf.math.bincount(owners, minlength=num_shards, maxlength=num_shards, dtype=tf.int32),
+        tf.gather(tf.math.invert_permutation(order), position))
+    return (grouped, tf.gather(lengths, order),
+            tf.math.unsorted_segment_sum(lengths, owners, num_shards))
 
-    `tf.repeat` builds a [len(keys), max(counts)] mask: a hot key seen thousands of times in a
-    batch made it cost up to 20 ms per table. Here each key's first position is marked and a
-    running sum numbers the positions: O(sum(counts)). A key with count 0 marks the same position
-    as the next key (bincount adds the marks), so it is skipped."""
-    starts = tf.cumsum(counts, exclusive=True)
-    total = tf.reduce_sum(counts)
-    marks = tf.math.bincount(starts, minlength=total, maxlength=total, dtype=counts.dtype)
-    return tf.gather(keys, tf.cumsum(marks) - 1)
+
+def every_occurrence(keys, counts):
+    """Each of `keys` repeated `counts` times, in order (what the owner's map steps through), by
+    one pass over the counts (ops.key_row_map.repeat_indices; tf.repeat's [len(keys),
+    max(counts)] mask made a hot key seen thousands of times in a batch cost up to 20 ms per
+    table). A key with count 0 is skipped."""
+    return tf.gather(keys, repeat_indices(counts))
 
 
 def return_rows(view, route, rows_at_owner):
@@ -116,11 +126,7 @@ def return_rows(view, route, rows_at_owner):
         all_to_all.all_to_all_flat(view, all_to_all.pack_by_replica(
             list(rows_at_owner), route.recv_counts, route.answer_chunk)),
         route.send_counts, [None] * len(rows_at_owner))
-    rows = []
-    for answer, order, position in zip(answers, route.orders, route.positions):
-        by_key = tf.gather(answer, tf.math.invert_permutation(order))   # first-appearance order
-        rows.append(tf.gather(by_key, position))
-    return rows
+    return [tf.gather(answer, position) for answer, position in zip(answers, route.positions)]
 
 
 def _hash_words(keys):

@@ -107,6 +107,30 @@ def key_owner_shards(hashes, num_shards, name=None):
                                      num_shards=int(num_shards), name=name)
 
 
+# A replica's int64 keys of one table grouped for their owner shards (group_keys_by_owner): keys
+# [u] the distinct keys, owner 0's first, each owner's in order of first appearance; occurrences
+# [u] int32; owner_counts [num_shards] int32, the distinct keys of each owner; positions [n]
+# int32, each key's index in `keys`.
+KeysByOwner = collections.namedtuple("KeysByOwner",
+                                     ["keys", "occurrences", "owner_counts", "positions"])
+
+
+def group_keys_by_owner(keys, num_shards, table_name="", name=None):
+    """KeysByOwner of int64 keys ([n]) for num_shards owner shards (key_owner_shards): the first
+    step of the key exchange (exchanges/key_exchange.py), in one pass."""
+    return KeysByOwner(*_lib.sce_group_keys_by_owner(
+        keys=tf.convert_to_tensor(keys, tf.int64), num_shards=int(num_shards),
+        table_name=table_name, name=name))
+
+
+def repeat_indices(counts, table_name="", name=None):
+    """int32 [sum(counts)]: the index of each key repeated counts[k] times, in order (counts
+    int32 [m], >= 0): the occurrences an owner's map steps through (exchanges/key_exchange.py).
+    O(sum(counts)); tf.repeat would build an [m, max(counts)] mask."""
+    return _lib.sce_repeat_indices(counts=tf.convert_to_tensor(counts, tf.int32),
+                                   table_name=table_name, name=name)
+
+
 def keyed_random_rows(hashes, seed, width, distribution, a, b, name=None):
     """float32 [n, width]: the initial values of rows given to keys with these hashes, element
     (i, j) a function of (seed, hashes[i], j) only (cc/core/key_values.h). distribution:
