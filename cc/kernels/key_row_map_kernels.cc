@@ -727,14 +727,21 @@ class KeyOwnerShardsOp : public OpKernel {
   int32_t num_shards_ = 1;
 };
 
+// What the key exchange's ops name in errors: their optional table_name attribute's table, else
+// the op.
+absl::Status WhereFromAttr(OpKernelConstruction* ctx, std::string* where) {
+  std::string table_name;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("table_name", &table_name));
+  *where = table_name.empty() ? ctx->def().op() : Where(table_name);
+  return absl::OkStatus();
+}
+
 // SceGroupKeysByOwner: a replica's distinct keys of one table, grouped by owner shard.
 class GroupKeysByOwnerOp : public OpKernel {
  public:
   explicit GroupKeysByOwnerOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards_));
-    std::string table_name;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name));
-    where_ = table_name.empty() ? std::string("SceGroupKeysByOwner") : Where(table_name);
+    OP_REQUIRES_OK(ctx, WhereFromAttr(ctx, &where_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -768,9 +775,7 @@ class GroupKeysByOwnerOp : public OpKernel {
 class RepeatIndicesOp : public OpKernel {
  public:
   explicit RepeatIndicesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::string table_name;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name));
-    where_ = table_name.empty() ? std::string("SceRepeatIndices") : Where(table_name);
+    OP_REQUIRES_OK(ctx, WhereFromAttr(ctx, &where_));
   }
 
   void Compute(OpKernelContext* ctx) override {

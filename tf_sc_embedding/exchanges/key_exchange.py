@@ -52,15 +52,16 @@ def send_keys(view, keys_by_table, last_steps):
     positions, payloads, counts = [], [], []
     byte_payloads, byte_counts = [], []
     for keys in keys_by_table:
-        if keys.dtype == tf.string:
-            grouped, lengths, owner_bytes = _group_strings_by_owner(keys, W)
-        else:
-            grouped = group_keys_by_owner(keys, W)
+        strings = keys.dtype == tf.string
+        grouped = (_group_strings_by_owner if strings else group_keys_by_owner)(keys, W)
         words = [_hash_words(grouped.keys), grouped.occurrences[:, None]]
-        if keys.dtype == tf.string:
+        if strings:
+            lengths = tf.strings.length(grouped.keys, unit="BYTE")
             words.append(lengths[:, None])
             byte_payloads.append(_string_bytes(grouped.keys))
-            byte_counts.append(owner_bytes)
+            # Each owner's bytes: the keys come grouped by owner, owner_counts of them each.
+            byte_counts.append(tf.reduce_sum(tf.RaggedTensor.from_row_lengths(
+                lengths, grouped.owner_counts, validate=False), axis=1))
         positions.append(grouped.positions)
         payloads.append(tf.concat(words, axis=1))
         counts.append(grouped.owner_counts)
@@ -93,20 +94,16 @@ def send_keys(view, keys_by_table, last_steps):
 
 
 def _group_strings_by_owner(keys, num_shards):
-    """(KeysByOwner of string keys, each grouped key's length in bytes, the bytes per owner
-    [num_shards]): group_keys_by_owner's grouping in TensorFlow ops, which compare the strings
-    themselves."""
+    """group_keys_by_owner's KeysByOwner for string keys, in TensorFlow ops, which compare the
+    strings themselves (two may share a fingerprint)."""
     unique, position = tf.unique(keys, out_idx=tf.int32)
     occurrences = tf.math.unsorted_segment_sum(tf.ones_like(position), position, tf.size(unique))
     owners = key_owner_shards(key_hashes(unique), num_shards)
     order = tf.argsort(owners, stable=True)
-    lengths = tf.strings.length(unique, unit="BYTE")
-    grouped = KeysByOwner(
+    return KeysByOwner(
         tf.gather(unique, order), tf.gather(occurrences, order),
         tf.math.bincount(owners, minlength=num_shards, maxlength=num_shards, dtype=tf.int32),
         tf.gather(tf.math.invert_permutation(order), position))
-    return (grouped, tf.gather(lengths, order),
-            tf.math.unsorted_segment_sum(lengths, owners, num_shards))
 
 
 def every_occurrence(keys, counts):
