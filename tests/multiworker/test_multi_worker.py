@@ -344,6 +344,8 @@ def assert_dynamic_states_equal(actual, expected, counters=True):
             np.testing.assert_array_equal(actual[part], expected[part], err_msg=part)
 
 
+@pytest.mark.slow   # about 2 minutes; test_dynamic_table_over_two_workers_equals_a_fixed_table_bit_for_bit
+# keeps two dynamic workers in the default run
 def test_dynamic_table_over_workers_is_one_process_table_and_restores_anywhere(tmp_path):
     """An open vocabulary over 2 workers: each worker's maps hold the keys it owns, and every
     worker reads the whole logical state (and counters), bit for bit that of one process with 2
@@ -403,7 +405,9 @@ def test_dynamic_table_over_two_workers_equals_a_fixed_table_bit_for_bit(tmp_pat
                 np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
-@pytest.mark.parametrize("extra", [(), ("--dynamic",)], ids=["fixed", "dynamic"])
+# The fixed-table case keeps the kill and the restart in the default run.
+@pytest.mark.parametrize("extra", [(), pytest.param(("--dynamic",), marks=pytest.mark.slow)],
+                         ids=["fixed", "dynamic"])
 def test_killed_worker_fails_the_others_and_a_restart_resumes(tmp_path, extra):
     extra = list(extra)
     ckpt = tmp_path / "ckpt" / "c"
