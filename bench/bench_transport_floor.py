@@ -52,10 +52,14 @@ def parse_args():
     return parser.parse_args()
 
 
+def bytes_per_id(dim):
+    """What one id costs a sender: the id (int32), its row and its gradient row (dim float32)."""
+    return 4 + 8 * dim
+
+
 def ids_per_peer(sent_bytes, workers, dim):
-    """n: the unique ids a worker sends each peer per step so that ids (int32), rows and gradient
-    rows (dim float32 each) add up to `sent_bytes`."""
-    return max(1, round(sent_bytes / ((workers - 1) * (4 + 8 * dim))))
+    """n: the unique ids a worker sends each peer per step so that they add up to `sent_bytes`."""
+    return max(1, round(sent_bytes / ((workers - 1) * bytes_per_id(dim))))
 
 
 def worker(args):
@@ -108,7 +112,7 @@ def worker(args):
         tf.nest.map_structure(lambda t: t.numpy(), strategy.experimental_local_results(step()))
         wall.append((time.perf_counter() - w) * 1e3)
         cpu.append((time.process_time() - c) * 1e3)
-    sent = (workers - 1) * (4 + n * (4 + 8 * args.dim))
+    sent = (workers - 1) * (4 + n * bytes_per_id(args.dim))   # 4: the count
     with open(args.out, "w") as f:
         json.dump({"wall_ms": statistics.median(wall), "cpu_ms": statistics.median(cpu),
                    "sent_bytes": sent, "ids_per_peer": n}, f)
