@@ -67,7 +67,9 @@ def dump_criteo_csrs(path, batch=4096, dim=32, cap=4_000_000):
     kernel_ab_main: int64 table count, then per table int64 S, minibatches, input_size,
     table_rows, dim, row pointer count, id count, the int32 row pointers, sample ids and token
     ids and float gains, then an int64 count and each feature's samples per SparseCore, in
-    feature order (count 0 when the table cannot be read feature-major)."""
+    feature order (count 0 when the table cannot be read feature-major), then an int64 count and
+    each member table's first row in a shard and its shard rotation (what the 16-bit update's
+    rounding bits need to find a row's logical row)."""
     import numpy as np  # pylint: disable=import-outside-toplevel
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -104,6 +106,9 @@ def dump_criteo_csrs(path, batch=4096, dim=32, cap=4_000_000):
                 out.write(array.tobytes())
             feature_rows = enqueue.feature_major_rows(layout, stacked) or []
             out.write(np.asarray([len(feature_rows), *feature_rows], np.int64).tobytes())
+            members = [(t.layout.sparse_core_shard_row_offset, t.layout.sparse_core_shard_rotation)
+                       for t in stacked.tables]
+            out.write(np.asarray([len(members), *np.ravel(members)], np.int64).tobytes())
 
 
 def core_sources(tree):

@@ -45,7 +45,8 @@ sce::GradientRows Gradients(const sce::CsrView& view, const float* const* parts,
 __attribute__((visibility("default"))) void KernelAbAdagrad(
     const sce::CsrView* view, const float* const* parts, int64_t num_parts,
     const int64_t* feature_rows, int64_t num_feature_rows, int64_t dim, float* table,
-    float* accumulator) {
+    float* accumulator, const int64_t* /*member_rows*/, const int64_t* /*member_rotations*/,
+    int64_t /*num_members*/) {
   const sce::GradientRows grads =
       Gradients(*view, parts, num_parts, feature_rows, num_feature_rows, dim);
   sce::FusedUpdate<sce::AdagradOptimizer>(*view, grads, dim, 0.01f, nullptr, sce::Clip(), table,
@@ -55,7 +56,8 @@ __attribute__((visibility("default"))) void KernelAbAdagrad(
 __attribute__((visibility("default"))) void KernelAbSgd(
     const sce::CsrView* view, const float* const* parts, int64_t num_parts,
     const int64_t* feature_rows, int64_t num_feature_rows, int64_t dim, float* table,
-    float* /*unused*/) {
+    float* /*unused*/, const int64_t* /*member_rows*/, const int64_t* /*member_rotations*/,
+    int64_t /*num_members*/) {
   const sce::GradientRows grads =
       Gradients(*view, parts, num_parts, feature_rows, num_feature_rows, dim);
   sce::FusedUpdate<sce::SgdOptimizer>(*view, grads, dim, 0.01f, nullptr, sce::Clip(), table, {},
@@ -63,16 +65,20 @@ __attribute__((visibility("default"))) void KernelAbSgd(
 }
 
 // Fused Adagrad on a bfloat16 table with stochastic rounding; every call is the next step, so the
-// rounding bits change from call to call as in training.
+// rounding bits change from call to call as in training. The member tables are the stacked
+// table's (each with its own seed), as the class passes them.
 __attribute__((visibility("default"))) void KernelAbAdagradBfloat16(
     const sce::CsrView* view, const float* const* parts, int64_t num_parts,
     const int64_t* feature_rows, int64_t num_feature_rows, int64_t dim, void* table,
-    float* accumulator) {
+    float* accumulator, const int64_t* member_rows, const int64_t* member_rotations,
+    int64_t num_members) {
   static int64_t step = 0;
   const sce::GradientRows grads =
       Gradients(*view, parts, num_parts, feature_rows, num_feature_rows, dim);
   sce::RowRounding rounding;
-  rounding.members.push_back({0, 0, 12345});
+  for (int64_t m = 0; m < num_members; ++m) {
+    rounding.members.push_back({member_rows[m], member_rotations[m], 12345u + static_cast<uint64_t>(m)});
+  }
   rounding.num_shards = view->num_shards();
   rounding.step = step++;
   int64_t overflow_row = -1;

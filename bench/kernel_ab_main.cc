@@ -45,9 +45,10 @@ namespace {
 
 using Forward = void (*)(const sce::CsrView*, const void*, int64_t, float*);
 // The fused updates (Adagrad, SGD): view, gradient buffers and their count, each feature's rows
-// per SparseCore and their count (0: the CSR's order), dim, table, accumulator (unused by SGD).
+// per SparseCore and their count (0: the CSR's order), dim, table, accumulator (unused by SGD),
+// and the member tables' first rows and rotations and their count (used by the 16-bit update).
 using Update = void (*)(const sce::CsrView*, const float* const*, int64_t, const int64_t*, int64_t,
-                        int64_t, void*, float*);
+                        int64_t, void*, float*, const int64_t*, const int64_t*, int64_t);
 
 // One kernel of the harness: its entry point in kernel_ab_build.cc and what it reads.
 struct Kernel {
@@ -113,6 +114,9 @@ struct Csr {
   sce::CsrView view;
   int64_t dim = 32;
   std::vector<int64_t> feature_rows;  // each feature's samples per SparseCore, in order
+  // Each member table's first row in a shard and shard rotation, in row order (the 16-bit
+  // update's rounding walks them).
+  std::vector<int64_t> member_rows, member_rotations;
 };
 
 Csr MakeCsr(int64_t rows, int64_t distinct, int64_t ids, int64_t samples, int64_t features,
@@ -178,6 +182,10 @@ Csr MakeCsr(int64_t rows, int64_t distinct, int64_t ids, int64_t samples, int64_
   v.table_rows = rows_per_shard * kSparseCores;
   v.table_name = "ab";
   csr.feature_rows.assign(features, samples_per_feature);
+  for (int64_t f = 0; f < features; ++f) {  // one member table per feature, of equal heights
+    csr.member_rows.push_back(rows_per_shard * f / features);
+    csr.member_rotations.push_back(f % kSparseCores);
+  }
   return csr;
 }
 
@@ -221,6 +229,18 @@ std::vector<Csr> ReadCsrs(const char* path) {
     }
     csr.feature_rows.resize(features);
     read(csr.feature_rows.data(), features * sizeof(int64_t));
+    int64_t members = 0;
+    read(&members, sizeof(members));
+    if (members < 1 || members > h[3]) {  // at least one member, at most one per table row
+      std::fprintf(stderr, "%s: bad member count %lld\n", path, static_cast<long long>(members));
+      std::exit(2);
+    }
+    std::vector<int64_t> pairs(2 * members);
+    read(pairs.data(), pairs.size() * sizeof(int64_t));
+    for (int64_t m = 0; m < members; ++m) {
+      csr.member_rows.push_back(pairs[2 * m]);
+      csr.member_rotations.push_back(pairs[2 * m + 1]);
+    }
     sce::CsrView& v = csr.view;
     v.row_pointers = csr.row_pointers.data();
     v.num_row_pointers = h[5];
@@ -368,7 +388,8 @@ int main(int argc, char** argv) {
               &csrs[n].view, st.gradient_parts.data(),
               static_cast<int64_t>(st.gradient_parts.size()), rows.data(),
               st.per_feature ? static_cast<int64_t>(rows.size()) : 0, csrs[n].dim, table,
-              st.accumulator.data);
+              st.accumulator.data, csrs[n].member_rows.data(), csrs[n].member_rotations.data(),
+              static_cast<int64_t>(csrs[n].member_rows.size()));
         }
       }
       t[k] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)

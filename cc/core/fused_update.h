@@ -160,9 +160,13 @@ struct RowRounding {
     return LogicalRowInShard(local_shard, row - local_shard * rows_per_shard, seed);
   }
   // The same for row `token` of local shard `local_shard`: a binary search over the members, no
-  // division (it runs once per updated row).
+  // division.
   int64_t LogicalRowInShard(int64_t local_shard, int64_t token, uint64_t* seed) const {
-    size_t lo = 0, hi = members.size();  // the last member with row_offset <= token
+    return LogicalRowOfMember(MemberOf(token), local_shard, token, seed);
+  }
+  // The member holding row `token` of a shard: the last with row_offset <= token.
+  size_t MemberOf(int64_t token) const {
+    size_t lo = 0, hi = members.size();
     while (hi - lo > 1) {
       const size_t mid = (lo + hi) / 2;
       if (members[mid].row_offset <= token) {
@@ -171,7 +175,17 @@ struct RowRounding {
         hi = mid;
       }
     }
-    const Member& member = members[lo];
+    return lo;
+  }
+  // MemberOf(token) for a token at or after one in member `from`: a walk forward, which the
+  // update's rows (increasing tokens) take one member at a time.
+  size_t MemberFrom(size_t from, int64_t token) const {
+    while (from + 1 < members.size() && members[from + 1].row_offset <= token) ++from;
+    return from;
+  }
+  // LogicalRowInShard for a token of member `m`.
+  int64_t LogicalRowOfMember(size_t m, int64_t local_shard, int64_t token, uint64_t* seed) const {
+    const Member& member = members[m];
     *seed = member.seed;
     const int64_t difference = first_local_shard + local_shard - member.rotation;
     const int64_t residue = difference < 0 ? difference + num_shards : difference;
@@ -531,10 +545,16 @@ __attribute__((always_inline)) inline int64_t ApplyRowSums(
     using Row = typename Table::Element;
     if (block.rounding_words != nullptr) {
       words_per_row = RoundingWords<Row>(dim);
-      const int64_t local_shard = shard_row / table.rounding->rows_per_shard;
+      const RowRounding& rounding = *table.rounding;
+      const int64_t local_shard = shard_row / rounding.rows_per_shard;
+      size_t member = rows > 0 ? rounding.MemberOf(block.tokens[0]) : 0;
       for (int64_t r = 0; r < rows; ++r) {
-        FillRowRoundingWords<Row, kDim>(*table.rounding, local_shard, block.tokens[r], dim,
-                                        block.rounding_words + r * words_per_row);
+        const int64_t token = block.tokens[r];
+        member = rounding.MemberFrom(member, token);
+        uint64_t seed;
+        const int64_t logical = rounding.LogicalRowOfMember(member, local_shard, token, &seed);
+        FillRoundingWords<Row, kDim>(RowRoundingKey(seed, logical, rounding.step), dim,
+                                     block.rounding_words + r * words_per_row);
       }
     }
   }

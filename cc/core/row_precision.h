@@ -129,27 +129,57 @@ __attribute__((always_inline)) inline void FillRoundingWords(uint64_t row_key, i
   for (int64_t w = 0; w < n; ++w) words[w] = ColumnWordRoundingBits(row_key, w);
 }
 
+// The 16 random bits of bfloat16 column j: bits [16 (j % 4), 16 (j % 4) + 16) of word j / 4
+// (ColumnRoundingBits<Bfloat16>). On a little-endian host that is element j of the words read as
+// 16-bit numbers, a plain load that the row loop vectorizes; elsewhere the shift.
+__attribute__((always_inline)) inline uint32_t Bfloat16ColumnAddend(const uint64_t* words,
+                                                                    int64_t j) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  uint16_t bits;
+  __builtin_memcpy(&bits, reinterpret_cast<const char*>(words) + 2 * j, sizeof(bits));
+  return bits;
+#else
+  return static_cast<uint32_t>(words[j / 4] >> (16 * (j % 4))) & 0xffffu;
+#endif
+}
+
 // Rounds a row of float32 values `wide[0:dim]` to bfloat16 into `out[0:dim]` (RoundBfloat16Bits):
 // stochastically with the row's words (FillRoundingWords; column j takes 16 bits of word j / 4,
 // as ColumnRoundingBits<Bfloat16>), or to nearest when `words` is null. Returns whether a finite
 // value became an infinity (stochastic rounding only, as FloatToBfloat16Stochastic). kDim > 0
 // fixes dim at compile time (vector_isa.h).
+//
+// A first pass adds the rounding bits and truncates, which is RoundBfloat16Bits for every finite
+// value that stays finite; it also notes whether any value was a NaN or an infinity or became
+// one. Only such a row (an overflow, or a non-finite value, which the update loops never write
+// in normal training) is rounded again value by value with RoundBfloat16Bits, so the bits are
+// the same either way, and the common row costs a few vector instructions per 16 values.
 template <int64_t kDim>
 __attribute__((always_inline)) inline bool RoundRow(const float* wide, int64_t runtime_dim,
                                                     const uint64_t* words, Bfloat16* out) {
   using L = RoundingBitsLayout<Bfloat16>;
-  static_assert(L::kShift == 16, "a bfloat16 value takes the low 16 bits of its share");
+  static_assert(L::kShift == 16 && L::kColumnsPerWord == 4,
+                "a bfloat16 value takes 16 bits of its word");
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
   const bool stochastic = words != nullptr;
+  uint32_t exponent_all_ones = 0;  // a NaN or infinity in or out
+  for (int64_t j = 0; j < dim; ++j) {
+    uint32_t bits;
+    __builtin_memcpy(&bits, wide + j, sizeof(bits));
+    const uint32_t addend =
+        stochastic ? Bfloat16ColumnAddend(words, j) : NearestBfloat16Addend(bits);
+    const uint32_t rounded = (bits + addend) >> 16;
+    exponent_all_ones |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u) |
+                         static_cast<uint32_t>((rounded & 0x7f80u) == 0x7f80u);
+    out[j].bits = static_cast<uint16_t>(rounded);
+  }
+  if (exponent_all_ones == 0) return false;
   uint32_t overflow = 0;
   for (int64_t j = 0; j < dim; ++j) {
     uint32_t bits;
     __builtin_memcpy(&bits, wide + j, sizeof(bits));
     const uint32_t addend =
-        stochastic ? static_cast<uint32_t>(words[j / L::kColumnsPerWord] >>
-                                           (L::kShift * (j % L::kColumnsPerWord))) &
-                         0xffffu
-                   : NearestBfloat16Addend(bits);
+        stochastic ? Bfloat16ColumnAddend(words, j) : NearestBfloat16Addend(bits);
     out[j].bits = RoundBfloat16Bits(bits, addend, &overflow);
   }
   return stochastic && overflow != 0;

@@ -2886,6 +2886,14 @@ void TestNarrowRowUpdate() {
       CHECK_EQ(seed, layout.members[m].seed);
     }
   }
+  // The update walks the members of increasing tokens instead of searching them.
+  for (size_t first : {size_t{0}, size_t{1}}) {
+    size_t member = first;
+    for (int64_t token = first == 0 ? 0 : 5; token < 9; ++token) {
+      member = layout.MemberFrom(member, token);
+      CHECK_EQ(member, layout.MemberOf(token));
+    }
+  }
   const float none[1] = {0.0f};
   for (int64_t dim : {8, 5, 16, 32, 64, 72}) {  // any width, the fixed-width builds, 64 + 8
     for (uint32_t seed = 0; seed < 3; ++seed) {
@@ -3562,8 +3570,16 @@ void TestRoundRowIsElementWise() {
 #undef SCE_PICK
       for (int trial = 0; trial < 200; ++trial) {
         std::vector<float> wide(dim);
+        // A third of the rows hold NaN and infinities, a third only finite values of which some
+        // may round to an infinity, and a third only ordinary values (RoundRow's first pass
+        // alone).
+        const int kind = trial % 3;
         for (int64_t j = 0; j < dim; ++j) {
-          wide[j] = (rng() % 4 == 0) ? specials[rng() % std::size(specials)] : uniform(rng);
+          const bool special = kind != 2 && rng() % 4 == 0;
+          wide[j] = !special   ? uniform(rng)
+                    : kind == 0 ? specials[rng() % std::size(specials)]
+                                : (rng() % 2 ? 1.0f : -1.0f) * std::numeric_limits<float>::max() *
+                                      (1.0f - std::ldexp(static_cast<float>(rng() % 512), -16));
         }
         const uint64_t seed = rng(), step = rng() % 1000;
         const int64_t row = rng() % 100000;
