@@ -123,9 +123,9 @@ def logistic_loss(activations, head, labels):
 
 
 def our_functions(vocab, dim, batch, combiner, optimizer, pool, phases=True,
-                  table_dtype="float32"):
+                  table_dtype="float32", embeddings=None):
     """{phase name: no-argument callable} through TPUEmbeddingV2 with one fused optimizer (and
-    rows stored in `table_dtype`)."""
+    rows stored in `table_dtype`). `embeddings`: a list the built embedding is appended to."""
     tables = [E.TableConfig(vocabulary_size=v, dim=dim, name=f"t{i}", combiner=combiner,
                             initializer=tf.initializers.RandomUniform(-0.05, 0.05, seed=i))
               for i, v in enumerate(vocab)]
@@ -133,6 +133,8 @@ def our_functions(vocab, dim, batch, combiner, optimizer, pool, phases=True,
     embedding = sce.TPUEmbeddingV2(features, optimizer,
                                    table_dtypes={t.name: table_dtype for t in tables})
     embedding.build(per_replica_batch_size=batch)
+    if embeddings is not None:
+        embeddings.append(embedding)
     head = dense_head(len(vocab), dim)
     names = [f"f{i}" for i in range(len(vocab))]
 

@@ -169,7 +169,13 @@ class ClassKernelsAlone:
         return activations, csrs
 
     def _variables(self, view):
-        return self.embedding._local_variables(view.replica_id, self.layout)  # noqa: SLF001
+        """{stacked name: (parameters, [slots])}: this replica's variables (`variables`)."""
+        result = {}
+        for name, kinds in self.embedding.variables.items():
+            slots = self.layout.stacked_tables[name].optimizer.slot_names
+            result[name] = (kinds["parameters"].shard(view.replica_id),
+                            [kinds[slot].shard(view.replica_id) for slot in slots])
+        return result
 
     @tf.function
     def forward(self):
@@ -187,7 +193,9 @@ class ClassKernelsAlone:
             for name, stacked in self.layout.stacked_tables.items():
                 target = self.fused_update.UpdateTarget(
                     stacked, self.sharded_lookup.shard_arguments(self.layout, view.replica_id),
-                    *variables[name], True)
+                    *variables[name], True,
+                    self.embedding.replica_group.counter(view.replica_id,
+                                                         self.collectives.UPDATE_STEPS))
                 self.fused_update.run(target, self.sharded_lookup.update_inputs(
                     view, csrs[name], self.stacked_gradients[name]))
         return activations

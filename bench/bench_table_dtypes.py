@@ -16,10 +16,16 @@ dense logistic loss. Reported: median wall and CPU per call, interleaved and bac
 (bench_api.py explains both), and float32 / 16-bit from the wall medians (above 1: 16-bit rows
 faster).
 
+Besides the class's calls, "lookup kernels" runs only the lookup ops that `dequeue` runs (one per
+stacked table, on the table variables, as many threads), on the CSR buffers of the same batches
+built beforehand: no CSR conversion, no input iterator, no activation split. The part of `dequeue` that
+is the same for both dtypes is what it takes beyond them.
+
 Usage: python bench/bench_table_dtypes.py [--cap 4000000] [--rounds 30]
        [--optimizer adagrad|row_wise_adagrad] [--dtype bfloat16|float16]
 """
 import argparse
+import itertools
 import os
 import sys
 
@@ -34,7 +40,40 @@ from bench_api import (LEARNING_RATE, add_workload_arguments, back_to_back,  # n
                        batch_pool, capped_vocabulary, interleaved, our_functions, use_threads)
 
 E = tf.tpu.experimental.embedding
-PHASES = ("embedding_lookup", "dequeue", "step")
+PHASES = ("embedding_lookup", "dequeue", "lookup kernels", "step")
+
+
+def lookup_kernels(embedding, pool):
+    """A no-argument callable running the lookup ops of `dequeue` alone, on the CSR buffers of
+    the pool's batches (in turn, as `dequeue` takes them), built once here
+    (bench_class_overhead.ClassKernelsAlone's preprocessing; the class's internals, benchmark
+    only)."""
+    from bench_class_overhead import ClassKernelsAlone  # noqa: PLC0415
+    from tf_sc_embedding import collectives, enqueue  # noqa: PLC0415
+    from tf_sc_embedding.exchanges import all_gather  # noqa: PLC0415
+    layout = embedding.plan.sharded
+    view = collectives.ReplicaView(embedding.replica_group)
+    batch, dim = layout.features[0].sample_count, layout.features[0].table.dim
+    runs = []
+    for ids, weights, _ in pool:
+        unused_gradients = {path: tf.zeros([batch, dim]) for path in ids}  # the lookup reads none
+        kernels = ClassKernelsAlone(embedding, tf.nest.flatten(ids), tf.nest.flatten(weights),
+                                    unused_gradients)
+        csrs = {name: all_gather.pack_and_gather(view, layout, stacked,
+                                                 kernels.preprocessed[name], None)[0]
+                for name, stacked in layout.stacked_tables.items()}
+
+        @tf.function
+        def run(kernels=kernels, csrs=csrs):
+            variables = kernels._variables(view)  # noqa: SLF001
+            return [all_gather.lookup(view, layout, stacked, csrs[name], variables[name][0],
+                                      feature_rows_per_sc=enqueue.feature_major_rows(layout,
+                                                                                     stacked))
+                    for name, stacked in layout.stacked_tables.items()]
+
+        runs.append(run)
+    turns = itertools.cycle(runs)
+    return lambda: next(turns)()
 
 
 def huge_page_mb():
@@ -68,8 +107,10 @@ def main():
 
     functions = {}
     for dtype in ("float32", args.dtype):
+        embeddings = []
         built = our_functions(vocab, args.dim, args.batch, "sum", optimizer(), pool,
-                              table_dtype=dtype)
+                              table_dtype=dtype, embeddings=embeddings)
+        built["lookup kernels"] = lookup_kernels(embeddings[0], pool)
         for phase in PHASES:
             functions[f"{phase}, {dtype} rows"] = built[phase]
     medians = interleaved(functions, args.rounds)
