@@ -38,6 +38,7 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tf_sc_embedding as sce  # noqa: E402
+from tf_sc_embedding.table_storage import PARAMETERS  # noqa: E402
 from bench_ops import LEARNING_RATE, OurPipeline  # noqa: E402
 from common import ragged_features  # noqa: E402
 from tf_sc_embedding import ops  # noqa: E402
@@ -173,7 +174,7 @@ class ClassKernelsAlone:
         result = {}
         for name, kinds in self.embedding.variables.items():
             slots = self.layout.stacked_tables[name].optimizer.slot_names
-            result[name] = (kinds["parameters"].shard(view.replica_id),
+            result[name] = (kinds[PARAMETERS].shard(view.replica_id),
                             [kinds[slot].shard(view.replica_id) for slot in slots])
         return result
 

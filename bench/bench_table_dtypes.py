@@ -18,8 +18,8 @@ faster).
 
 Besides the class's calls, "lookup kernels" runs only the lookup ops that `dequeue` runs (one per
 stacked table, on the table variables, as many threads), on the CSR buffers of the same batches
-built beforehand: no CSR conversion, no input iterator, no activation split. The part of `dequeue` that
-is the same for both dtypes is what it takes beyond them.
+built beforehand: no CSR conversion, no input iterator, no activation split. The part of
+`dequeue` that is the same for both dtypes is what it takes beyond them.
 
 Usage: python bench/bench_table_dtypes.py [--cap 4000000] [--rounds 30]
        [--optimizer adagrad|row_wise_adagrad] [--dtype bfloat16|float16]

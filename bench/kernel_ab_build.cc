@@ -77,7 +77,8 @@ __attribute__((visibility("default"))) void KernelAbAdagradBfloat16(
       Gradients(*view, parts, num_parts, feature_rows, num_feature_rows, dim);
   sce::RowRounding rounding;
   for (int64_t m = 0; m < num_members; ++m) {
-    rounding.members.push_back({member_rows[m], member_rotations[m], 12345u + static_cast<uint64_t>(m)});
+    rounding.members.push_back(
+        {member_rows[m], member_rotations[m], 12345u + static_cast<uint64_t>(m)});
   }
   rounding.num_shards = view->num_shards();
   rounding.step = step++;

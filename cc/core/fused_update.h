@@ -156,15 +156,11 @@ struct RowRounding {
 
   // The logical row of table row `row` of this variable, and its member's seed.
   int64_t LogicalRow(int64_t row, uint64_t* seed) const {
-    const int64_t local_shard = row / rows_per_shard;
-    return LogicalRowInShard(local_shard, row - local_shard * rows_per_shard, seed);
-  }
-  // The same for row `token` of local shard `local_shard`: a binary search over the members, no
-  // division.
-  int64_t LogicalRowInShard(int64_t local_shard, int64_t token, uint64_t* seed) const {
+    const int64_t local_shard = row / rows_per_shard, token = row - local_shard * rows_per_shard;
     return LogicalRowOfMember(MemberOf(token), local_shard, token, seed);
   }
-  // The member holding row `token` of a shard: the last with row_offset <= token.
+  // The member holding row `token` of a shard: the last with row_offset <= token (a binary
+  // search).
   size_t MemberOf(int64_t token) const {
     size_t lo = 0, hi = members.size();
     while (hi - lo > 1) {
@@ -183,7 +179,8 @@ struct RowRounding {
     while (from + 1 < members.size() && members[from + 1].row_offset <= token) ++from;
     return from;
   }
-  // LogicalRowInShard for a token of member `m`.
+  // The logical row of row `token` of local shard `local_shard`, which member `m` holds, and the
+  // member's seed (no division: the update calls it once per row).
   int64_t LogicalRowOfMember(size_t m, int64_t local_shard, int64_t token, uint64_t* seed) const {
     const Member& member = members[m];
     *seed = member.seed;
@@ -292,14 +289,15 @@ __attribute__((always_inline)) inline void AddContribution(const float* gradient
   sum->Add(gradient, gain, dim);
 }
 
-// The RoundingBits words of row `token` of local shard `local_shard` (FillRoundingWords) into
-// `words`.
+// The RoundingBits words of row `token` of local shard `local_shard`, held by member `member`
+// (RowRounding::MemberOf or MemberFrom), into `words` (FillRoundingWords).
 template <typename Row, int64_t kDim>
 __attribute__((always_inline)) inline void FillRowRoundingWords(const RowRounding& rounding,
-                                                                int64_t local_shard, int64_t token,
-                                                                int64_t dim, uint64_t* words) {
+                                                                size_t member, int64_t local_shard,
+                                                                int64_t token, int64_t dim,
+                                                                uint64_t* words) {
   uint64_t seed;
-  const int64_t logical = rounding.LogicalRowInShard(local_shard, token, &seed);
+  const int64_t logical = rounding.LogicalRowOfMember(member, local_shard, token, &seed);
   FillRoundingWords<Row, kDim>(RowRoundingKey(seed, logical, rounding.step), dim, words);
 }
 
@@ -335,8 +333,9 @@ __attribute__((always_inline)) inline void ApplyToNarrowRow(
   }
   if (rounding.stochastic && words == nullptr) {
     const int64_t local_shard = row / rounding.rows_per_shard;
-    FillRowRoundingWords<Row, kDim>(rounding, local_shard,
-                                    row - local_shard * rounding.rows_per_shard, dim, own_words);
+    const int64_t token = row - local_shard * rounding.rows_per_shard;
+    FillRowRoundingWords<Row, kDim>(rounding, rounding.MemberOf(token), local_shard, token, dim,
+                                    own_words);
     words = own_words;
   }
   if (!rounding.stochastic) words = nullptr;
@@ -549,12 +548,9 @@ __attribute__((always_inline)) inline int64_t ApplyRowSums(
       const int64_t local_shard = shard_row / rounding.rows_per_shard;
       size_t member = rows > 0 ? rounding.MemberOf(block.tokens[0]) : 0;
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t token = block.tokens[r];
-        member = rounding.MemberFrom(member, token);
-        uint64_t seed;
-        const int64_t logical = rounding.LogicalRowOfMember(member, local_shard, token, &seed);
-        FillRoundingWords<Row, kDim>(RowRoundingKey(seed, logical, rounding.step), dim,
-                                     block.rounding_words + r * words_per_row);
+        member = rounding.MemberFrom(member, block.tokens[r]);
+        FillRowRoundingWords<Row, kDim>(rounding, member, local_shard, block.tokens[r], dim,
+                                        block.rounding_words + r * words_per_row);
       }
     }
   }
