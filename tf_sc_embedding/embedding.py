@@ -310,7 +310,8 @@ class TPUEmbeddingV2(tf.Module):
 
     # ----------------------------------------------------------------------------- steps
     def enqueue(self, features, weights=None, device=None):
-        """Host preprocessing of one replica's batch; returns per stacked table sorted ids.
+        """Host preprocessing of one replica's batch; returns per stacked table its sorted ids
+        (with one replica, already packed into the lookup's CSR buffers).
 
         Works eagerly, in `tf.function`, in replica context and inside `tf.data.Dataset.map`.
         `device`: where the preprocessing runs (default: the current device). In cross-replica

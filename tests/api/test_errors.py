@@ -127,6 +127,26 @@ def test_dequeue_before_build():
         small_embedding(build=False).dequeue({})
 
 
+def test_dequeue_of_unpacked_ids_with_one_replica():
+    """One replica's enqueue packs the CSR buffers; dequeue given the sorted ids alone (what
+    enqueue returns with several replicas) names the stacked table instead of failing in a
+    kernel."""
+    from tf_sc_embedding import enqueue   # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.layout import EmbeddingLayout   # pylint: disable=import-outside-toplevel
+    embedding = small_embedding()
+    packed = embedding.enqueue(IDS)
+    [name] = packed
+    layout = EmbeddingLayout(embedding.feature_config, E.SGD(0.1), 1, 4, {"f": (4,)})
+    unpacked = enqueue.preprocess(layout, [IDS["f"]], [None])
+    with pytest.raises(ValueError, match=f"stacked table '{name}': dequeue takes what enqueue "
+                                         "of this embedding returned \\(PackedCsr\\), got "
+                                         "PreprocessedTable"):
+        embedding.dequeue(unpacked)
+    activations, _ = embedding.dequeue(packed)   # the embedding still works
+    np.testing.assert_array_equal(activations["f"].numpy(),
+                                  embedding.embedding_lookup(IDS)[0]["f"].numpy())
+
+
 @pytest.mark.parametrize("batch", [6, 2, 1])
 def test_per_replica_batch_not_divisible_by_sparse_cores(batch):
     embedding = small_embedding(build=False)

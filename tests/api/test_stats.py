@@ -258,10 +258,13 @@ def test_dropped_ids_are_counted_like_the_op_counts_them():
     embedding.build(per_replica_batch_size=B)
     layout = embedding.embedding_layouts["video"]
     vocab_rows = layout.num_sparse_cores * layout.total_rows_per_sparse_core_shard
+    from tf_sc_embedding import enqueue   # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.layout import EmbeddingLayout   # pylint: disable=import-outside-toplevel
+    one_replica = EmbeddingLayout(features_config(), E.SGD(0.1), 1, 4, {"watched": (B,)})
     total = 0
     for seed in (50, 51):
         ids = batch(seed=seed)
-        preprocessed = embedding.enqueue(ids)["video"]
+        preprocessed = enqueue.preprocess(one_replica, [ids["watched"]], [None])["video"]
         csr = sce.ops.get_minibatches_in_csr_with_physical_replica(
             tf.constant([""]), preprocessed.sorted_row_ids, preprocessed.sorted_col_ids,
             preprocessed.sorted_gains, preprocessed.splits, preprocessed.id_counts,
@@ -270,6 +273,8 @@ def test_dropped_ids_are_counted_like_the_op_counts_them():
             num_sc_per_chip=4, table_name="video",
             mini_batch_in_csr="", allow_id_dropping=True)
         total += int(csr.num_dropped_ids)
+        # With one replica, the class's enqueue packs the CSR buffers (and drops the ids) itself.
+        assert int(embedding.enqueue(ids)["video"].num_dropped) == int(csr.num_dropped_ids)
     assert total > 0
     for seed in (50, 51):
         embedding(batch(seed=seed))

@@ -7,7 +7,8 @@ dropping), at the price of bytes that grow with the replica count; the default m
 exchange is all_to_all.py, whose bytes per replica stay flat.
 
 Each replica holds SparseCore shards [d*S, (d+1)*S) of every stacked table. A step:
-1. the replicas agree on minibatch splits (OR of every replica's bitmask) and pack CSR buffers;
+1. the replicas agree on minibatch splits (OR of every replica's bitmask) and pack CSR buffers
+   (one replica has nothing to agree on: its `enqueue` packs them, see `PackedCsr`);
 2. the CSR buffers are all-gathered, every replica looks up the rows it holds for *all* samples,
    and a sum all-reduce assembles each replica's activations (forward);
 3. activation gradients are all-gathered and every replica applies the fused optimizer to the rows
@@ -29,6 +30,12 @@ PreservedCsr = collections.namedtuple(
     "PreservedCsr", ["row_pointers", "sorted_sample_ids", "sorted_token_ids", "sorted_gains",
                      "num_minibatches"])
 
+# One replica's CSR buffers, packed by `enqueue` (`AllGatherExchange.preprocess`): with no other
+# replica's splits to agree on, the packing belongs to the host preprocessing, as in TensorFlow's
+# TPUEmbeddingV2, and runs in the input pipeline when enqueue does. num_dropped: the ids the
+# packing dropped (allow_id_dropping), counted when dequeue looks the batch up.
+PackedCsr = collections.namedtuple("PackedCsr", ["csr", "num_dropped"])
+
 MAX_MINIBATCHES_PER_SPARSE_CORE = 64
 
 
@@ -45,15 +52,11 @@ def _gathered_ids(view, values, size, pad_value):
     return view.all_gather(padded)
 
 
-def pack_and_gather(view, layout, stacked, preprocessed, sparse_core_config):
-    """Agreed splits -> CSR buffers of this replica -> gathered buffers of all replicas.
-
-    Returns (PreservedCsr, number of ids this replica dropped with allow_id_dropping).
-    """
-    splits = _agreed_splits(view, preprocessed.splits)
+def _pack(layout, stacked, preprocessed, splits, sparse_core_config):
+    """The CSR buffers of one replica's preprocessed ids under the agreed `splits`."""
     per_sample = sparse_core_config.max_ids_per_chip_per_sample if sparse_core_config else 64
     allow_dropping = bool(sparse_core_config and sparse_core_config.allow_id_dropping)
-    csr = ops.get_minibatches_in_csr_with_physical_replica(
+    return ops.get_minibatches_in_csr_with_physical_replica(
         tf.constant([""]), preprocessed.sorted_row_ids, preprocessed.sorted_col_ids,
         preprocessed.sorted_gains, splits, preprocessed.id_counts,
         sample_count=stacked.sample_count, num_replica=layout.num_replicas,
@@ -62,6 +65,26 @@ def pack_and_gather(view, layout, stacked, preprocessed, sparse_core_config):
         feature_width=stacked.padded_width, num_sc_per_chip=layout.sparse_cores_per_replica,
         table_name=stacked.name, mini_batch_in_csr="", allow_id_dropping=allow_dropping,
         trim_to_size=True)
+
+
+def pack_one_replica(layout, stacked, preprocessed, sparse_core_config):
+    """The PackedCsr of the only replica's preprocessed ids: its own splits are the agreed ones."""
+    if layout.num_replicas != 1:
+        raise ValueError(f"stacked table '{stacked.name}': {layout.num_replicas} replicas must "
+                         "agree on their minibatch splits before packing (pack_and_gather)")
+    csr = _pack(layout, stacked, preprocessed, preprocessed.splits, sparse_core_config)
+    return PackedCsr(PreservedCsr(csr.row_pointers, csr.sorted_sample_ids, csr.sorted_token_ids,
+                                  csr.sorted_gains, csr.num_minibatches_per_physical_sparse_core),
+                     csr.num_dropped_ids)
+
+
+def pack_and_gather(view, layout, stacked, preprocessed, sparse_core_config):
+    """Agreed splits -> CSR buffers of this replica -> gathered buffers of all replicas.
+
+    Returns (PreservedCsr, number of ids this replica dropped with allow_id_dropping).
+    """
+    csr = _pack(layout, stacked, preprocessed, _agreed_splits(view, preprocessed.splits),
+                sparse_core_config)
     pad = 2 ** 31 - 1
     size = csr.ids_unpadded_size
     return PreservedCsr(
@@ -127,11 +150,31 @@ class AllGatherExchange(base.Exchange):
         return (enqueue_lib.PER_FEATURE if self.layout.num_replicas == 1
                 else enqueue_lib.FEATURE_MAJOR)
 
+    def preprocess(self, ids_by_path, weights_by_path, observe_maxima=None):
+        """The sorted ids with their splits; with one replica, already packed (PackedCsr)."""
+        preprocessed = super().preprocess(ids_by_path, weights_by_path, observe_maxima)
+        if self.layout.num_replicas > 1:
+            return preprocessed   # packed in dequeue, once the replicas agree on the splits
+        return {name: pack_one_replica(self.layout, stacked, preprocessed[name],
+                                       self._sparse_core_config)
+                for name, stacked in self.stacked_tables.items()}
+
+    def _csr(self, view, stacked, preprocessed):
+        """(PreservedCsr, ids dropped) of one stacked table's enqueued ids."""
+        expected = PackedCsr if self.layout.num_replicas == 1 else enqueue_lib.PreprocessedTable
+        if not isinstance(preprocessed, expected):
+            raise ValueError(f"stacked table '{stacked.name}': dequeue takes what enqueue of this "
+                             f"embedding returned ({expected.__name__}), got "
+                             f"{type(preprocessed).__name__}")
+        if isinstance(preprocessed, PackedCsr):
+            return preprocessed
+        return pack_and_gather(view, self.layout, stacked, preprocessed,
+                               self._sparse_core_config)
+
     def _lookup_stacked(self, view, preprocessed, parameters):
         activations, preserved, dropped = {}, {}, []
         for name, stacked in self.stacked_tables.items():
-            csr, num_dropped = pack_and_gather(view, self.layout, stacked, preprocessed[name],
-                                               self._sparse_core_config)
+            csr, num_dropped = self._csr(view, stacked, preprocessed[name])
             activations[name] = lookup(view, self.layout, stacked, csr, parameters[name],
                                        feature_rows_per_sc=self.feature_major_rows(name))
             preserved[name] = csr
