@@ -136,7 +136,16 @@ class ClassKernelsAlone:
 
     @tf.function
     def preprocess(self):
-        """The stacked tables' one-op preprocessing, ids to minibatch splits (what enqueue runs)."""
+        """What enqueue runs per stacked table: `splits`, then (one replica) the CSR packing;
+        {stacked name: all_gather.PackedCsr}."""
+        splits = self.splits()
+        return {name: self.sharded_lookup.pack_one_replica(self.layout, stacked, splits[name],
+                                                           None)
+                for name, stacked in self.layout.stacked_tables.items()}
+
+    @tf.function
+    def splits(self):
+        """The stacked tables' one-op preprocessing, ids to minibatch splits."""
         from tf_sc_embedding.ops import preprocessing  # noqa: PLC0415
         layout, result = self.layout, {}
         for name, stacked in layout.stacked_tables.items():
@@ -162,9 +171,7 @@ class ClassKernelsAlone:
     def _lookup(self, view, variables):
         activations, csrs = [], {}
         for name, stacked in self.layout.stacked_tables.items():
-            csr, _ = self.sharded_lookup.pack_and_gather(view, self.layout, stacked,
-                                                      self.preprocessed[name], None)
-            csrs[name] = csr
+            csr = csrs[name] = self.preprocessed[name].csr
             activations.append(self.sharded_lookup.lookup(view, self.layout, stacked, csr,
                                                           variables[name][0]))
         return activations, csrs
@@ -180,13 +187,13 @@ class ClassKernelsAlone:
 
     @tf.function
     def forward(self):
-        """CSR + lookup per stacked table (what dequeue runs before unstacking)."""
+        """The lookup per stacked table (what dequeue runs before unstacking)."""
         view = self.collectives.ReplicaView(self.embedding.replica_group)
         return self._lookup(view, self._variables(view))[0]
 
     @tf.function
     def forward_and_update(self):
-        """CSR + lookup + fused Adagrad per stacked table."""
+        """The lookup and the fused Adagrad per stacked table."""
         view = self.collectives.ReplicaView(self.embedding.replica_group)
         variables = self._variables(view)
         activations, csrs = self._lookup(view, variables)
@@ -261,9 +268,9 @@ def main():
         kernels = ClassKernelsAlone(embedding, tf.nest.flatten(ids), tf.nest.flatten(weights),
                                     gradients)
         functions.update({
-            "class kernels: ids to minibatch splits": kernels.preprocess,
-            "class kernels: CSR + lookup": kernels.forward,
-            "class kernels: CSR + lookup + fused Adagrad": kernels.forward_and_update,
+            "class kernels: ids to CSR buffers": kernels.preprocess,
+            "class kernels: lookup": kernels.forward,
+            "class kernels: lookup + fused Adagrad": kernels.forward_and_update,
         })
     if not args.skip_ops:
         # The op library without the class: one table per feature, as in bench/bench_ops.py.
@@ -297,9 +304,9 @@ def main():
         print(f"| {name} | {medians[name]:.1f} | {q[0]:.1f}-{q[2]:.1f} | {min(s):.1f} | "
               f"{statistics.median(cpu[name]):.1f} |")
     if with_kernels:
-        k_pre = medians["class kernels: ids to minibatch splits"]
-        k_fwd = medians["class kernels: CSR + lookup"]
-        k_upd = medians["class kernels: CSR + lookup + fused Adagrad"]
+        k_pre = medians["class kernels: ids to CSR buffers"]
+        k_fwd = medians["class kernels: lookup"]
+        k_upd = medians["class kernels: lookup + fused Adagrad"]
         call = medians["tf.function call with the class's ragged inputs, no ops"]
         print("\nThe class against its own kernels (stacked tables, inputs computed beforehand; "
               f"the class's times include {call:.1f} ms of calling a tf.function with 52 ragged "

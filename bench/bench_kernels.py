@@ -68,10 +68,11 @@ def measure(args):
         layout = kernels.layout
         view = collectives.ReplicaView(embedding.replica_group)
 
+        splits = kernels.splits()
+
         @tf.function
-        def pack(kernels=kernels, layout=layout):
-            return {n: sharded_lookup.pack_and_gather(view, layout, s, kernels.preprocessed[n],
-                                                      None)[0]
+        def pack(splits=splits, layout=layout):
+            return {n: sharded_lookup.pack_one_replica(layout, s, splits[n], None).csr
                     for n, s in layout.stacked_tables.items()}
 
         csrs = pack()
@@ -102,13 +103,16 @@ def measure(args):
             @tf.function
             def update():
                 for n, s in layout.stacked_tables.items():
-                    target = fused_update.UpdateTarget(s, arguments[n], *variables[n], True)
+                    target = fused_update.UpdateTarget(
+                        s, arguments[n], *variables[n], True,
+                        embedding.replica_group.counter(view.replica_id,
+                                                        collectives.UPDATE_STEPS))
                     fused_update.run(target, sharded_lookup.update_inputs(view, csrs[n], grads[n]))
             return update
 
         if name == "Adagrad":
             functions["preprocessing: ids to minibatch splits (one op per stacked table)"] = (
-                kernels.preprocess)
+                kernels.splits)
             functions["preprocessing: CSR packing"] = pack
             functions["forward lookup"] = forward
         functions[f"fused {name} update"] = make_update(False)

@@ -59,9 +59,7 @@ def lookup_kernels(embedding, pool):
         unused_gradients = {path: tf.zeros([batch, dim]) for path in ids}  # the lookup reads none
         kernels = ClassKernelsAlone(embedding, tf.nest.flatten(ids), tf.nest.flatten(weights),
                                     unused_gradients)
-        csrs = {name: all_gather.pack_and_gather(view, layout, stacked,
-                                                 kernels.preprocessed[name], None)[0]
-                for name, stacked in layout.stacked_tables.items()}
+        csrs = {name: kernels.preprocessed[name].csr for name in layout.stacked_tables}
 
         @tf.function
         def run(kernels=kernels, csrs=csrs):

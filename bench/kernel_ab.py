@@ -92,8 +92,7 @@ def dump_criteo_csrs(path, batch=4096, dim=32, cap=4_000_000):
     with open(path, "wb") as out:
         out.write(np.int64(len(layout.stacked_tables)).tobytes())
         for name, stacked in layout.stacked_tables.items():
-            csr = sharded_lookup.pack_and_gather(view, layout, stacked, kernels.preprocessed[name],
-                                                 None)[0]
+            csr = kernels.preprocessed[name].csr
             arrays = [csr.row_pointers.numpy().astype(np.int32),
                       csr.sorted_sample_ids.numpy().astype(np.int32),
                       csr.sorted_token_ids.numpy().astype(np.int32),
