@@ -34,6 +34,7 @@ Usage: python bench/bench_api.py [--caps 1000000,4000000] [--rounds 40] [--threa
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -79,6 +80,19 @@ def parse_args():
     parser.add_argument("--scaling-sizes", default="10000,100000,1000000,10000000")
     parser.add_argument("--skip-scaling", action="store_true")
     return parser.parse_args()
+
+
+def child_arguments(cap):
+    """This run's command-line arguments with --caps set to `cap` alone and no scaling run."""
+    arguments, skip = [], False
+    for argument in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif argument == "--caps":
+            skip = True
+        elif not argument.startswith("--caps=") and argument != "--skip-scaling":
+            arguments.append(argument)
+    return [*arguments, f"--caps={cap}", "--skip-scaling"]
 
 
 def capped_vocabulary(cap):
@@ -325,9 +339,18 @@ def scaling(args):
 
 def main():
     args = parse_args()
+    caps = [int(c) for c in args.caps.split(",") if c]
+    if len(caps) > 1:
+        # One process per cap: the tables of every configuration at a 4M cap take about 20 GB,
+        # and TensorFlow keeps a finished cap's tables alive, so two caps in one process can
+        # exceed a 24 GB machine.
+        for cap in caps:
+            subprocess.run([sys.executable, os.path.abspath(__file__), *child_arguments(cap)],
+                           check=True)
+        caps = []
     use_threads(args.threads)
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
-    for cap in (int(c) for c in args.caps.split(",") if c):
+    for cap in caps:
         compare_at_cap(cap, args)
     if not args.skip_scaling:
         scaling(args)
