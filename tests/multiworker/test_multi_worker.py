@@ -228,7 +228,9 @@ def test_pipelined_workers_train_like_one_pipelined_process(tmp_path, replicate)
                for k in reference if not k.startswith("shard_rows/"))
 
 
-@pytest.mark.parametrize("extra", [(), ("--dynamic",)], ids=["fixed", "dynamic"])
+# The dynamic case (about 30 s) runs with the slow tests: the default run keeps under 20 minutes.
+@pytest.mark.parametrize("extra", [(), pytest.param(("--dynamic",), marks=pytest.mark.slow)],
+                         ids=["fixed", "dynamic"])
 def test_prefetching_workers_train_bit_for_bit_like_pipelined_workers(tmp_path, extra):
     """Two workers whose steps prefetch the next batch's lookup (next_features) end with the
     tables of two pipelined workers that do not, bit for bit. With an open vocabulary its whole
@@ -286,6 +288,7 @@ def test_online_limits_are_agreed_over_workers_and_logged(tmp_path):
         assert last, log[-3000:]
 
 
+@pytest.mark.slow   # about 40 s; the default run keeps under 20 minutes
 def test_checkpoint_from_two_workers_restores_anywhere(tmp_path):
     # 2 workers train 2 steps and save (chief's path is the real one) ...
     first, codes = run_cluster(tmp_path, "first", 2,
