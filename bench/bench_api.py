@@ -82,19 +82,6 @@ def parse_args():
     return parser.parse_args()
 
 
-def child_arguments(cap):
-    """This run's command-line arguments with --caps set to `cap` alone and no scaling run."""
-    arguments, skip = [], False
-    for argument in sys.argv[1:]:
-        if skip:
-            skip = False
-        elif argument == "--caps":
-            skip = True
-        elif not argument.startswith("--caps=") and argument != "--skip-scaling":
-            arguments.append(argument)
-    return [*arguments, f"--caps={cap}", "--skip-scaling"]
-
-
 def capped_vocabulary(cap):
     return [min(v, cap) for v in CRITEO_LIKE_VOCABULARY_SIZES]
 
@@ -345,8 +332,9 @@ def main():
         # and TensorFlow keeps a finished cap's tables alive, so two caps in one process can
         # exceed a 24 GB machine.
         for cap in caps:
-            subprocess.run([sys.executable, os.path.abspath(__file__), *child_arguments(cap)],
-                           check=True)
+            # argparse keeps the last --caps given.
+            subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:],
+                            f"--caps={cap}", "--skip-scaling"], check=True)
         caps = []
     use_threads(args.threads)
     print(f"load average at start: {os.getloadavg()[0]:.2f}")

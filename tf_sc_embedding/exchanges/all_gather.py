@@ -67,15 +67,24 @@ def _pack(layout, stacked, preprocessed, splits, sparse_core_config):
         trim_to_size=True)
 
 
+def _as_preserved(csr):
+    """The PreservedCsr fields of the packing op's outputs."""
+    return PreservedCsr(csr.row_pointers, csr.sorted_sample_ids, csr.sorted_token_ids,
+                        csr.sorted_gains, csr.num_minibatches_per_physical_sparse_core)
+
+
+def packs_at_enqueue(layout):
+    """Whether enqueue packs the CSR buffers: only one replica has no splits to agree on."""
+    return layout.num_replicas == 1
+
+
 def pack_one_replica(layout, stacked, preprocessed, sparse_core_config):
     """The PackedCsr of the only replica's preprocessed ids: its own splits are the agreed ones."""
-    if layout.num_replicas != 1:
+    if not packs_at_enqueue(layout):
         raise ValueError(f"stacked table '{stacked.name}': {layout.num_replicas} replicas must "
                          "agree on their minibatch splits before packing (pack_and_gather)")
     csr = _pack(layout, stacked, preprocessed, preprocessed.splits, sparse_core_config)
-    return PackedCsr(PreservedCsr(csr.row_pointers, csr.sorted_sample_ids, csr.sorted_token_ids,
-                                  csr.sorted_gains, csr.num_minibatches_per_physical_sparse_core),
-                     csr.num_dropped_ids)
+    return PackedCsr(_as_preserved(csr), csr.num_dropped_ids)
 
 
 def pack_and_gather(view, layout, stacked, preprocessed, sparse_core_config):
@@ -85,14 +94,13 @@ def pack_and_gather(view, layout, stacked, preprocessed, sparse_core_config):
     """
     csr = _pack(layout, stacked, preprocessed, _agreed_splits(view, preprocessed.splits),
                 sparse_core_config)
-    pad = 2 ** 31 - 1
-    size = csr.ids_unpadded_size
-    return PreservedCsr(
-        view.all_gather(csr.row_pointers),
-        _gathered_ids(view, csr.sorted_sample_ids, size, pad),
-        _gathered_ids(view, csr.sorted_token_ids, size, pad),
-        _gathered_ids(view, csr.sorted_gains, size, float(pad)),
-        csr.num_minibatches_per_physical_sparse_core), csr.num_dropped_ids
+    local, pad, size = _as_preserved(csr), 2 ** 31 - 1, csr.ids_unpadded_size
+    gathered = local._replace(
+        row_pointers=view.all_gather(local.row_pointers),
+        sorted_sample_ids=_gathered_ids(view, local.sorted_sample_ids, size, pad),
+        sorted_token_ids=_gathered_ids(view, local.sorted_token_ids, size, pad),
+        sorted_gains=_gathered_ids(view, local.sorted_gains, size, float(pad)))
+    return gathered, csr.num_dropped_ids
 
 
 def shard_arguments(layout, replica_id):
@@ -153,7 +161,7 @@ class AllGatherExchange(base.Exchange):
     def preprocess(self, ids_by_path, weights_by_path, observe_maxima=None):
         """The sorted ids with their splits; with one replica, already packed (PackedCsr)."""
         preprocessed = super().preprocess(ids_by_path, weights_by_path, observe_maxima)
-        if self.layout.num_replicas > 1:
+        if not packs_at_enqueue(self.layout):
             return preprocessed   # packed in dequeue, once the replicas agree on the splits
         return {name: pack_one_replica(self.layout, stacked, preprocessed[name],
                                        self._sparse_core_config)
@@ -161,12 +169,13 @@ class AllGatherExchange(base.Exchange):
 
     def _csr(self, view, stacked, preprocessed):
         """(PreservedCsr, ids dropped) of one stacked table's enqueued ids."""
-        expected = PackedCsr if self.layout.num_replicas == 1 else enqueue_lib.PreprocessedTable
+        packed = packs_at_enqueue(self.layout)
+        expected = PackedCsr if packed else enqueue_lib.PreprocessedTable
         if not isinstance(preprocessed, expected):
             raise ValueError(f"stacked table '{stacked.name}': dequeue takes what enqueue of this "
                              f"embedding returned ({expected.__name__}), got "
                              f"{type(preprocessed).__name__}")
-        if isinstance(preprocessed, PackedCsr):
+        if packed:
             return preprocessed
         return pack_and_gather(view, self.layout, stacked, preprocessed,
                                self._sparse_core_config)
