@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "cc/core/checked_math.h"
+#include "cc/core/sample_major_order.h"
 
 namespace sce {
 
@@ -28,7 +29,9 @@ inline float Quantize(float v, float low, float high, float quantum) {
   return std::floor((v - low) / quantum + 0.5f) * quantum + low;
 }
 
-// Sums one segment's gain-weighted rows into the activation block. Every version adds the same
+// Sums one segment's gain-weighted rows into the activation block, in buffer order: the loop for
+// tables beyond SampleMajorOrder's row index and for LookupLoop::kInBufferOrder (tests; the
+// sample-major loop below gives the same bits). Every version adds the same
 // products in the same order (no FMA contraction), so the activations are bit-identical. Upcoming
 // table rows and activation rows are prefetched: both are read at random (entries are sorted by
 // row, samples are not). Sample i of the segment's source SparseCore goes to row out_rows[i] of
@@ -87,6 +90,58 @@ SCE_DEFINE_ACCUMULATE_SEGMENT(AccumulateSegmentAvx2, SCE_TARGET_AVX2)
 SCE_DEFINE_ACCUMULATE_SEGMENT(AccumulateSegmentBaseline, )
 #undef SCE_DEFINE_ACCUMULATE_SEGMENT
 
+// Sums the table rows of each sample of one source SparseCore, grouped by SampleMajorOrder, and
+// stores each activation row once: sample i goes to row out_rows[i] of `activations`, or to row
+// first_row + i when out_rows is null. The sum starts at +0 and adds the products in the order
+// AccumulateSegmentBody would, so the bits are the same. Only the table rows are read at random;
+// the one of the entry kPrefetchDistance ahead is prefetched (on the 4M-cap benchmark workload in
+// bench/kernel_ab.py, 16 took 5-7% more time than 32, and 64 was within 3% of it).
+template <typename Row, int64_t kDim>
+__attribute__((always_inline)) inline void AccumulateSamplesBody(
+    const SampleMajorEntry* entries, const int32_t* sample_begin, int64_t num_samples,
+    const Row* table, int64_t runtime_dim, float* activations, int64_t first_row,
+    const int32_t* out_rows) {
+  const int64_t dim = kDim > 0 ? kDim : runtime_dim;
+  const int64_t table_lines = (dim * static_cast<int64_t>(sizeof(Row)) + 63) / 64;
+  constexpr int64_t kPrefetchDistance = 32;
+  const int64_t num_entries = sample_begin[num_samples];
+#define SCE_PREFETCH_AHEAD(k)                                                            \
+  if ((k) + kPrefetchDistance < num_entries) {                                           \
+    const char* ahead = reinterpret_cast<const char*>(                                   \
+        table + static_cast<int64_t>(entries[(k) + kPrefetchDistance].row) * dim);       \
+    for (int64_t line = 0; line < table_lines; ++line) __builtin_prefetch(ahead + 64 * line); \
+  }
+  // A fixed-width sum is a local array, which the compiler keeps in vector registers; a width
+  // read at run time sums into the activation row itself (it stays in L1 while the sample lasts).
+  float local[kDim > 0 ? kDim : 1];
+  for (int64_t i = 0; i < num_samples; ++i) {
+    float* out = activations + (out_rows ? out_rows[i] : first_row + i) * dim;
+    float* sum = kDim > 0 ? local : out;
+    for (int64_t j = 0; j < dim; ++j) sum[j] = 0.0f;
+    for (int64_t k = sample_begin[i]; k < sample_begin[i + 1]; ++k) {
+      SCE_PREFETCH_AHEAD(k)
+      const float gain = entries[k].gain;
+      const Row* row = table + static_cast<int64_t>(entries[k].row) * dim;
+      for (int64_t j = 0; j < dim; ++j) sum[j] += gain * RowValue(row + j);
+    }
+    if (kDim > 0) std::memcpy(out, local, sizeof(float) * dim);
+  }
+#undef SCE_PREFETCH_AHEAD
+}
+
+#define SCE_DEFINE_ACCUMULATE_SAMPLES(name, target)                                          \
+  template <typename Row, int64_t kDim>                                                      \
+  target void name(const SampleMajorEntry* entries, const int32_t* sample_begin,             \
+                   int64_t num_samples, const Row* table, int64_t dim, float* activations,   \
+                   int64_t first_row, const int32_t* out_rows) {                             \
+    AccumulateSamplesBody<Row, kDim>(entries, sample_begin, num_samples, table, dim,          \
+                                     activations, first_row, out_rows);                      \
+  }
+SCE_DEFINE_ACCUMULATE_SAMPLES(AccumulateSamplesAvx512, SCE_TARGET_AVX512)
+SCE_DEFINE_ACCUMULATE_SAMPLES(AccumulateSamplesAvx2, SCE_TARGET_AVX2)
+SCE_DEFINE_ACCUMULATE_SAMPLES(AccumulateSamplesBaseline, )
+#undef SCE_DEFINE_ACCUMULATE_SAMPLES
+
 template <typename Row>
 using AccumulateSegmentFn = void (*)(const CsrView&, int64_t, int64_t, const Row*, int64_t,
                                      float*, int64_t, const int32_t*);
@@ -98,15 +153,33 @@ using AccumulateSegmentFn = void (*)(const CsrView&, int64_t, int64_t, const Row
         &fn<Row, ::sce::kFixedRowWidths[2]>, &fn<Row, 0>                                 \
   }
 
+// The builds of the row loop templates `prefix##Baseline`, `##Avx2` and `##Avx512` in
+// SelectRowLoopBuild's order.
+#define SCE_ISA_ROW_WIDTH_BUILDS(prefix, Row)                                              \
+  {                                                                                      \
+    SCE_ROW_TYPE_WIDTH_BUILDS(prefix##Baseline, Row),                                    \
+        SCE_ROW_TYPE_WIDTH_BUILDS(prefix##Avx2, Row),                                    \
+        SCE_ROW_TYPE_WIDTH_BUILDS(prefix##Avx512, Row)                                   \
+  }
+
 // The build of the accumulation loop for `isa` and `dim`. With the width fixed at compile time
 // the forward lookup of the benchmark workload takes 25-28% less time, with the same bits
 // (bench/kernel_ab.py --kernel forward; BENCHMARKS.md, "Design measurements").
 template <typename Row>
 AccumulateSegmentFn<Row> AccumulateSegmentFor(VectorIsa isa, int64_t dim) {
-  static constexpr AccumulateSegmentFn<Row> kBuilds[3][4] = {
-      SCE_ROW_TYPE_WIDTH_BUILDS(AccumulateSegmentBaseline, Row),
-      SCE_ROW_TYPE_WIDTH_BUILDS(AccumulateSegmentAvx2, Row),
-      SCE_ROW_TYPE_WIDTH_BUILDS(AccumulateSegmentAvx512, Row)};
+  static constexpr AccumulateSegmentFn<Row> kBuilds[3][4] =
+      SCE_ISA_ROW_WIDTH_BUILDS(AccumulateSegment, Row);
+  return SelectRowLoopBuild(kBuilds, isa, dim);
+}
+
+template <typename Row>
+using AccumulateSamplesFn = void (*)(const SampleMajorEntry*, const int32_t*, int64_t, const Row*,
+                                     int64_t, float*, int64_t, const int32_t*);
+
+template <typename Row>
+AccumulateSamplesFn<Row> AccumulateSamplesFor(VectorIsa isa, int64_t dim) {
+  static constexpr AccumulateSamplesFn<Row> kBuilds[3][4] =
+      SCE_ISA_ROW_WIDTH_BUILDS(AccumulateSamples, Row);
   return SelectRowLoopBuild(kBuilds, isa, dim);
 }
 
@@ -132,7 +205,8 @@ void AccumulateQuantizedSegment(const CsrView& view, int64_t begin, int64_t end,
 template <typename Row>
 void SparseDenseMatmul(const CsrView& view, const Row* table, int64_t dim,
                        const Quantization& q, float* activations, const ParallelFor& parallel_for,
-                       const FeatureRowsPerSc& feature_rows_per_sc, VectorIsa isa) {
+                       const FeatureRowsPerSc& feature_rows_per_sc, VectorIsa isa,
+                       LookupLoop loop) {
   const int64_t samples_per_sc = view.samples_per_sc();
   const int64_t rows_per_shard = view.rows_per_shard();
   const float quantum = q.enabled() ? (q.high - q.low) / static_cast<float>(q.num_buckets - 1) : 0;
@@ -141,6 +215,9 @@ void SparseDenseMatmul(const CsrView& view, const Row* table, int64_t dim,
       feature_major ? MakeFeatureMajorRows(view, feature_rows_per_sc) : FeatureMajorRows();
   const int64_t F = static_cast<int64_t>(feature_rows_per_sc.size());
   const AccumulateSegmentFn<Row> accumulate = AccumulateSegmentFor<Row>(isa, dim);
+  const AccumulateSamplesFn<Row> accumulate_samples = AccumulateSamplesFor<Row>(isa, dim);
+  const bool by_sample = loop != LookupLoop::kInBufferOrder && !q.enabled() &&
+                         rows_per_shard * dim != 0 && SampleMajorOrder::Fits(view);
   // Each source SparseCore owns a disjoint set of activation rows, so SCs run in parallel.
   const int64_t num_sources = view.num_source_sparse_cores();
   parallel_for(num_sources, 64 * view.num_token_ids / num_sources + 1,
@@ -152,6 +229,14 @@ void SparseDenseMatmul(const CsrView& view, const Row* table, int64_t dim,
       if (block_elements == 0) continue;
       const int64_t first_row = s * samples_per_sc;
       const int32_t* out_rows = feature_major ? order.out_row.data() + first_row : nullptr;
+      if (by_sample) {
+        // One order per thread, reused by every lookup the thread runs (SampleMajorOrder::Build).
+        static thread_local SampleMajorOrder samples;
+        samples.Build(view, s);
+        accumulate_samples(samples.entries(), samples.sample_begin(), samples_per_sc, table, dim,
+                           activations, first_row, out_rows);
+        continue;
+      }
       if (feature_major) {
         for (int64_t f = 0; f < F; ++f) {
           const auto& run = order.runs[s * F + f];
@@ -180,12 +265,12 @@ void SparseDenseMatmul(const CsrView& view, const Row* table, int64_t dim,
 
 template void SparseDenseMatmul<float>(const CsrView&, const float*, int64_t,
                                        const Quantization&, float*, const ParallelFor&,
-                                       const FeatureRowsPerSc&, VectorIsa);
+                                       const FeatureRowsPerSc&, VectorIsa, LookupLoop);
 template void SparseDenseMatmul<Bfloat16>(const CsrView&, const Bfloat16*, int64_t,
                                           const Quantization&, float*, const ParallelFor&,
-                                          const FeatureRowsPerSc&, VectorIsa);
+                                          const FeatureRowsPerSc&, VectorIsa, LookupLoop);
 template void SparseDenseMatmul<Float16>(const CsrView&, const Float16*, int64_t,
                                          const Quantization&, float*, const ParallelFor&,
-                                         const FeatureRowsPerSc&, VectorIsa);
+                                         const FeatureRowsPerSc&, VectorIsa, LookupLoop);
 
 }  // namespace sce

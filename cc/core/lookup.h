@@ -23,6 +23,11 @@ struct Quantization {
 
 Status ValidateQuantization(const Quantization& q, const std::string& table_name);
 
+// The loop that sums the entries; both give the same bits. kAuto groups the entries by sample
+// (SampleMajorOrder) unless the lookup is quantized or the table has more rows than its 32-bit
+// index holds; then it adds them in buffer order. Tests ask for either to compare them.
+enum class LookupLoop { kAuto, kInBufferOrder };
+
 // `view` must have passed ValidateCsrView, `feature_rows_per_sc` ValidateFeatureRows. `table` is
 // [view.table_rows, dim] of float, Bfloat16 or Float16 (row_precision.h; read as float32);
 // `activations` is [view.input_size, dim] and is overwritten. `isa` picks the instruction set of
@@ -33,7 +38,7 @@ void SparseDenseMatmul(const CsrView& view, const Row* table, int64_t dim,
                        const Quantization& quantization, float* activations,
                        const ParallelFor& parallel_for,
                        const FeatureRowsPerSc& feature_rows_per_sc = {},
-                       VectorIsa isa = BestVectorIsa());
+                       VectorIsa isa = BestVectorIsa(), LookupLoop loop = LookupLoop::kAuto);
 
 }  // namespace sce
 

@@ -39,6 +39,7 @@
 #include "cc/core/key_values.h"
 #include "cc/core/string_key_row_map.h"
 #include "cc/core/lookup.h"
+#include "cc/core/sample_major_order.h"
 #include "cc/core/layout.h"
 #include "cc/core/minibatch_splits.h"
 #include "cc/core/online_limits.h"
@@ -2764,15 +2765,17 @@ void TestLookupOverwritesActivations() {
     q.num_buckets = 5;
     for (const sce::Quantization& quantization : {sce::Quantization(), q}) {
       for (const sce::FeatureRowsPerSc& order : {sce::FeatureRowsPerSc(), features}) {
-        // Stale contents (NaN) and a zero-filled buffer give the same bits.
-        FloatVec stale(expected.size(), std::nanf("")), zeroed(expected.size(), 0.0f);
-        sce::SparseDenseMatmul(csr.view, table.data(), dim, quantization, stale.data(),
-                               sce::RunSerially, order);
-        sce::SparseDenseMatmul(csr.view, table.data(), dim, quantization, zeroed.data(),
-                               sce::RunSerially, order);
-        CHECK(std::memcmp(stale.data(), zeroed.data(), stale.size() * sizeof(float)) == 0);
-        if (quantization.enabled() || !order.empty()) continue;
-        CHECK(std::memcmp(stale.data(), expected.data(), stale.size() * sizeof(float)) == 0);
+        for (sce::LookupLoop loop : {sce::LookupLoop::kAuto, sce::LookupLoop::kInBufferOrder}) {
+          // Stale contents (NaN) and a zero-filled buffer give the same bits.
+          FloatVec stale(expected.size(), std::nanf("")), zeroed(expected.size(), 0.0f);
+          sce::SparseDenseMatmul(csr.view, table.data(), dim, quantization, stale.data(),
+                                 sce::RunSerially, order, sce::BestVectorIsa(), loop);
+          sce::SparseDenseMatmul(csr.view, table.data(), dim, quantization, zeroed.data(),
+                                 sce::RunSerially, order, sce::BestVectorIsa(), loop);
+          CHECK(std::memcmp(stale.data(), zeroed.data(), stale.size() * sizeof(float)) == 0);
+          if (quantization.enabled() || !order.empty()) continue;
+          CHECK(std::memcmp(stale.data(), expected.data(), stale.size() * sizeof(float)) == 0);
+        }
       }
     }
   });
@@ -2780,7 +2783,8 @@ void TestLookupOverwritesActivations() {
 }
 
 void TestLookupIsaVersionsAgree() {
-  g_test = "lookup: every instruction set and row width gives the reference's bits";
+  g_test = "lookup: every instruction set, row width and loop (by sample or in buffer order) "
+           "gives the reference's bits";
   // 16, 32 and 64 have builds with the width fixed at compile time; the others take the loop
   // over a width read at run time. Segments of up to 40 entries also take the loop's prefetch of
   // the entry 16 ahead.
@@ -2812,14 +2816,16 @@ void TestLookupIsaVersionsAgree() {
         }
       }
       for (sce::VectorIsa isa : SupportedIsas()) {
-        FloatVec sc_major(expected.size(), std::nanf("")), feature_major(sc_major);
-        sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(), sc_major.data(),
-                               sce::RunSerially, {}, isa);
-        sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(),
-                               feature_major.data(), sce::RunSerially, features, isa);
-        CHECK(std::memcmp(sc_major.data(), expected.data(), expected.size() * 4) == 0);
-        CHECK(std::memcmp(feature_major.data(), expected_feature_major.data(),
-                          expected.size() * 4) == 0);
+        for (sce::LookupLoop loop : {sce::LookupLoop::kAuto, sce::LookupLoop::kInBufferOrder}) {
+          FloatVec sc_major(expected.size(), std::nanf("")), feature_major(sc_major);
+          sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(),
+                                 sc_major.data(), sce::RunSerially, {}, isa, loop);
+          sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(),
+                                 feature_major.data(), sce::RunSerially, features, isa, loop);
+          CHECK(std::memcmp(sc_major.data(), expected.data(), expected.size() * 4) == 0);
+          CHECK(std::memcmp(feature_major.data(), expected_feature_major.data(),
+                            expected.size() * 4) == 0);
+        }
       }
     }
   }
@@ -2827,6 +2833,63 @@ void TestLookupIsaVersionsAgree() {
   CHECK(sce::UsableIsa(sce::VectorIsa::kAvx512) == sce::BestVectorIsa());
   CHECK(sce::UsableIsa(static_cast<sce::VectorIsa>(7)) == sce::VectorIsa::kBaseline);
   CHECK(sce::UsableIsa(sce::VectorIsa::kBaseline) == sce::VectorIsa::kBaseline);
+}
+
+void TestSampleMajorOrder() {
+  g_test = "sample-major order: each sample's valid entries of its shards, in visiting order; the "
+           "lookup over some local shards gives the same bits by sample and in buffer order";
+  sce::SampleMajorOrder order;  // one object for every case: its buffers are reused
+  for (uint32_t seed = 0; seed < 6; ++seed) {
+    // Larger and smaller batches alternate, so a build after a larger one reuses its memory.
+    const int64_t samples_per_sc = seed % 2 ? 3 : 11, R = 9, S = 4;
+    RandomCsr csr(seed, 2, S, 2, R, samples_per_sc);
+    // This replica holds shards 1 and 2 of 4: the table given has their 2 * R rows.
+    csr.view.first_local_shard = 1;
+    csr.view.num_local_shards = 2;
+    csr.view.table_rows = 2 * R;
+    CHECK_OK(sce::ValidateCsrView(csr.view));
+    CHECK(sce::SampleMajorOrder::Fits(csr.view));
+    for (int64_t sc = 0; sc < csr.view.num_source_sparse_cores(); ++sc) {
+      std::vector<std::vector<std::pair<uint32_t, float>>> expected(samples_per_sc);
+      for (int64_t b = 0; b < csr.view.num_minibatches; ++b) {
+        for (int64_t p = 0; p < 2; ++p) {
+          int64_t begin, end;
+          csr.view.Segment(sc, b, 1 + p, &begin, &end);
+          for (int64_t i = begin; i < end; ++i) {
+            if (csr.tokens[i] == sce::kPad || csr.samples[i] == sce::kPad) continue;
+            expected[csr.samples[i]].push_back(
+                {static_cast<uint32_t>(p * R + csr.tokens[i]), csr.gains[i]});
+          }
+        }
+      }
+      order.Build(csr.view, sc);
+      CHECK(order.sample_begin()[0] == 0);
+      for (int64_t i = 0; i < samples_per_sc; ++i) {
+        const int64_t first = order.sample_begin()[i];
+        CHECK(order.sample_begin()[i + 1] - first == static_cast<int64_t>(expected[i].size()));
+        for (size_t k = 0; k < expected[i].size(); ++k) {
+          CHECK(order.entries()[first + k].row == expected[i][k].first);
+          CHECK(order.entries()[first + k].gain == expected[i][k].second);
+        }
+      }
+    }
+    const int64_t dim = 16;
+    FloatVec table(csr.view.table_rows * dim);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = std::sin(0.7f * i + seed);
+    FloatVec by_sample(csr.view.input_size * dim, std::nanf("")), in_buffer_order(by_sample);
+    sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(), by_sample.data(),
+                           sce::RunSerially, {}, sce::BestVectorIsa(), sce::LookupLoop::kAuto);
+    sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(),
+                           in_buffer_order.data(), sce::RunSerially, {}, sce::BestVectorIsa(),
+                           sce::LookupLoop::kInBufferOrder);
+    CHECK(std::memcmp(by_sample.data(), in_buffer_order.data(), by_sample.size() * 4) == 0);
+  }
+  // A table beyond the 32-bit row index is left to the loop in buffer order.
+  sce::CsrView huge;
+  huge.table_rows = int64_t{1} << 32;
+  CHECK(!sce::SampleMajorOrder::Fits(huge));
+  huge.table_rows -= 1;
+  CHECK(sce::SampleMajorOrder::Fits(huge));
 }
 
 void TestLookupOf16BitRows() {
@@ -3845,7 +3908,7 @@ int main() {
       TestFusedUpdateMatchesStableSortReference, TestRowWiseAdagradFormula, TestFusedUpdateRowSumBlocks,
       TestHugePageAdvice, TestStableSortByKey,
       TestStableSortWords, TestAdjacentMerge,
-      TestFeatureMajorActivations, TestLookupOverwritesActivations, TestLookupIsaVersionsAgree, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
+      TestFeatureMajorActivations, TestLookupOverwritesActivations, TestLookupIsaVersionsAgree, TestSampleMajorOrder, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
       TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks, TestIdRouting,
       TestIdRoutingPartitionMaxima, TestOwnerCsr, TestFeatureRowTables,
       TestRowPrecisionConversions, TestStochasticRoundingIsUnbiased, TestLookupOf16BitRows,
