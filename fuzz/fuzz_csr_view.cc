@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -74,14 +75,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                          activations.empty() ? nullptr : activations.data(), sce::RunSerially,
                          features);
   // Every activation row is written (rows without entries become zeros): a zero-filled output
-  // buffer gives the same bits as the stale one above.
-  {
+  // buffer gives the same bits as the stale one above, and the loop in buffer order gives the
+  // values of the default (sample-major) loop; NaNs count as equal, whatever their payload.
+  for (sce::LookupLoop loop : {sce::LookupLoop::kAuto, sce::LookupLoop::kInBufferOrder}) {
     std::vector<float> zeroed(activations.size(), 0.0f);
     sce::SparseDenseMatmul(v, table.empty() ? static_cast<const float*>(nullptr) : table.data(), dim, q,
-                           zeroed.empty() ? nullptr : zeroed.data(), sce::RunSerially, features);
-    SCE_FUZZ_CHECK(activations.empty() ||
-                   std::memcmp(zeroed.data(), activations.data(),
-                               activations.size() * sizeof(float)) == 0);
+                           zeroed.empty() ? nullptr : zeroed.data(), sce::RunSerially, features,
+                           sce::BestVectorIsa(), loop);
+    for (size_t i = 0; i < activations.size(); ++i) {
+      SCE_FUZZ_CHECK((std::isnan(zeroed[i]) && std::isnan(activations[i])) ||
+                     std::memcmp(&zeroed[i], &activations[i], sizeof(float)) == 0);
+    }
   }
 
   std::vector<float> grads = sce_fuzz::Values(in, activations.size());

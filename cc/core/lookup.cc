@@ -230,12 +230,13 @@ void SparseDenseMatmul(const CsrView& view, const Row* table, int64_t dim,
       const int64_t first_row = s * samples_per_sc;
       const int32_t* out_rows = feature_major ? order.out_row.data() + first_row : nullptr;
       if (by_sample) {
-        // One order per thread, reused by every lookup the thread runs (SampleMajorOrder::Build).
-        static thread_local SampleMajorOrder samples;
-        samples.Build(view, s);
-        accumulate_samples(samples.entries(), samples.sample_begin(), samples_per_sc, table, dim,
-                           activations, first_row, out_rows);
-        continue;
+        SampleMajorOrder& samples = SampleMajorOrder::ForThisThread();
+        if (samples.Build(view, s)) {
+          accumulate_samples(samples.entries(), samples.sample_begin(), samples_per_sc, table,
+                             dim, activations, first_row, out_rows);
+          continue;
+        }
+        // Out of memory for the grouping: this block is summed in buffer order below.
       }
       if (feature_major) {
         for (int64_t f = 0; f < F; ++f) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <new>
 
 #include "cc/core/constants.h"
 
@@ -34,20 +35,37 @@ void ForEachValidEntry(const CsrView& view, int64_t sc, Visit&& visit) {
 
 }  // namespace
 
-void SampleMajorOrder::Build(const CsrView& view, int64_t sc) {
+SampleMajorOrder& SampleMajorOrder::ForThisThread() {
+  static thread_local SampleMajorOrder order;
+  return order;
+}
+
+bool SampleMajorOrder::Build(const CsrView& view, int64_t sc) {
   // A counting sort: count each sample's entries, turn the counts into offsets, then place each
   // entry at its sample's next free slot (stable, so each sample keeps the visiting order).
   const int64_t samples = view.samples_per_sc();
-  sample_begin_.assign(samples + 1, 0);
+  try {
+    sample_begin_.assign(samples + 1, 0);
+    next_.resize(samples);
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
   ForEachValidEntry(view, sc, [&](int32_t sample, int64_t, float) { ++sample_begin_[sample + 1]; });
   for (int64_t i = 0; i < samples; ++i) sample_begin_[i + 1] += sample_begin_[i];
   const size_t total = static_cast<size_t>(sample_begin_[samples]);
   // Grow only: resize would value-initialize (write) every new entry, and a shrink frees nothing.
-  if (entries_.size() < total) entries_.resize(total);
-  next_.assign(sample_begin_.begin(), sample_begin_.end() - 1);
+  if (entries_.size() < total) {
+    try {
+      entries_.resize(total);
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+  }
+  std::copy(sample_begin_.begin(), sample_begin_.end() - 1, next_.begin());
   ForEachValidEntry(view, sc, [&](int32_t sample, int64_t row, float gain) {
     entries_[next_[sample]++] = {static_cast<uint32_t>(row), gain};
   });
+  return true;
 }
 
 }  // namespace sce

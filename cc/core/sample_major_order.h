@@ -28,10 +28,16 @@ class SampleMajorOrder {
   // (2^32 rows on one host) take the lookup's loop in buffer order.
   static bool Fits(const CsrView& view);
 
+  // This thread's order, for every lookup the thread runs whatever its row type. Its buffers keep
+  // their memory for the next Build, so a thread allocates only when a batch's block is larger
+  // than any before; the memory (8 bytes per entry and 4 per sample of the largest block) lives
+  // as long as the thread.
+  static SampleMajorOrder& ForThisThread();
+
   // Groups the valid entries of source SparseCore `sc` by sample. `view` must have passed
-  // ValidateCsrView and Fits. The buffers keep their memory for the next call, so a thread that
-  // builds an order per lookup allocates only when a batch is larger than any before.
-  void Build(const CsrView& view, int64_t sc);
+  // ValidateCsrView and Fits. False, with the order unusable, when the buffers could not grow
+  // (out of memory): the caller then sums in buffer order, which allocates nothing.
+  bool Build(const CsrView& view, int64_t sc);
 
   // Sample i's entries are entries()[sample_begin()[i] .. sample_begin()[i + 1]), for i below
   // the view's samples per SparseCore. int32 offsets hold any count: a SparseCore's entries lie

@@ -2786,14 +2786,14 @@ void TestLookupIsaVersionsAgree() {
   g_test = "lookup: every instruction set, row width and loop (by sample or in buffer order) "
            "gives the reference's bits";
   // 16, 32 and 64 have builds with the width fixed at compile time; the others take the loop
-  // over a width read at run time. Segments of up to 40 entries also take the loop's prefetch of
-  // the entry 16 ahead.
+  // over a width read at run time. Segments of up to 60 entries also reach both loops' prefetch
+  // (48 entries ahead within a segment in buffer order, 32 ahead in sample-major order).
   const int64_t G = 2, S = 4, samples_per_sc = 7;
   const sce::FeatureRowsPerSc features = {3, 0, 4};
   for (int64_t dim : {1, 5, 16, 17, 32, 48, 64, 100}) {
     for (uint32_t seed = 0; seed < 3; ++seed) {
       RandomCsr csr(seed, G, S, 2, 9, samples_per_sc, /*sorted_segments=*/true,
-                    /*max_entries=*/40);
+                    /*max_entries=*/60);
       CHECK_OK(sce::ValidateCsrView(csr.view));
       FloatVec table(csr.view.table_rows * dim);
       for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.3f * i + seed);
@@ -2862,7 +2862,7 @@ void TestSampleMajorOrder() {
           }
         }
       }
-      order.Build(csr.view, sc);
+      CHECK(order.Build(csr.view, sc));
       CHECK(order.sample_begin()[0] == 0);
       for (int64_t i = 0; i < samples_per_sc; ++i) {
         const int64_t first = order.sample_begin()[i];
@@ -2876,13 +2876,18 @@ void TestSampleMajorOrder() {
     const int64_t dim = 16;
     FloatVec table(csr.view.table_rows * dim);
     for (size_t i = 0; i < table.size(); ++i) table[i] = std::sin(0.7f * i + seed);
-    FloatVec by_sample(csr.view.input_size * dim, std::nanf("")), in_buffer_order(by_sample);
-    sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(), by_sample.data(),
-                           sce::RunSerially, {}, sce::BestVectorIsa(), sce::LookupLoop::kAuto);
-    sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(),
-                           in_buffer_order.data(), sce::RunSerially, {}, sce::BestVectorIsa(),
-                           sce::LookupLoop::kInBufferOrder);
-    CHECK(std::memcmp(by_sample.data(), in_buffer_order.data(), by_sample.size() * 4) == 0);
+    // SparseCore-major and feature-major activation rows.
+    const sce::FeatureRowsPerSc features =
+        samples_per_sc == 3 ? sce::FeatureRowsPerSc{1, 0, 2} : sce::FeatureRowsPerSc{3, 0, 8};
+    for (const sce::FeatureRowsPerSc& rows : {sce::FeatureRowsPerSc(), features}) {
+      FloatVec by_sample(csr.view.input_size * dim, std::nanf("")), in_buffer_order(by_sample);
+      sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(), by_sample.data(),
+                             sce::RunSerially, rows, sce::BestVectorIsa(), sce::LookupLoop::kAuto);
+      sce::SparseDenseMatmul(csr.view, table.data(), dim, sce::Quantization(),
+                             in_buffer_order.data(), sce::RunSerially, rows, sce::BestVectorIsa(),
+                             sce::LookupLoop::kInBufferOrder);
+      CHECK(std::memcmp(by_sample.data(), in_buffer_order.data(), by_sample.size() * 4) == 0);
+    }
   }
   // A table beyond the 32-bit row index is left to the loop in buffer order.
   sce::CsrView huge;
