@@ -41,12 +41,13 @@ SampleMajorOrder& SampleMajorOrder::ForThisThread() {
 }
 
 bool SampleMajorOrder::Build(const CsrView& view, int64_t sc) {
-  // A counting sort: count each sample's entries, turn the counts into offsets, then place each
-  // entry at its sample's next free slot (stable, so each sample keeps the visiting order).
+  // A counting sort: count each sample's entries into the slot after its own, turn the counts
+  // into offsets, place each entry at its sample's next free slot (advancing that sample's
+  // offset to where the next sample starts; stable, so each sample keeps the visiting order),
+  // then shift the offsets back by one slot.
   const int64_t samples = view.samples_per_sc();
   try {
     sample_begin_.assign(samples + 1, 0);
-    next_.resize(samples);
   } catch (const std::bad_alloc&) {
     return false;
   }
@@ -61,10 +62,11 @@ bool SampleMajorOrder::Build(const CsrView& view, int64_t sc) {
       return false;
     }
   }
-  std::copy(sample_begin_.begin(), sample_begin_.end() - 1, next_.begin());
   ForEachValidEntry(view, sc, [&](int32_t sample, int64_t row, float gain) {
-    entries_[next_[sample]++] = {static_cast<uint32_t>(row), gain};
+    entries_[sample_begin_[sample]++] = {static_cast<uint32_t>(row), gain};
   });
+  std::copy_backward(sample_begin_.begin(), sample_begin_.end() - 1, sample_begin_.end());
+  sample_begin_[0] = 0;
   return true;
 }
 

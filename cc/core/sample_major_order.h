@@ -48,7 +48,6 @@ class SampleMajorOrder {
 
  private:
   std::vector<int32_t> sample_begin_;
-  std::vector<int32_t> next_;
   std::vector<SampleMajorEntry> entries_;
 };
 
