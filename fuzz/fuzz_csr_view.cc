@@ -1,5 +1,6 @@
 // libFuzzer target: sce::ValidateCsrView, then (when it accepts) the lookup
-// sce::SparseDenseMatmul (which must overwrite every activation row) and the fused update
+// sce::SparseDenseMatmul (which must overwrite every activation row; its two loops must agree, for
+// float32 rows and for bfloat16 rows of 32 columns) and the fused update
 // sce::FusedUpdate (Adagrad), including the non-finite gradient check, over buffers sized like
 // the kernels' input tensors; activations and gradients in the CSR's order, feature-major, or
 // (gradients) one buffer per feature, with fuzzed feature sizes that the validation must reject
@@ -85,6 +86,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (size_t i = 0; i < activations.size(); ++i) {
       SCE_FUZZ_CHECK((std::isnan(zeroed[i]) && std::isnan(activations[i])) ||
                      std::memcmp(&zeroed[i], &activations[i], sizeof(float)) == 0);
+    }
+  }
+
+  // bfloat16 rows at a width of their hand-written AVX-512 loop (32 columns; the fuzzed float32
+  // widths stay below it): both loops give the same bits, whatever the buffers.
+  if (!q.enabled() && in.ConsumeBool()) {
+    constexpr int64_t kNarrowDim = 32;
+    std::vector<sce::Bfloat16> narrow(static_cast<size_t>(table_rows * kNarrowDim));
+    for (sce::Bfloat16& value : narrow) value.bits = in.ConsumeIntegral<uint16_t>();
+    std::vector<float> by_sample(static_cast<size_t>(v.input_size * kNarrowDim), -1.0f);
+    std::vector<float> in_order(by_sample.size(), -1.0f);
+    const sce::Bfloat16* rows = narrow.empty() ? nullptr : narrow.data();
+    sce::SparseDenseMatmul(v, rows, kNarrowDim, q, by_sample.empty() ? nullptr : by_sample.data(),
+                           sce::RunSerially, features, sce::BestVectorIsa(),
+                           sce::LookupLoop::kAuto);
+    sce::SparseDenseMatmul(v, rows, kNarrowDim, q, in_order.empty() ? nullptr : in_order.data(),
+                           sce::RunSerially, features, sce::BestVectorIsa(),
+                           sce::LookupLoop::kInBufferOrder);
+    for (size_t i = 0; i < by_sample.size(); ++i) {
+      SCE_FUZZ_CHECK((std::isnan(by_sample[i]) && std::isnan(in_order[i])) ||
+                     std::memcmp(&by_sample[i], &in_order[i], sizeof(float)) == 0);
     }
   }
 

@@ -10,6 +10,7 @@
 #include "cc/core/csr_view.h"
 #include "cc/core/parallel.h"
 #include "cc/core/row_precision.h"
+#include "cc/core/sample_major_order.h"
 #include "cc/core/vector_isa.h"
 
 namespace sce {
@@ -39,6 +40,24 @@ void SparseDenseMatmul(const CsrView& view, const Row* table, int64_t dim,
                        const ParallelFor& parallel_for,
                        const FeatureRowsPerSc& feature_rows_per_sc = {},
                        VectorIsa isa = BestVectorIsa(), LookupLoop loop = LookupLoop::kAuto);
+
+// How many entries ahead the sample-major sum prefetches a table row (every line of it). On the
+// 4M-cap benchmark workload (bench/kernel_ab.py, an AMD EPYC machine with AVX-512, 2026-12-01),
+// 64 took 6-11% less time than 32 for float32 rows and 9-10% for bfloat16 rows; 96 and 128 were
+// within 1% of 64. (On the machine of 2026-11-29, 16 had taken 5-7% more than 32 and 64 was
+// within 3% of it.)
+constexpr int64_t kSampleMajorPrefetchDistance = 64;
+
+// The lookup's sum over one source SparseCore's entries already grouped by sample (what
+// SampleMajorOrder::Build gives; entries' rows below view.table_rows): sample i's activation row,
+// out_rows[i] or first_row + i when out_rows is null, becomes the sum of its entries' gain-weighted
+// rows, with the bits SparseDenseMatmul gives. SparseDenseMatmul runs it after grouping each
+// block; bench/row_read_floor_main.cc times it apart from the grouping.
+template <typename Row>
+void SumSampleMajorRows(const SampleMajorEntry* entries, const int32_t* sample_begin,
+                        int64_t num_samples, const Row* table, int64_t dim, float* activations,
+                        int64_t first_row, const int32_t* out_rows,
+                        VectorIsa isa = BestVectorIsa());
 
 }  // namespace sce
 

@@ -2887,6 +2887,25 @@ void TestSampleMajorOrder() {
                              in_buffer_order.data(), sce::RunSerially, rows, sce::BestVectorIsa(),
                              sce::LookupLoop::kInBufferOrder);
       CHECK(std::memcmp(by_sample.data(), in_buffer_order.data(), by_sample.size() * 4) == 0);
+      // bfloat16 rows at the widths of their hand-written AVX-512 loop, in every instruction set.
+      for (int64_t narrow_dim : {32, 64}) {
+        std::vector<sce::Bfloat16> narrow(csr.view.table_rows * narrow_dim);
+        for (size_t i = 0; i < narrow.size(); ++i) {
+          narrow[i].bits = sce::FloatToBfloat16Nearest(std::sin(0.3f * i + seed) * 2.0f);
+        }
+        for (sce::VectorIsa isa : SupportedIsas()) {
+          FloatVec narrow_by_sample(csr.view.input_size * narrow_dim, std::nanf("")),
+              narrow_in_order(narrow_by_sample);
+          sce::SparseDenseMatmul(csr.view, narrow.data(), narrow_dim, sce::Quantization(),
+                                 narrow_by_sample.data(), sce::RunSerially, rows, isa,
+                                 sce::LookupLoop::kAuto);
+          sce::SparseDenseMatmul(csr.view, narrow.data(), narrow_dim, sce::Quantization(),
+                                 narrow_in_order.data(), sce::RunSerially, rows, isa,
+                                 sce::LookupLoop::kInBufferOrder);
+          CHECK(std::memcmp(narrow_by_sample.data(), narrow_in_order.data(),
+                            narrow_by_sample.size() * 4) == 0);
+        }
+      }
     }
   }
   // A table beyond the 32-bit row index is left to the loop in buffer order.
@@ -2900,7 +2919,7 @@ void TestSampleMajorOrder() {
 void TestLookupOf16BitRows() {
   g_test = "lookup: bfloat16 and float16 rows give the activations of their float32 values, bit "
            "for bit, in every instruction set and at every width build";
-  for (int64_t dim : {16, 32, 5}) {
+  for (int64_t dim : {16, 32, 64, 5}) {  // 32 and 64: bfloat16's hand-written AVX-512 loop
     for (uint32_t seed = 0; seed < 3; ++seed) {
       RandomCsr csr(seed, 2, 4, 2, 9, 7);
       CHECK_OK(sce::ValidateCsrView(csr.view));
