@@ -122,6 +122,15 @@ def build_library(tree, out):
                     "-lpthread"], check=True)
 
 
+def run_harness(command):
+    """Runs a C++ harness, prints what it prints, and exits with its status when it fails."""
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    sys.stdout.write(result.stdout)
+    if result.returncode != 0:
+        sys.stderr.write(result.stderr)
+        sys.exit(result.returncode)
+
+
 def main():
     args = parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -140,13 +149,8 @@ def main():
             dump_criteo_csrs(workload[0])
         print(f"A = {os.path.abspath(args.a)}\nB = {os.path.abspath(args.b)}")
         for _ in range(args.repeats):
-            result = subprocess.run([runner, *libraries, args.kernel, str(args.calls),
-                                     args.gradients, *workload],
-                                    capture_output=True, text=True, timeout=1800)
-            sys.stdout.write(result.stdout)
-            if result.returncode != 0:
-                sys.stderr.write(result.stderr)
-                sys.exit(result.returncode)
+            run_harness([runner, *libraries, args.kernel, str(args.calls), args.gradients,
+                         *workload])
 
 
 if __name__ == "__main__":
