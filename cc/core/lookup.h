@@ -51,8 +51,8 @@ constexpr int64_t kSampleMajorPrefetchDistance = 64;
 // The lookup's sum over one source SparseCore's entries already grouped by sample (what
 // SampleMajorOrder::Build gives; entries' rows below view.table_rows): sample i's activation row,
 // out_rows[i] or first_row + i when out_rows is null, becomes the sum of its entries' gain-weighted
-// rows, with the bits SparseDenseMatmul gives. SparseDenseMatmul runs it after grouping each
-// block; bench/row_read_floor_main.cc times it apart from the grouping.
+// rows, with the bits SparseDenseMatmul gives: SparseDenseMatmul runs the same loop after grouping
+// each block. bench/row_read_floor_main.cc times it apart from the grouping.
 template <typename Row>
 void SumSampleMajorRows(const SampleMajorEntry* entries, const int32_t* sample_begin,
                         int64_t num_samples, const Row* table, int64_t dim, float* activations,
