@@ -45,9 +45,6 @@ namespace {
 using sce_bench::Csr;
 using sce_bench::HugeBuffer;
 
-// The row reads prefetch as far ahead as the lookup's sample-major sum (cc/core/lookup.h).
-constexpr int64_t kPrefetchDistance = sce::kSampleMajorPrefetchDistance;
-
 // One source SparseCore's valid entries grouped by sample (the library's SampleMajorOrder), and
 // the first activation row of its block (SparseCore-major order).
 struct Block {
@@ -56,8 +53,9 @@ struct Block {
   int64_t first_row = 0;
 };
 
-// Reads one 32-bit word of every cache line of every entry's row, prefetched as above; returns
-// their XOR so the reads cannot be dropped.
+// Reads one 32-bit word of every cache line of every entry's row, prefetched as the lookup's
+// sample-major sum prefetches (sce::PrefetchRowAhead); returns their XOR so the reads cannot be
+// dropped.
 template <typename Row>
 __attribute__((always_inline)) inline uint32_t RowLinesBody(const Block& block, const Row* table,
                                                             int64_t dim) {
@@ -68,10 +66,7 @@ __attribute__((always_inline)) inline uint32_t RowLinesBody(const Block& block, 
   const char* base = reinterpret_cast<const char*>(table);
   uint32_t sink = 0;
   for (int64_t k = 0; k < n; ++k) {
-    if (k + kPrefetchDistance < n) {
-      const char* ahead = base + static_cast<int64_t>(entries[k + kPrefetchDistance].row) * row_bytes;
-      for (int64_t line = 0; line < lines; ++line) __builtin_prefetch(ahead + 64 * line);
-    }
+    sce::PrefetchRowAhead(entries, k, n, table, dim);
     const char* row = base + static_cast<int64_t>(entries[k].row) * row_bytes;
     for (int64_t line = 0; line < lines; ++line) {
       uint32_t word;
@@ -137,7 +132,8 @@ struct Table {
       std::memcpy(&bits, &wide.data[i], sizeof(bits));
       halves[i] = static_cast<uint16_t>(bits >> 16);  // any bfloat16 values will do
     }
-    std::uniform_int_distribution<uint32_t> any_row(0, static_cast<uint32_t>(c.view.table_rows - 1));
+    std::uniform_int_distribution<uint32_t> any_row(
+        0, static_cast<uint32_t>(c.view.table_rows - 1));
     const int64_t samples_per_sc = c.view.samples_per_sc();
     for (int64_t s = 0; s < c.view.num_source_sparse_cores(); ++s) {
       sce::SampleMajorOrder order;

@@ -102,15 +102,7 @@ __attribute__((always_inline)) inline void AccumulateSamplesBody(
     const Row* table, int64_t runtime_dim, float* activations, int64_t first_row,
     const int32_t* out_rows) {
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
-  const int64_t table_lines = (dim * static_cast<int64_t>(sizeof(Row)) + 63) / 64;
-  constexpr int64_t kPrefetchDistance = kSampleMajorPrefetchDistance;
   const int64_t num_entries = sample_begin[num_samples];
-#define SCE_PREFETCH_AHEAD(k)                                                            \
-  if ((k) + kPrefetchDistance < num_entries) {                                           \
-    const char* ahead = reinterpret_cast<const char*>(                                   \
-        table + static_cast<int64_t>(entries[(k) + kPrefetchDistance].row) * dim);       \
-    for (int64_t line = 0; line < table_lines; ++line) __builtin_prefetch(ahead + 64 * line); \
-  }
   // A fixed-width sum is a local array, which the compiler keeps in vector registers; a width
   // read at run time sums into the activation row itself (it stays in L1 while the sample lasts).
   float local[kDim > 0 ? kDim : 1];
@@ -119,14 +111,13 @@ __attribute__((always_inline)) inline void AccumulateSamplesBody(
     float* sum = kDim > 0 ? local : out;
     for (int64_t j = 0; j < dim; ++j) sum[j] = 0.0f;
     for (int64_t k = sample_begin[i]; k < sample_begin[i + 1]; ++k) {
-      SCE_PREFETCH_AHEAD(k)
+      PrefetchRowAhead(entries, k, num_entries, table, dim);
       const float gain = entries[k].gain;
       const Row* row = table + static_cast<int64_t>(entries[k].row) * dim;
       for (int64_t j = 0; j < dim; ++j) sum[j] += gain * RowValue(row + j);
     }
     if (kDim > 0) std::memcpy(out, local, sizeof(float) * dim);
   }
-#undef SCE_PREFETCH_AHEAD
 }
 
 #define SCE_DEFINE_ACCUMULATE_SAMPLES(name, target)                                          \
@@ -158,7 +149,6 @@ SCE_TARGET_AVX512 void AccumulateBfloat16SamplesAvx512(
     const int32_t* out_rows) {
   static_assert(kDim > 0 && kDim % 32 == 0, "whole 64-byte lines of bfloat16");
   constexpr int kLines = static_cast<int>(kDim / 32);
-  constexpr int64_t kPrefetchDistance = kSampleMajorPrefetchDistance;
   const int64_t num_entries = sample_begin[num_samples];
   const __m512i high_half = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
   // Lane k of the first interleaved vector takes even[k / 2] or odd[k / 2]; the second, the same
@@ -171,11 +161,7 @@ SCE_TARGET_AVX512 void AccumulateBfloat16SamplesAvx512(
     __m512 even[kLines], odd[kLines];
     for (int c = 0; c < kLines; ++c) even[c] = odd[c] = _mm512_setzero_ps();
     for (int64_t k = sample_begin[i]; k < sample_begin[i + 1]; ++k) {
-      if (k + kPrefetchDistance < num_entries) {
-        const char* ahead = reinterpret_cast<const char*>(
-            table + static_cast<int64_t>(entries[k + kPrefetchDistance].row) * kDim);
-        for (int c = 0; c < kLines; ++c) __builtin_prefetch(ahead + 64 * c);
-      }
+      PrefetchRowAhead(entries, k, num_entries, table, kDim);
       const __m512 gain = _mm512_set1_ps(entries[k].gain);
       const Bfloat16* row = table + static_cast<int64_t>(entries[k].row) * kDim;
       for (int c = 0; c < kLines; ++c) {
