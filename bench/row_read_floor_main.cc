@@ -48,9 +48,13 @@ using sce_bench::HugeBuffer;
 // One source SparseCore's valid entries grouped by sample (the library's SampleMajorOrder), and
 // the first activation row of its block (SparseCore-major order).
 struct Block {
-  std::vector<sce::SampleMajorEntry> entries;
+  std::vector<uint32_t> rows;
+  std::vector<float> gains;
   std::vector<int32_t> sample_begin;
   int64_t first_row = 0;
+  sce::SampleMajorEntries entries() const {
+    return {sample_begin.data(), rows.data(), gains.data()};
+  }
 };
 
 // Reads one 32-bit word of every cache line of every entry's row, prefetched as the lookup's
@@ -61,13 +65,13 @@ __attribute__((always_inline)) inline uint32_t RowLinesBody(const Block& block, 
                                                             int64_t dim) {
   const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(Row));
   const int64_t lines = (row_bytes + 63) / 64;
-  const sce::SampleMajorEntry* entries = block.entries.data();
+  const uint32_t* entry_rows = block.rows.data();
   const int64_t n = block.sample_begin.back();
   const char* base = reinterpret_cast<const char*>(table);
   uint32_t sink = 0;
   for (int64_t k = 0; k < n; ++k) {
-    sce::PrefetchRowAhead(entries, k, n, table, dim);
-    const char* row = base + static_cast<int64_t>(entries[k].row) * row_bytes;
+    sce::PrefetchRowAhead(entry_rows, k, n, table, dim);
+    const char* row = base + static_cast<int64_t>(entry_rows[k]) * row_bytes;
     for (int64_t line = 0; line < lines; ++line) {
       uint32_t word;
       std::memcpy(&word, row + 64 * line, sizeof(word));
@@ -80,9 +84,8 @@ __attribute__((always_inline)) inline uint32_t RowLinesBody(const Block& block, 
 // The lookup's sum on one grouped block (cc/core/lookup.h).
 template <typename Row>
 void GroupedSum(const Block& block, const Row* table, int64_t dim, float* activations) {
-  sce::SumSampleMajorRows(block.entries.data(), block.sample_begin.data(),
-                          static_cast<int64_t>(block.sample_begin.size()) - 1, table, dim,
-                          activations, block.first_row, nullptr);
+  sce::SumSampleMajorRows(block.entries(), static_cast<int64_t>(block.sample_begin.size()) - 1,
+                          table, dim, activations, block.first_row, nullptr);
 }
 
 template <typename Row>
@@ -143,10 +146,12 @@ struct Table {
       }
       Block block;
       block.first_row = s * samples_per_sc;
-      block.sample_begin.assign(order.sample_begin(), order.sample_begin() + samples_per_sc + 1);
-      block.entries.assign(order.entries(), order.entries() + block.sample_begin.back());
+      const sce::SampleMajorEntries grouped = order.entries();
+      block.sample_begin.assign(grouped.sample_begin, grouped.sample_begin + samples_per_sc + 1);
+      block.rows.assign(grouped.rows, grouped.rows + block.sample_begin.back());
+      block.gains.assign(grouped.gains, grouped.gains + block.sample_begin.back());
       Block uniform_block = block;
-      for (sce::SampleMajorEntry& e : uniform_block.entries) e.row = any_row(*rng);
+      for (uint32_t& row : uniform_block.rows) row = any_row(*rng);
       blocks.push_back(std::move(block));
       uniform_blocks.push_back(std::move(uniform_block));
     }

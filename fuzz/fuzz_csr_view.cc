@@ -1,6 +1,7 @@
 // libFuzzer target: sce::ValidateCsrView, then (when it accepts) the lookup
 // sce::SparseDenseMatmul (which must overwrite every activation row; its two loops must agree, for
-// float32 rows and for bfloat16 rows of 32 columns) and the fused update
+// float32 rows and for bfloat16 rows of 32 columns; the grouping by activation row must pass its
+// own validation and the grouped lookup must give the same bits) and the fused update
 // sce::FusedUpdate (Adagrad), including the non-finite gradient check, over buffers sized like
 // the kernels' input tensors; activations and gradients in the CSR's order, feature-major, or
 // (gradients) one buffer per feature, with fuzzed feature sizes that the validation must reject
@@ -14,6 +15,7 @@
 
 #include "cc/core/csr_view.h"
 #include "cc/core/fused_update.h"
+#include "cc/core/grouped_entries.h"
 #include "cc/core/lookup.h"
 #include "fuzz/fuzz_common.h"
 
@@ -86,6 +88,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (size_t i = 0; i < activations.size(); ++i) {
       SCE_FUZZ_CHECK((std::isnan(zeroed[i]) && std::isnan(activations[i])) ||
                      std::memcmp(&zeroed[i], &activations[i], sizeof(float)) == 0);
+    }
+  }
+
+  // The grouping by activation row (what one replica's enqueue builds) passes the grouped
+  // lookup's validation, and that lookup gives the same bits.
+  if (!q.enabled() && sce::CheckGroupable(v).ok()) {
+    std::vector<int32_t> row_begin(static_cast<size_t>(v.input_size + 1));
+    int64_t total = 0;
+    SCE_FUZZ_CHECK(sce::CountEntriesPerActivationRow(v, features, row_begin.data(), &total,
+                                                     sce::RunSerially).ok());
+    std::vector<int32_t> cursor(row_begin.begin(), row_begin.end() - 1), rows(total);
+    std::vector<float> entry_gains(total);
+    sce::PlaceEntriesByActivationRow(v, features, cursor.data(), rows.data(), entry_gains.data(),
+                                     sce::RunSerially);
+    const sce::GroupedEntries grouped{row_begin.data(), static_cast<int64_t>(row_begin.size()),
+                                      rows.data(), total, entry_gains.data(), total};
+    SCE_FUZZ_CHECK(sce::ValidateGroupedEntries(grouped, table_rows, "t").ok());
+    std::vector<float> out(activations.size(), -1.0f);
+    sce::SparseDenseMatmulGrouped(grouped, table.empty() ? static_cast<const float*>(nullptr)
+                                                         : table.data(),
+                                  dim, out.empty() ? nullptr : out.data(), sce::RunSerially);
+    for (size_t i = 0; i < out.size(); ++i) {
+      SCE_FUZZ_CHECK((std::isnan(out[i]) && std::isnan(activations[i])) ||
+                     std::memcmp(&out[i], &activations[i], sizeof(float)) == 0);
     }
   }
 

@@ -98,10 +98,12 @@ SCE_DEFINE_ACCUMULATE_SEGMENT(AccumulateSegmentBaseline, )
 // the one of the entry kSampleMajorPrefetchDistance ahead is prefetched (lookup.h).
 template <typename Row, int64_t kDim>
 __attribute__((always_inline)) inline void AccumulateSamplesBody(
-    const SampleMajorEntry* entries, const int32_t* sample_begin, int64_t num_samples,
-    const Row* table, int64_t runtime_dim, float* activations, int64_t first_row,
-    const int32_t* out_rows) {
+    const SampleMajorEntries& entries, int64_t num_samples, const Row* table,
+    int64_t runtime_dim, float* activations, int64_t first_row, const int32_t* out_rows) {
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
+  const int32_t* sample_begin = entries.sample_begin;
+  const uint32_t* rows = entries.rows;
+  const float* gains = entries.gains;
   const int64_t num_entries = sample_begin[num_samples];
   // A fixed-width sum is a local array, which the compiler keeps in vector registers; a width
   // read at run time sums into the activation row itself (it stays in L1 while the sample lasts).
@@ -111,9 +113,9 @@ __attribute__((always_inline)) inline void AccumulateSamplesBody(
     float* sum = kDim > 0 ? local : out;
     for (int64_t j = 0; j < dim; ++j) sum[j] = 0.0f;
     for (int64_t k = sample_begin[i]; k < sample_begin[i + 1]; ++k) {
-      PrefetchRowAhead(entries, k, num_entries, table, dim);
-      const float gain = entries[k].gain;
-      const Row* row = table + static_cast<int64_t>(entries[k].row) * dim;
+      PrefetchRowAhead(rows, k, num_entries, table, dim);
+      const float gain = gains[k];
+      const Row* row = table + static_cast<int64_t>(rows[k]) * dim;
       for (int64_t j = 0; j < dim; ++j) sum[j] += gain * RowValue(row + j);
     }
     if (kDim > 0) std::memcpy(out, local, sizeof(float) * dim);
@@ -122,11 +124,11 @@ __attribute__((always_inline)) inline void AccumulateSamplesBody(
 
 #define SCE_DEFINE_ACCUMULATE_SAMPLES(name, target)                                          \
   template <typename Row, int64_t kDim>                                                      \
-  target void name(const SampleMajorEntry* entries, const int32_t* sample_begin,             \
-                   int64_t num_samples, const Row* table, int64_t dim, float* activations,   \
-                   int64_t first_row, const int32_t* out_rows) {                             \
-    AccumulateSamplesBody<Row, kDim>(entries, sample_begin, num_samples, table, dim,          \
-                                     activations, first_row, out_rows);                      \
+  target void name(const SampleMajorEntries& entries, int64_t num_samples, const Row* table,  \
+                   int64_t dim, float* activations, int64_t first_row,                       \
+                   const int32_t* out_rows) {                                                \
+    AccumulateSamplesBody<Row, kDim>(entries, num_samples, table, dim, activations, first_row, \
+                                     out_rows);                                              \
   }
 SCE_DEFINE_ACCUMULATE_SAMPLES(AccumulateSamplesAvx512, SCE_TARGET_AVX512)
 SCE_DEFINE_ACCUMULATE_SAMPLES(AccumulateSamplesAvx2, SCE_TARGET_AVX2)
@@ -144,11 +146,13 @@ SCE_AVX512_CODE_BEGIN
 // the bits are the same; fewer instructions per entry leave more entries' reads in flight.
 template <int64_t kDim>
 SCE_TARGET_AVX512 void AccumulateBfloat16SamplesAvx512(
-    const SampleMajorEntry* entries, const int32_t* sample_begin, int64_t num_samples,
-    const Bfloat16* table, int64_t /*dim*/, float* activations, int64_t first_row,
-    const int32_t* out_rows) {
+    const SampleMajorEntries& entries, int64_t num_samples, const Bfloat16* table,
+    int64_t /*dim*/, float* activations, int64_t first_row, const int32_t* out_rows) {
   static_assert(kDim > 0 && kDim % 32 == 0, "whole 64-byte lines of bfloat16");
   constexpr int kLines = static_cast<int>(kDim / 32);
+  const int32_t* sample_begin = entries.sample_begin;
+  const uint32_t* rows = entries.rows;
+  const float* gains = entries.gains;
   const int64_t num_entries = sample_begin[num_samples];
   const __m512i high_half = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
   // Lane k of the first interleaved vector takes even[k / 2] or odd[k / 2]; the second, the same
@@ -161,9 +165,9 @@ SCE_TARGET_AVX512 void AccumulateBfloat16SamplesAvx512(
     __m512 even[kLines], odd[kLines];
     for (int c = 0; c < kLines; ++c) even[c] = odd[c] = _mm512_setzero_ps();
     for (int64_t k = sample_begin[i]; k < sample_begin[i + 1]; ++k) {
-      PrefetchRowAhead(entries, k, num_entries, table, kDim);
-      const __m512 gain = _mm512_set1_ps(entries[k].gain);
-      const Bfloat16* row = table + static_cast<int64_t>(entries[k].row) * kDim;
+      PrefetchRowAhead(rows, k, num_entries, table, kDim);
+      const __m512 gain = _mm512_set1_ps(gains[k]);
+      const Bfloat16* row = table + static_cast<int64_t>(rows[k]) * kDim;
       for (int c = 0; c < kLines; ++c) {
         const __m512i line = _mm512_loadu_si512(row + 32 * c);
         const __m512 low = _mm512_castsi512_ps(_mm512_slli_epi32(line, 16));
@@ -213,8 +217,8 @@ AccumulateSegmentFn<Row> AccumulateSegmentFor(VectorIsa isa, int64_t dim) {
 }
 
 template <typename Row>
-using AccumulateSamplesFn = void (*)(const SampleMajorEntry*, const int32_t*, int64_t, const Row*,
-                                     int64_t, float*, int64_t, const int32_t*);
+using AccumulateSamplesFn = void (*)(const SampleMajorEntries&, int64_t, const Row*, int64_t,
+                                     float*, int64_t, const int32_t*);
 
 template <typename Row>
 AccumulateSamplesFn<Row> AccumulateSamplesFor(VectorIsa isa, int64_t dim) {
@@ -286,8 +290,8 @@ void SparseDenseMatmul(const CsrView& view, const Row* table, int64_t dim,
       if (by_sample) {
         SampleMajorOrder& samples = SampleMajorOrder::ForThisThread();
         if (samples.Build(view, s)) {
-          accumulate_samples(samples.entries(), samples.sample_begin(), samples_per_sc, table,
-                             dim, activations, first_row, out_rows);
+          accumulate_samples(samples.entries(), samples_per_sc, table, dim, activations,
+                             first_row, out_rows);
           continue;
         }
         // Out of memory for the grouping: this block is summed in buffer order below.
@@ -319,17 +323,16 @@ void SparseDenseMatmul(const CsrView& view, const Row* table, int64_t dim,
 }
 
 template <typename Row>
-void SumSampleMajorRows(const SampleMajorEntry* entries, const int32_t* sample_begin,
-                        int64_t num_samples, const Row* table, int64_t dim, float* activations,
-                        int64_t first_row, const int32_t* out_rows, VectorIsa isa) {
-  AccumulateSamplesFor<Row>(isa, dim)(entries, sample_begin, num_samples, table, dim, activations,
-                                      first_row, out_rows);
+void SumSampleMajorRows(const SampleMajorEntries& entries, int64_t num_samples, const Row* table,
+                        int64_t dim, float* activations, int64_t first_row,
+                        const int32_t* out_rows, VectorIsa isa) {
+  AccumulateSamplesFor<Row>(isa, dim)(entries, num_samples, table, dim, activations, first_row,
+                                      out_rows);
 }
 
 #define SCE_INSTANTIATE_SUM_SAMPLE_MAJOR_ROWS(Row)                                             \
-  template void SumSampleMajorRows<Row>(const SampleMajorEntry*, const int32_t*, int64_t,       \
-                                        const Row*, int64_t, float*, int64_t, const int32_t*,   \
-                                        VectorIsa);
+  template void SumSampleMajorRows<Row>(const SampleMajorEntries&, int64_t, const Row*, int64_t, \
+                                        float*, int64_t, const int32_t*, VectorIsa);
 SCE_INSTANTIATE_SUM_SAMPLE_MAJOR_ROWS(float)
 SCE_INSTANTIATE_SUM_SAMPLE_MAJOR_ROWS(Bfloat16)
 SCE_INSTANTIATE_SUM_SAMPLE_MAJOR_ROWS(Float16)

@@ -54,26 +54,26 @@ constexpr int64_t kSampleMajorPrefetchDistance = 64;
 // of each instruction set's build of a loop (a lambda there was not inlined and made the lookup
 // 3-4x slower).
 template <typename Row>
-__attribute__((always_inline)) inline void PrefetchRowAhead(const SampleMajorEntry* entries,
-                                                            int64_t k, int64_t num_entries,
+__attribute__((always_inline)) inline void PrefetchRowAhead(const uint32_t* rows, int64_t k,
+                                                            int64_t num_entries,
                                                             const Row* table, int64_t dim) {
   if (k + kSampleMajorPrefetchDistance >= num_entries) return;
   const char* ahead = reinterpret_cast<const char*>(
-      table + static_cast<int64_t>(entries[k + kSampleMajorPrefetchDistance].row) * dim);
+      table + static_cast<int64_t>(rows[k + kSampleMajorPrefetchDistance]) * dim);
   const int64_t lines = (dim * static_cast<int64_t>(sizeof(Row)) + 63) / 64;
   for (int64_t line = 0; line < lines; ++line) __builtin_prefetch(ahead + 64 * line);
 }
 
-// The lookup's sum over one source SparseCore's entries already grouped by sample (what
-// SampleMajorOrder::Build gives; entries' rows below view.table_rows): sample i's activation row,
-// out_rows[i] or first_row + i when out_rows is null, becomes the sum of its entries' gain-weighted
-// rows, with the bits SparseDenseMatmul gives: SparseDenseMatmul runs the same loop after grouping
-// each block. bench/row_read_floor_main.cc times it apart from the grouping.
+// The lookup's sum over entries already grouped by sample (SampleMajorOrder::Build's grouping of
+// one source SparseCore, or GroupEntriesByActivationRow's of a whole lookup; rows below the
+// table's): sample i's activation row, out_rows[i] or first_row + i when out_rows is null,
+// becomes the sum of its entries' gain-weighted rows, with the bits SparseDenseMatmul gives:
+// SparseDenseMatmul runs the same loop after grouping each block. bench/row_read_floor_main.cc
+// times it apart from the grouping.
 template <typename Row>
-void SumSampleMajorRows(const SampleMajorEntry* entries, const int32_t* sample_begin,
-                        int64_t num_samples, const Row* table, int64_t dim, float* activations,
-                        int64_t first_row, const int32_t* out_rows,
-                        VectorIsa isa = BestVectorIsa());
+void SumSampleMajorRows(const SampleMajorEntries& entries, int64_t num_samples, const Row* table,
+                        int64_t dim, float* activations, int64_t first_row,
+                        const int32_t* out_rows, VectorIsa isa = BestVectorIsa());
 
 }  // namespace sce
 

@@ -12,15 +12,40 @@
 #include <cstdint>
 #include <vector>
 
+#include "cc/core/constants.h"
 #include "cc/core/csr_view.h"
 
 namespace sce {
 
-// One valid entry: row `row` of the table given to the lookup (shard offset included), `gain`.
-struct SampleMajorEntry {
-  uint32_t row;
-  float gain;
+// Entries grouped by sample: sample i's entries are [sample_begin[i], sample_begin[i + 1]) of
+// `rows` (rows of the table given to the lookup, shard offset included) and `gains`. int32 offsets
+// hold any count: a lookup's entries lie in buffers that int32 row pointers index. (Offsets of
+// int64 made the float32 lookup of the benchmark workload 5% slower.)
+struct SampleMajorEntries {
+  const int32_t* sample_begin;
+  const uint32_t* rows;
+  const float* gains;
 };
+
+// Calls visit(sample, table row, gain) for every valid entry of source SparseCore `sc` of `view`
+// (which must have passed ValidateCsrView), in the order the lookup's buffer-order loop adds them:
+// the one home of that order for every grouping.
+template <typename Visit>
+void ForEachValidEntry(const CsrView& view, int64_t sc, Visit&& visit) {
+  const int64_t rows_per_shard = view.rows_per_shard();
+  for (int64_t b = 0; b < view.num_minibatches; ++b) {
+    for (int64_t p = 0; p < view.local_shards(); ++p) {
+      int64_t begin, end;
+      view.Segment(sc, b, view.first_local_shard + p, &begin, &end);
+      const int64_t shard_origin = p * rows_per_shard;
+      for (int64_t i = begin; i < end; ++i) {
+        const int32_t token = view.token_ids[i], sample = view.sample_ids[i];
+        if (token == kPad || sample == kPad) continue;
+        visit(sample, shard_origin + token, view.gains[i]);
+      }
+    }
+  }
+}
 
 class SampleMajorOrder {
  public:
@@ -39,16 +64,13 @@ class SampleMajorOrder {
   // (out of memory): the caller then sums in buffer order, which allocates nothing.
   bool Build(const CsrView& view, int64_t sc);
 
-  // Sample i's entries are entries()[sample_begin()[i] .. sample_begin()[i + 1]), for i below
-  // the view's samples per SparseCore. int32 offsets hold any count: a SparseCore's entries lie
-  // in one chunk of buffers that int32 row pointers index. (Offsets of int64 made the float32
-  // lookup of the benchmark workload 5% slower.)
-  const SampleMajorEntry* entries() const { return entries_.data(); }
-  const int32_t* sample_begin() const { return sample_begin_.data(); }
+  // The grouping of the last Build, for i below the view's samples per SparseCore.
+  SampleMajorEntries entries() const { return {sample_begin_.data(), rows_.data(), gains_.data()}; }
 
  private:
   std::vector<int32_t> sample_begin_;
-  std::vector<SampleMajorEntry> entries_;
+  std::vector<uint32_t> rows_;
+  std::vector<float> gains_;
 };
 
 }  // namespace sce

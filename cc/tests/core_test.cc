@@ -32,6 +32,7 @@
 #include "cc/core/fused_update.h"
 #include "cc/core/gathered_segment_sum.h"
 #include "cc/core/gradient_check.h"
+#include "cc/core/grouped_entries.h"
 #include "cc/core/huge_pages.h"
 #include "cc/core/id_routing.h"
 #include "cc/core/key_grouping.h"
@@ -2863,13 +2864,14 @@ void TestSampleMajorOrder() {
         }
       }
       CHECK(order.Build(csr.view, sc));
-      CHECK(order.sample_begin()[0] == 0);
+      const sce::SampleMajorEntries entries = order.entries();
+      CHECK(entries.sample_begin[0] == 0);
       for (int64_t i = 0; i < samples_per_sc; ++i) {
-        const int64_t first = order.sample_begin()[i];
-        CHECK(order.sample_begin()[i + 1] - first == static_cast<int64_t>(expected[i].size()));
+        const int64_t first = entries.sample_begin[i];
+        CHECK(entries.sample_begin[i + 1] - first == static_cast<int64_t>(expected[i].size()));
         for (size_t k = 0; k < expected[i].size(); ++k) {
-          CHECK(order.entries()[first + k].row == expected[i][k].first);
-          CHECK(order.entries()[first + k].gain == expected[i][k].second);
+          CHECK(entries.rows[first + k] == expected[i][k].first);
+          CHECK(entries.gains[first + k] == expected[i][k].second);
         }
       }
     }
@@ -2914,6 +2916,162 @@ void TestSampleMajorOrder() {
   CHECK(!sce::SampleMajorOrder::Fits(huge));
   huge.table_rows -= 1;
   CHECK(sce::SampleMajorOrder::Fits(huge));
+}
+
+// A parallel_for that runs the ranges [0, 1), [1, 3), [3, 6), ... in reverse order, so the
+// grouping's and the grouped lookup's results cannot depend on one range running first.
+void RunInUnevenRangesBackwards(int64_t n, int64_t, const sce::RangeFn& work) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (int64_t begin = 0, size = 1; begin < n; begin += size, ++size) {
+    ranges.push_back({begin, std::min(n, begin + size)});
+  }
+  for (auto it = ranges.rbegin(); it != ranges.rend(); ++it) work(it->first, it->second);
+}
+
+// The grouping of `view` by activation row (CountEntriesPerActivationRow, then
+// PlaceEntriesByActivationRow), as owned buffers.
+struct Grouping {
+  std::vector<int32_t> row_begin, rows;
+  FloatVec gains;
+  Grouping(const sce::CsrView& view, const sce::FeatureRowsPerSc& features,
+           const sce::ParallelFor& parallel_for) {
+    row_begin.assign(view.input_size + 1, -7);  // every slot must be written
+    int64_t total = -1;
+    CHECK_OK(sce::CountEntriesPerActivationRow(view, features, row_begin.data(), &total,
+                                               parallel_for));
+    CHECK(total == row_begin.back());
+    std::vector<int32_t> cursor(row_begin.begin(), row_begin.end() - 1);
+    rows.assign(total, -1);
+    gains.assign(total, std::nanf(""));
+    sce::PlaceEntriesByActivationRow(view, features, cursor.data(), rows.data(), gains.data(),
+                                     parallel_for);
+    for (int64_t a = 0; a < view.input_size; ++a) CHECK(cursor[a] == row_begin[a + 1]);
+  }
+  sce::GroupedEntries View() const {
+    return {row_begin.data(), static_cast<int64_t>(row_begin.size()), rows.data(),
+            static_cast<int64_t>(rows.size()), gains.data(), static_cast<int64_t>(gains.size())};
+  }
+};
+
+void TestGroupedEntries() {
+  g_test = "grouped entries: each activation row's valid entries in visiting order, for CSR and "
+           "feature-major rows, local shards and several source replicas; the grouped lookup "
+           "gives SparseDenseMatmul's bits for every row type and instruction set";
+  for (uint32_t seed = 0; seed < 8; ++seed) {
+    const int64_t samples_per_sc = seed % 2 ? 3 : 11, R = 9, S = 4, G = seed % 3 == 2 ? 2 : 1;
+    RandomCsr csr(seed, G, S, 2, R, samples_per_sc);
+    if (seed % 4 == 1) {  // this replica holds shards 1 and 2 of 4
+      csr.view.first_local_shard = 1;
+      csr.view.num_local_shards = 2;
+      csr.view.table_rows = 2 * R;
+    }
+    CHECK_OK(sce::ValidateCsrView(csr.view));
+    CHECK_OK(sce::CheckGroupable(csr.view));
+    const sce::FeatureRowsPerSc features =
+        samples_per_sc == 3 ? sce::FeatureRowsPerSc{1, 0, 2} : sce::FeatureRowsPerSc{3, 0, 8};
+    for (const sce::FeatureRowsPerSc& order : {sce::FeatureRowsPerSc(), features}) {
+      CHECK_OK(sce::ValidateFeatureRows(order, csr.view));
+      // The expected grouping, from the buffers directly.
+      const sce::FeatureMajorRows fm =
+          order.empty() ? sce::FeatureMajorRows() : sce::MakeFeatureMajorRows(csr.view, order);
+      std::vector<std::vector<std::pair<int32_t, float>>> expected(csr.view.input_size);
+      for (int64_t sc = 0; sc < csr.view.num_source_sparse_cores(); ++sc) {
+        for (int64_t b = 0; b < csr.view.num_minibatches; ++b) {
+          for (int64_t p = 0; p < csr.view.local_shards(); ++p) {
+            int64_t begin, end;
+            csr.view.Segment(sc, b, csr.view.first_local_shard + p, &begin, &end);
+            for (int64_t i = begin; i < end; ++i) {
+              if (csr.tokens[i] == sce::kPad || csr.samples[i] == sce::kPad) continue;
+              const int64_t natural = sc * samples_per_sc + csr.samples[i];
+              const int64_t a = order.empty() ? natural : fm.out_row[natural];
+              expected[a].push_back({static_cast<int32_t>(p * R + csr.tokens[i]), csr.gains[i]});
+            }
+          }
+        }
+      }
+      const Grouping grouping(csr.view, order, RunInUnevenRangesBackwards);
+      CHECK(grouping.row_begin[0] == 0);
+      for (int64_t a = 0; a < csr.view.input_size; ++a) {
+        const int64_t first = grouping.row_begin[a];
+        CHECK(grouping.row_begin[a + 1] - first == static_cast<int64_t>(expected[a].size()));
+        for (size_t k = 0; k < expected[a].size(); ++k) {
+          CHECK(grouping.rows[first + k] == expected[a][k].first);
+          CHECK(grouping.gains[first + k] == expected[a][k].second);
+        }
+      }
+      CHECK_OK(sce::ValidateGroupedEntries(grouping.View(), csr.view.table_rows, "t"));
+      for (int64_t dim : {1, 16, 32, 64, 7}) {
+        FloatVec table(csr.view.table_rows * dim);
+        for (size_t i = 0; i < table.size(); ++i) table[i] = std::sin(0.7f * i + seed);
+        std::vector<sce::Bfloat16> narrow(table.size());
+        std::vector<sce::Float16> half(table.size());
+        bool overflow = false;
+        for (size_t i = 0; i < table.size(); ++i) {
+          narrow[i].bits = sce::FloatToBfloat16Nearest(table[i] * 2.0f);
+          half[i].bits = sce::FloatToFloat16Nearest(table[i] * 2.0f, &overflow);
+        }
+        CHECK(!overflow);
+        for (sce::VectorIsa isa : SupportedIsas()) {
+          const auto same_bits = [&](const auto* rows) {
+            FloatVec grouped(csr.view.input_size * dim, std::nanf("")), direct(grouped);
+            sce::SparseDenseMatmulGrouped(grouping.View(), rows, dim, grouped.data(),
+                                          RunInUnevenRangesBackwards, isa);
+            sce::SparseDenseMatmul(csr.view, rows, dim, sce::Quantization(), direct.data(),
+                                   sce::RunSerially, order, isa, sce::LookupLoop::kInBufferOrder);
+            CHECK(std::memcmp(grouped.data(), direct.data(), grouped.size() * 4) == 0);
+          };
+          same_bits(table.data());
+          same_bits(narrow.data());
+          same_bits(half.data());
+        }
+      }
+    }
+  }
+  // A table beyond the int32 row index cannot be grouped.
+  sce::CsrView huge;
+  huge.table_name = "huge";
+  huge.table_rows = sce::kMaxInt32 + 1;
+  CHECK_ERROR(sce::CheckGroupable(huge), "table 'huge'");
+  huge.table_rows = sce::kMaxInt32;
+  CHECK_OK(sce::CheckGroupable(huge));
+  // No activation rows: an empty grouping, and a lookup that writes nothing.
+  const std::vector<int32_t> zero = {0};
+  const sce::GroupedEntries empty{zero.data(), 1, nullptr, 0, nullptr, 0};
+  CHECK_OK(sce::ValidateGroupedEntries(empty, 5, "t"));
+  sce::SparseDenseMatmulGrouped(empty, static_cast<const float*>(nullptr), 4, nullptr,
+                                sce::RunSerially);
+}
+
+void TestGroupedEntriesValidation() {
+  g_test = "grouped entries from outside: every malformed offset, count or row is InvalidArgument "
+           "naming the table";
+  const std::vector<int32_t> rows = {0, 4, 2};
+  const FloatVec gains = {1, 2, 3};
+  const auto check = [&](std::vector<int32_t> row_begin, int64_t num_rows, int64_t num_gains,
+                         int64_t table_rows, const char* message) {
+    const sce::GroupedEntries e{row_begin.data(), static_cast<int64_t>(row_begin.size()),
+                                rows.data(), num_rows, gains.data(), num_gains};
+    const sce::Status status = sce::ValidateGroupedEntries(e, table_rows, "video");
+    if (message == nullptr) {
+      CHECK_OK(status);
+    } else {
+      CHECK_ERROR(status, "table 'video'");
+      CHECK_ERROR(status, message);
+    }
+  };
+  check({0, 1, 3}, 3, 3, 5, nullptr);
+  check({0, 3, 3}, 3, 3, 5, nullptr);
+  check({}, 0, 0, 5, "at least one entry");
+  check({1, 3}, 3, 3, 5, "activation_row_begin[0] must be 0");
+  check({0, 2, 1, 3}, 3, 3, 5, "decreases at 2");
+  check({0, 1, 3}, 2, 3, 5, "entry_rows has 2");
+  check({0, 1, 3}, 3, 2, 5, "entry_gains 2");
+  check({0, 1, 2}, 3, 3, 5, "ends at 2 entries");
+  check({0, 1, 3}, 3, 3, 4, "entry_rows[1] = 4 is outside the table's 4 rows");
+  const std::vector<int32_t> negative_rows = {0, -1}, row_begin = {0, 2};
+  CHECK_ERROR(sce::ValidateGroupedEntries({row_begin.data(), 2, negative_rows.data(), 2,
+                                           gains.data(), 2}, 5, "video"),
+              "entry_rows[1] = -1");
 }
 
 void TestLookupOf16BitRows() {
@@ -3932,7 +4090,7 @@ int main() {
       TestFusedUpdateMatchesStableSortReference, TestRowWiseAdagradFormula, TestFusedUpdateRowSumBlocks,
       TestHugePageAdvice, TestStableSortByKey,
       TestStableSortWords, TestAdjacentMerge,
-      TestFeatureMajorActivations, TestLookupOverwritesActivations, TestLookupIsaVersionsAgree, TestSampleMajorOrder, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
+      TestFeatureMajorActivations, TestLookupOverwritesActivations, TestLookupIsaVersionsAgree, TestSampleMajorOrder, TestGroupedEntries, TestGroupedEntriesValidation, TestFusedUpdateGradientOrders, TestSplitIdsMatchStableSort,
       TestStackedMinibatchSplits, TestGatheredSegmentSum, TestReplicaChunks, TestIdRouting,
       TestIdRoutingPartitionMaxima, TestOwnerCsr, TestFeatureRowTables,
       TestRowPrecisionConversions, TestStochasticRoundingIsUnbiased, TestLookupOf16BitRows,
