@@ -29,7 +29,7 @@ I32 = 2**31 - 1
 I64 = 2**63 - 1
 PAD = 2**31 - 1
 OPS = ("coo", "list_of_coo", "sort", "stats", "splits", "csr_wrapped", "minibatches_in_csr",
-       "lookup", "update", "update_in_place", "stacker", "finite_check", "raise_limits", "stacked_coo",
+       "lookup", "grouped_lookup", "update", "update_in_place", "stacker", "finite_check", "raise_limits", "stacked_coo",
        "stacked_splits", "gathered_segment_sum", "replica_chunks",
        "id_routing", "owner_csr", "key_row_map", "key_hashes", "assign_rows")
 OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl")
@@ -196,7 +196,7 @@ def make_case(seed, index):
                     sample_count=a(8, 8, 1), max_minibatches=a(64, 4, 1),
                     max_ids=a(8, 8, 1), max_division_level=level,
                     allow_id_dropping=rng.random() < 0.5, trim_to_size=rng.random() < 0.5)
-    elif op in ("lookup", "update", "update_in_place"):
+    elif op in ("lookup", "grouped_lookup", "update", "update_in_place"):
         S = rng.choice([1, 2, 4])
         R = rng.choice([1, 2])
         samples_per_sc = rng.choice([0, 1, 2, 4])
@@ -225,7 +225,11 @@ def make_case(seed, index):
                         [-1, samples_per_sc + 1], [2**62, 2**62, 2**62]]),
                     # The in-place update's gradients per feature (docs/optimizers.md#gradient-order):
                     # cut at the feature sizes, or at sizes off by one row.
-                    grad_parts=rng.choice([None, None, "exact", "shifted"]))
+                    grad_parts=rng.choice([None, None, "exact", "shifted"]),
+                    # The grouped lookup's grouping: as grouped, or with one value replaced
+                    # (which buffer, where, by what).
+                    regroup=rng.choice([None, None, (rng.randint(0, 2), rng.randint(0, 64),
+                                                     rng.choice([-1, 0, 1, 2**31 - 1, -2**31]))]))
     elif op == "finite_check":
         n = rng.randint(0, 4)
         case.update(flags=int_list(rng, n + a.choice(0, [0, 1, -1]), 2),
@@ -411,7 +415,7 @@ def run_case(case):
                 feature_width=8, num_sc_per_chip=case["S"], table_name=T,
                 mini_batch_in_csr="", allow_id_dropping=case["allow_id_dropping"],
                 max_division_level=case["max_division_level"], trim_to_size=case["trim_to_size"])
-        if op in ("lookup", "update", "update_in_place"):
+        if op in ("lookup", "grouped_lookup", "update", "update_in_place"):
             csr = case["csr"]
             rng = np.random.default_rng(0)
             table = rng.normal(size=(case["table_rows"], case["dim"])).astype(np.float32)
@@ -420,6 +424,17 @@ def run_case(case):
             buffers = (i32(csr["row_pointers"]), i32(csr["samples"]), i32(csr["tokens"]),
                        f32(csr["gains"]))
             minibatches = np.int64(case["num_minibatches"]).astype(np.int32)
+            if op == "grouped_lookup":
+                grouping = list(ops.group_lookup_entries(
+                    *buffers, minibatches, case["input_size"], case["table_rows"], T,
+                    feature_rows_per_sc=case["feature_rows"], **attrs))
+                if case.get("regroup"):   # (eager or traced: the call may run in a tf.function)
+                    which, where, value = case["regroup"]
+                    t = grouping[which]
+                    n = tf.size(t)
+                    hit = tf.equal(tf.range(n), tf.math.floormod(where, tf.maximum(n, 1)))
+                    grouping[which] = tf.where(hit, tf.cast(value, t.dtype), t)
+                return ops.sparse_dense_matmul_grouped(*grouping, table, T)
             if op == "lookup":
                 q = case["quantization"]
                 return ops.xla_sparse_dense_matmul_with_csr_input(

@@ -4,6 +4,7 @@
 #include "cc/core/huge_pages.h"
 #include "cc/core/lookup.h"
 #include "cc/kernels/kernel_utils.h"
+#include "cc/kernels/lookup_table.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tensorflow {
@@ -32,13 +33,7 @@ class SparseDenseMatmulOp : public OpKernel {
       table = locked.tensor(0);
     }
     // A variable may hold 16-bit rows (bfloat16 or float16), read as float32.
-    const bool known_dtype = table->dtype() == DT_FLOAT || table->dtype() == DT_BFLOAT16 ||
-                             table->dtype() == DT_HALF;
-    OP_REQUIRES(ctx, table->dims() == 2 && known_dtype,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "table '", attrs_.table_name,
-                    "': embedding_table must be a float32, bfloat16 or float16 matrix, got ",
-                    DataTypeString(table->dtype()), " ", table->shape().DebugString())));
+    OP_REQUIRES_OK(ctx, CheckLookupTable(*table, attrs_.table_name));
     sce::CsrView view;
     OP_REQUIRES_OK(ctx, MakeCsrView(ctx, attrs_, 5, input_size_, table->dim_size(0), &view));
     OP_REQUIRES_OK(ctx, ToTf(sce::ValidateFeatureRows(feature_rows_per_sc_, view)));
@@ -54,18 +49,11 @@ class SparseDenseMatmulOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({input_size_, dim}), &activations));
     // A table held in a variable is read at random every step: back it with huge pages.
     if (kResource) sce::BackWithHugePages(table->tensor_data().data(), table->TotalBytes());
-    const void* rows = table->tensor_data().data();
     float* out = activations->flat<float>().data();
-    if (table->dtype() == DT_BFLOAT16) {
-      sce::SparseDenseMatmul(view, static_cast<const sce::Bfloat16*>(rows), dim, quantization_,
-                             out, ThreadPoolFor(ctx), feature_rows_per_sc_);
-    } else if (table->dtype() == DT_HALF) {
-      sce::SparseDenseMatmul(view, static_cast<const sce::Float16*>(rows), dim, quantization_,
-                             out, ThreadPoolFor(ctx), feature_rows_per_sc_);
-    } else {
-      sce::SparseDenseMatmul(view, static_cast<const float*>(rows), dim, quantization_, out,
-                             ThreadPoolFor(ctx), feature_rows_per_sc_);
-    }
+    WithTableRows(*table, [&](const auto* rows) {
+      sce::SparseDenseMatmul(view, rows, dim, quantization_, out, ThreadPoolFor(ctx),
+                             feature_rows_per_sc_);
+    });
   }
 
  private:

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "cc/core/checked_math.h"
+#include "cc/ops/table_shape.h"
 
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -30,14 +31,13 @@ absl::Status ActivationShape(InferenceContext* c, ShapeHandle table) {
 }
 
 // The tensor form has TensorFlow's signature; the resource form reads the variable in place.
-void RegisterLookupOp(const char* name, const char* table_type,
-                      absl::Status (*table_shape)(InferenceContext*, ShapeHandle*)) {
+void RegisterLookupOp(const char* name, bool resource) {
   register_op::OpDefBuilderWrapper op(name);
   op.Input("row_pointers: int32")
       .Input("sorted_sample_ids: int32")
       .Input("sorted_token_ids: int32")
       .Input("sorted_gains: float32")
-      .Input(std::string("embedding_table: ") + table_type)
+      .Input(resource ? "embedding_table: resource" : "embedding_table: float32")
       .Input("num_minibatches_per_physical_sparse_core: int32")
       .Output("activations: float32")
       .Attr("input_size: int >= 0")
@@ -52,30 +52,17 @@ void RegisterLookupOp(const char* name, const char* table_type,
       .Attr("num_local_shards: int = -1")
       // Not in TensorFlow's signature: empty keeps its row order (docs/lookup.md#activation-row-order).
       .Attr("feature_rows_per_sc: list(int) = []")
-      .SetShapeFn([table_shape](InferenceContext* c) {
+      .SetShapeFn([resource](InferenceContext* c) {
         ShapeHandle table;
-        TF_RETURN_IF_ERROR(table_shape(c, &table));
+        TF_RETURN_IF_ERROR(sce_ops::TableShape(c, 4, resource, &table));
         return ActivationShape(c, table);
       });
   op();
 }
 
-absl::Status TensorTableShape(InferenceContext* c, ShapeHandle* table) {
-  return c->WithRank(c->input(4), 2, table);
-}
-
-absl::Status ResourceTableShape(InferenceContext* c, ShapeHandle* table) {
-  *table = c->UnknownShapeOfRank(2);
-  auto* handle_data = c->input_handle_shapes_and_types(4);
-  if (handle_data != nullptr && handle_data->size() == 1) {
-    return c->WithRank((*handle_data)[0].shape, 2, table);
-  }
-  return absl::OkStatus();
-}
-
 const bool kRegistered = [] {
-  RegisterLookupOp("SceXlaSparseDenseMatmulWithCsrInput", "float32", TensorTableShape);
-  RegisterLookupOp("SceResourceSparseDenseMatmulWithCsrInput", "resource", ResourceTableShape);
+  RegisterLookupOp("SceXlaSparseDenseMatmulWithCsrInput", /*resource=*/false);
+  RegisterLookupOp("SceResourceSparseDenseMatmulWithCsrInput", /*resource=*/true);
   return true;
 }();
 

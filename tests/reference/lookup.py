@@ -190,6 +190,52 @@ def sparse_dense_matmul(row_pointers, sample_ids, token_ids, gains, table, num_m
     return out
 
 
+def feature_major_row(natural_row, samples_per_sc, num_sc, feature_rows_per_sc):
+    """Where SparseCore-major activation row `natural_row` (sc * samples_per_sc + sample, one
+    source replica) lives in feature-major order (docs/lookup.md#activation-row-order): feature
+    f's rows of SparseCore 0, 1, ..., then feature f + 1's."""
+    sc, sample = divmod(natural_row, samples_per_sc)
+    start = 0
+    for f, rows in enumerate(feature_rows_per_sc):
+        if sample < start + rows:
+            return start * num_sc + sc * rows + (sample - start)
+        start += rows
+    raise ValueError("feature_rows_per_sc must cover every sample")
+
+
+def group_lookup_entries(row_pointers, sample_ids, token_ids, gains, num_minibatches, input_size,
+                         table_rows, num_sparsecores_per_device=-1, num_replica=1,
+                         feature_rows_per_sc=()):
+    """(activation_row_begin, entry_rows, entry_gains) of docs/lookup.md#grouping-at-enqueue:
+    each activation row's valid entries (table row p * R + token, gain) in segment order, rows in
+    feature-major order when feature_rows_per_sc is given. One source replica, all shards."""
+    num_sc = resolve_sc(num_sparsecores_per_device)
+    num_shards = num_sc * num_replica
+    rows_per_shard = table_rows // num_shards
+    samples_per_sc = input_size // num_sc
+    by_row = [[] for _ in range(input_size)]
+    for s, b, p, sample, token, gain in csr_entries(row_pointers, sample_ids, token_ids, gains,
+                                                     num_sc, int(num_minibatches), num_shards):
+        a = s * samples_per_sc + sample
+        if feature_rows_per_sc:
+            a = feature_major_row(a, samples_per_sc, num_sc, feature_rows_per_sc)
+        by_row[a].append((p * rows_per_shard + token, gain))
+    row_begin = np.cumsum([0] + [len(e) for e in by_row]).astype(np.int32)
+    flat = [e for entries in by_row for e in entries]
+    return (row_begin, np.asarray([r for r, _ in flat], np.int32).reshape(-1),
+            np.asarray([g for _, g in flat], np.float32).reshape(-1))
+
+
+def sparse_dense_matmul_grouped(row_begin, rows, gains, table):
+    """A[a] = sum of gain * W[row] over activation row a's grouped entries, in their order."""
+    table = np.asarray(table, dtype=np.float32)
+    out = np.zeros((len(row_begin) - 1, table.shape[1]), dtype=np.float32)
+    for a in range(len(row_begin) - 1):
+        for k in range(row_begin[a], row_begin[a + 1]):
+            out[a] = out[a] + f32(gains[k]) * table[rows[k]]
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Per-row optimizer math (docs/optimizers.md#per-row-formulas). Each step takes float32 arrays (one row) and returns the new
 # table row and the new slot rows, in the op's slot order (docs/optimizers.md#fused-backward-pass tuple orders).

@@ -14,7 +14,11 @@ from tf_sc_embedding.ops.preprocessing import (
     get_stats_from_list_of_sparse_core_coo_tensors,
     sort_list_of_sparse_core_coo_tensors,
 )
-from tf_sc_embedding.ops.lookup import xla_sparse_dense_matmul_with_csr_input
+from tf_sc_embedding.ops.lookup import (
+    group_lookup_entries,
+    sparse_dense_matmul_grouped,
+    xla_sparse_dense_matmul_with_csr_input,
+)
 from tf_sc_embedding.ops.fused_update import (
     OPTIMIZERS,
     xla_sparse_dense_matmul_grad_with_adagrad_and_csr_input,
@@ -33,7 +37,9 @@ __all__ = [
     "get_minibatch_splits_with_physical_replica",
     "get_minibatches_in_csr_with_physical_replica",
     "get_stats_from_list_of_sparse_core_coo_tensors",
+    "group_lookup_entries",
     "sort_list_of_sparse_core_coo_tensors",
+    "sparse_dense_matmul_grouped",
     "xla_sparse_dense_matmul_with_csr_input",
     "xla_sparse_dense_matmul_grad_with_sgd_and_csr_input",
     "xla_sparse_dense_matmul_grad_with_adagrad_and_csr_input",
