@@ -1,5 +1,6 @@
-"""16-bit rows against float32 rows through the class (issue 33, item 5): embedding_lookup, the
-lookup of an enqueued batch (dequeue) and the training step, with only these embeddings in the
+"""16-bit rows against float32 rows through the class (issue 33, item 5): enqueue (the host
+preprocessing of a batch, which with one replica packs and groups its entries), embedding_lookup,
+the lookup of an enqueued batch (dequeue) and the training step, with only these embeddings in the
 process.
 
 bench_api.py also times bfloat16 rows, beside six other configurations of 4M-row caps (about 20
@@ -17,8 +18,8 @@ dense logistic loss. Reported: median wall and CPU per call, interleaved and bac
 faster).
 
 Besides the class's calls, "lookup kernels" runs only the lookup ops that `dequeue` runs (one per
-stacked table, on the table variables, as many threads), on the CSR buffers of the same batches
-built beforehand: no CSR conversion, no input iterator, no activation split. The part of
+stacked table, on the table variables, as many threads), on the enqueued buffers of the same
+batches built beforehand: no CSR conversion, no grouping, no input iterator, no activation split. The part of
 `dequeue` that is the same for both dtypes is what it takes beyond them.
 
 Usage: python bench/bench_table_dtypes.py [--cap 4000000] [--rounds 30]
@@ -40,33 +41,37 @@ from bench_api import (LEARNING_RATE, add_workload_arguments, back_to_back,  # n
                        batch_pool, capped_vocabulary, interleaved, our_functions, use_threads)
 
 E = tf.tpu.experimental.embedding
-PHASES = ("embedding_lookup", "dequeue", "lookup kernels", "step")
+PHASES = ("enqueue", "embedding_lookup", "dequeue", "lookup kernels", "step")
 
 
 def lookup_kernels(embedding, pool):
-    """A no-argument callable running the lookup ops of `dequeue` alone, on the CSR buffers of
-    the pool's batches (in turn, as `dequeue` takes them), built once here
-    (bench_class_overhead.ClassKernelsAlone's preprocessing; the class's internals, benchmark
-    only)."""
+    """A no-argument callable running the lookup ops of `dequeue` alone, on the enqueued buffers
+    of the pool's batches (in turn, as `dequeue` takes them), built once here
+    (bench_class_overhead.ClassKernelsAlone's preprocessing, then the grouping by activation row
+    that one replica's enqueue adds; the class's internals, benchmark only)."""
     from bench_class_overhead import ClassKernelsAlone  # noqa: PLC0415
     from tf_sc_embedding import collectives, enqueue  # noqa: PLC0415
     from tf_sc_embedding.exchanges import all_gather  # noqa: PLC0415
     layout = embedding.plan.sharded
     view = collectives.ReplicaView(embedding.replica_group)
     batch, dim = layout.features[0].sample_count, layout.features[0].table.dim
+    rows = {name: enqueue.feature_major_rows(layout, stacked)
+            for name, stacked in layout.stacked_tables.items()}
     runs = []
     for ids, weights, _ in pool:
         unused_gradients = {path: tf.zeros([batch, dim]) for path in ids}  # the lookup reads none
         kernels = ClassKernelsAlone(embedding, tf.nest.flatten(ids), tf.nest.flatten(weights),
                                     unused_gradients)
         csrs = {name: kernels.preprocessed[name].csr for name in layout.stacked_tables}
+        grouped = {name: (all_gather.group_entries(layout, stacked, csrs[name], rows[name])
+                          if all_gather.groups_at_enqueue(layout, stacked) else ())
+                   for name, stacked in layout.stacked_tables.items()}
 
         @tf.function
-        def run(kernels=kernels, csrs=csrs):
+        def run(kernels=kernels, csrs=csrs, grouped=grouped):
             variables = kernels._variables(view)  # noqa: SLF001
             return [all_gather.lookup(view, layout, stacked, csrs[name], variables[name][0],
-                                      feature_rows_per_sc=enqueue.feature_major_rows(layout,
-                                                                                     stacked))
+                                      feature_rows_per_sc=rows[name], grouped=grouped[name])
                     for name, stacked in layout.stacked_tables.items()]
 
         runs.append(run)

@@ -10,6 +10,7 @@ import tf_sc_embedding as sce
 from tf_sc_embedding import enqueue as enqueue_lib
 from tf_sc_embedding import ops
 from tf_sc_embedding.layout import EmbeddingLayout
+from tf_sc_embedding.table_storage import PARAMETERS
 
 E = tf.tpu.experimental.embedding
 B = 16
@@ -320,3 +321,61 @@ def test_single_replica_update_takes_each_features_gradient_without_a_copy():
         assert list(op.get_attr("feature_rows_per_sc")) == list(rows)
     assert multi_feature >= 1   # table t0 is looked up by features a and d
     assert "ConcatV2" not in [op.type for op in graph.get_operations()]
+
+
+def _enqueue_and_dequeue(embedding, features, weights):
+    @tf.function
+    def run(features, weights):
+        preprocessed = embedding.enqueue(features, weights)
+        return preprocessed, embedding.dequeue(preprocessed)[0]
+    return run, run(features, weights)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_single_replica_enqueue_groups_and_dequeue_only_sums(dtype):
+    """With one replica, enqueue also groups each stacked table's entries by activation row
+    (docs/lookup.md#grouping-at-enqueue) and dequeue runs the grouped lookup only: the CSR
+    lookup's activations, bit for bit, in the same (feature-major) row order."""
+    from tf_sc_embedding import collectives  # noqa: PLC0415
+    from tf_sc_embedding.exchanges import all_gather  # noqa: PLC0415
+    feature_config = config(dim=8)
+    embedding = sce.TPUEmbeddingV2(feature_config, E.Adagrad(0.1),
+                                   table_dtypes={f"t{i}": dtype for i in range(3)})
+    features, weights = inputs(seed=3)
+    embedding.build(per_replica_batch_size=B)
+    run, (preprocessed, activations) = _enqueue_and_dequeue(embedding, features, weights)
+    types = [op.type for op in run.get_concrete_function(features, weights).graph.get_operations()]
+    layout = embedding.plan.sharded
+    assert types.count("SceGroupLookupEntries") == len(layout.stacked_tables)
+    assert types.count("SceResourceSparseDenseMatmulGrouped") == len(layout.stacked_tables)
+    assert "SceResourceSparseDenseMatmulWithCsrInput" not in types
+    # The CSR lookup on the same enqueued buffers, in the same row order.
+    view = collectives.ReplicaView(embedding.replica_group)
+    for name, stacked in layout.stacked_tables.items():
+        packed = preprocessed[name]
+        assert isinstance(packed.grouped, all_gather.GroupedEntries)
+        table = embedding.variables[name][PARAMETERS].shard(0)
+        rows = enqueue_lib.feature_major_rows(layout, stacked)
+        grouped = all_gather.lookup(view, layout, stacked, packed.csr, table,
+                                    feature_rows_per_sc=rows, grouped=packed.grouped)
+        from_csr = all_gather.lookup(view, layout, stacked, packed.csr, table,
+                                     feature_rows_per_sc=rows)
+        np.testing.assert_array_equal(grouped.numpy(), from_csr.numpy())
+    # And the embedding_lookup path gives dequeue's activations.
+    looked_up = embedding.embedding_lookup(features, weights)[0]
+    for path in activations:
+        np.testing.assert_array_equal(activations[path].numpy(), looked_up[path].numpy())
+
+
+def test_quantized_tables_are_not_grouped():
+    """A quantized lookup adds in buffer order: its stacked table keeps the CSR lookup."""
+    table = E.TableConfig(vocabulary_size=50, dim=4, name="q",
+                          quantization_config=E.QuantizationConfig(num_buckets=16, lower=-0.5, upper=0.5))
+    embedding = sce.TPUEmbeddingV2({"a": E.FeatureConfig(table=table, name="a")}, E.SGD(0.1))
+    embedding.build(per_replica_batch_size=B)
+    ids = tf.constant(np.arange(B) % 50, tf.int64)
+    run, (preprocessed, _) = _enqueue_and_dequeue(embedding, {"a": ids}, None)
+    types = [op.type for op in run.get_concrete_function({"a": ids}, None).graph.get_operations()]
+    assert "SceGroupLookupEntries" not in types
+    assert "SceResourceSparseDenseMatmulWithCsrInput" in types
+    assert all(packed.grouped == () for packed in preprocessed.values())

@@ -33,8 +33,16 @@ PreservedCsr = collections.namedtuple(
 # One replica's CSR buffers, packed by `enqueue` (`AllGatherExchange.preprocess`): with no other
 # replica's splits to agree on, the packing belongs to the host preprocessing, as in TensorFlow's
 # TPUEmbeddingV2, and runs in the input pipeline when enqueue does. num_dropped: the ids the
-# packing dropped (allow_id_dropping), counted when dequeue looks the batch up.
-PackedCsr = collections.namedtuple("PackedCsr", ["csr", "num_dropped"])
+# packing dropped (allow_id_dropping), counted when dequeue looks the batch up. grouped: the
+# lookup's entries grouped by activation row (GroupedEntries) where `groups_at_enqueue`, else ().
+PackedCsr = collections.namedtuple("PackedCsr", ["csr", "num_dropped", "grouped"])
+
+# The outputs of ops.group_lookup_entries (docs/lookup.md#grouping-at-enqueue): what the grouped
+# lookup reads instead of the CSR; the fused update still reads the CSR.
+GroupedEntries = collections.namedtuple("GroupedEntries", ["row_begin", "rows", "gains"])
+
+# The largest row count the grouping's int32 row index holds.
+MAX_GROUPED_TABLE_ROWS = 2 ** 31 - 1
 
 MAX_MINIBATCHES_PER_SPARSE_CORE = 64
 
@@ -78,13 +86,36 @@ def packs_at_enqueue(layout):
     return layout.num_replicas == 1
 
 
-def pack_one_replica(layout, stacked, preprocessed, sparse_core_config):
-    """The PackedCsr of the only replica's preprocessed ids: its own splits are the agreed ones."""
+def groups_at_enqueue(layout, stacked):
+    """Whether enqueue also groups the lookup's entries by activation row: with one replica (it
+    packs the CSR there), unless the table is quantized (that lookup adds in buffer order) or has
+    more rows than the grouping's int32 row index holds."""
+    return (packs_at_enqueue(layout) and stacked.quantization is None and
+            stacked.total_rows <= MAX_GROUPED_TABLE_ROWS)
+
+
+def group_entries(layout, stacked, csr, feature_rows_per_sc=None):
+    """The GroupedEntries of one replica's packed CSR (a PreservedCsr), for the lookup that
+    `lookup` runs on it (same activation row order)."""
+    row_begin, rows, gains = ops.group_lookup_entries(
+        csr.row_pointers, csr.sorted_sample_ids, csr.sorted_token_ids, csr.sorted_gains,
+        csr.num_minibatches, input_size=layout.num_replicas * stacked.sample_count,
+        table_rows=stacked.total_rows, table_name=stacked.name,
+        feature_rows_per_sc=feature_rows_per_sc or (), **shard_arguments(layout, 0))
+    return GroupedEntries(row_begin, rows, gains)
+
+
+def pack_one_replica(layout, stacked, preprocessed, sparse_core_config, feature_rows_per_sc=None):
+    """The PackedCsr of the only replica's preprocessed ids: its own splits are the agreed ones.
+    `feature_rows_per_sc`: the lookup's activation row order, which the grouping follows."""
     if not packs_at_enqueue(layout):
         raise ValueError(f"stacked table '{stacked.name}': {layout.num_replicas} replicas must "
                          "agree on their minibatch splits before packing (pack_and_gather)")
     csr = _pack(layout, stacked, preprocessed, preprocessed.splits, sparse_core_config)
-    return PackedCsr(_as_preserved(csr), csr.num_dropped_ids)
+    preserved = _as_preserved(csr)
+    grouped = (group_entries(layout, stacked, preserved, feature_rows_per_sc)
+               if groups_at_enqueue(layout, stacked) else ())
+    return PackedCsr(preserved, csr.num_dropped_ids, grouped)
 
 
 def pack_and_gather(view, layout, stacked, preprocessed, sparse_core_config):
@@ -111,9 +142,14 @@ def shard_arguments(layout, replica_id):
                 num_local_shards=S)
 
 
-def lookup(view, layout, stacked, csr, table_shard, feature_rows_per_sc=None):
+def lookup(view, layout, stacked, csr, table_shard, feature_rows_per_sc=None, grouped=()):
     """This replica's [B_stk, padded_width] activations of one stacked table, in the CSR's row
-    order, or feature-major with feature_rows_per_sc (enqueue.feature_major_rows)."""
+    order, or feature-major with feature_rows_per_sc (enqueue.feature_major_rows). With the
+    `grouped` entries of the same CSR and row order (one replica), the grouped lookup sums them:
+    the same bits."""
+    if grouped:
+        return ops.sparse_dense_matmul_grouped(grouped.row_begin, grouped.rows, grouped.gains,
+                                               table_shard, table_name=stacked.name)
     q = stacked.quantization
     partial = ops.xla_sparse_dense_matmul_with_csr_input(
         csr.row_pointers, csr.sorted_sample_ids, csr.sorted_token_ids, csr.sorted_gains,
@@ -164,11 +200,12 @@ class AllGatherExchange(base.Exchange):
         if not packs_at_enqueue(self.layout):
             return preprocessed   # packed in dequeue, once the replicas agree on the splits
         return {name: pack_one_replica(self.layout, stacked, preprocessed[name],
-                                       self._sparse_core_config)
+                                       self._sparse_core_config, self.feature_major_rows(name))
                 for name, stacked in self.stacked_tables.items()}
 
     def _csr(self, view, stacked, preprocessed):
-        """(PreservedCsr, ids dropped) of one stacked table's enqueued ids."""
+        """The PackedCsr of one stacked table's enqueued ids (gathered from every replica when
+        there are several, with nothing grouped)."""
         packed = packs_at_enqueue(self.layout)
         expected = PackedCsr if packed else enqueue_lib.PreprocessedTable
         if not isinstance(preprocessed, expected):
@@ -176,16 +213,24 @@ class AllGatherExchange(base.Exchange):
                              f"embedding returned ({expected.__name__}), got "
                              f"{type(preprocessed).__name__}")
         if packed:
+            grouped = preprocessed.grouped
+            if bool(grouped) != groups_at_enqueue(self.layout, stacked) or (
+                    grouped and not isinstance(grouped, GroupedEntries)):
+                raise ValueError(f"stacked table '{stacked.name}': dequeue takes what enqueue of "
+                                 "this embedding returned; its grouped entries do not match this "
+                                 "table")
             return preprocessed
-        return pack_and_gather(view, self.layout, stacked, preprocessed,
-                               self._sparse_core_config)
+        csr, num_dropped = pack_and_gather(view, self.layout, stacked, preprocessed,
+                                           self._sparse_core_config)
+        return PackedCsr(csr, num_dropped, ())
 
     def _lookup_stacked(self, view, preprocessed, parameters):
         activations, preserved, dropped = {}, {}, []
         for name, stacked in self.stacked_tables.items():
-            csr, num_dropped = self._csr(view, stacked, preprocessed[name])
+            csr, num_dropped, grouped = self._csr(view, stacked, preprocessed[name])
             activations[name] = lookup(view, self.layout, stacked, csr, parameters[name],
-                                       feature_rows_per_sc=self.feature_major_rows(name))
+                                       feature_rows_per_sc=self.feature_major_rows(name),
+                                       grouped=grouped)
             preserved[name] = csr
             dropped.append(tf.cast(num_dropped, tf.int64))
         self.group.counter(view.replica_id, collectives.DROPPED_IDS).assign_add(tf.add_n(dropped))
