@@ -2,6 +2,7 @@
 // (what the grouped lookup op takes from outside), then (when it accepts) the grouped lookup
 // sce::SparseDenseMatmulGrouped for float32 and bfloat16 rows, which must write every activation
 // row and read nothing outside the table (the sanitizers check the reads).
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
