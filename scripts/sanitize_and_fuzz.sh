@@ -7,10 +7,14 @@
 #   3. the op-level fuzzer (fuzz/op_fuzzer.py) through TensorFlow for OP_FUZZ_SECONDS, each case
 #      in a child process with a timeout (needs the op library: bash scripts/setup.sh).
 #
+# Every compile, and every run of stages 1-2, is a job of its own; FUZZ_JOBS of them (default: the
+# number of cores) run at once, the longest builds first (the unit tests and the fused update's
+# harness, which instantiate every optimizer, row type and instruction set).
+#
 # Usage: bash scripts/sanitize_and_fuzz.sh            # CI: about 1-2 minutes of fuzzing
 #        bash scripts/sanitize_and_fuzz.sh --long     # FUZZ_SECONDS=600, OP_FUZZ_SECONDS=1800
 # Environment: FUZZ_SECONDS, OP_FUZZ_SECONDS, OP_FUZZ_SEED, FUZZ_OUT (default build/fuzz),
-#              SKIP_OP_FUZZ=1 (stages 1-2 only), CLANG (default clang++).
+#              SKIP_OP_FUZZ=1 (stages 1-2 only), CLANG (default clang++), FUZZ_JOBS.
 # Results: $FUZZ_OUT/summary.txt (executions and crashes per stage), crash inputs under
 # $FUZZ_OUT/artifacts (libFuzzer) and $FUZZ_OUT/op_crashes (op fuzzer).
 set -uo pipefail
@@ -19,13 +23,20 @@ ROOT=$(pwd)
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-10}
 OP_FUZZ_SECONDS=${OP_FUZZ_SECONDS:-40}
+# The fused update's harness instantiates every optimizer, row type and instruction set of the
+# kernel: at -O1 under ASan and UBSan clang takes about 9.5 minutes on it (UBSan's checks; ASan alone
+# takes 2), at -O0 about 2.5. A short run compiles it at -O0 (fewer executions in its seconds, the
+# same checks); a long one at -O1, as every other target.
+FUSED_UPDATE_OPT=${FUSED_UPDATE_OPT:--O0}
 if [ "${1:-}" = "--long" ]; then
   FUZZ_SECONDS=${LONG_FUZZ_SECONDS:-600}
   OP_FUZZ_SECONDS=${LONG_OP_FUZZ_SECONDS:-1800}
+  FUSED_UPDATE_OPT=-O1
 fi
 OP_FUZZ_SEED=${OP_FUZZ_SEED:-$(( $(date +%s) % 100000 ))}
 OUT=${FUZZ_OUT:-$ROOT/build/fuzz}
 CLANG=${CLANG:-clang++}
+FUZZ_JOBS=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 2)}
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
@@ -50,43 +61,100 @@ COMMON=(-std=c++17 -g -O1 -ffp-contract=off -I"$ROOT" -fno-omit-frame-pointer -f
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:allocator_may_return_null=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
-# --- 1. sanitized unit tests ---------------------------------------------------------------------
-echo "== 1. cc/core unit tests with -fsanitize=address,undefined"
-if "$CLANG" "${COMMON[@]}" -fsanitize=address,undefined cc/core/*.cc cc/tests/core_test.cc \
-     -o "$OUT/core_test_sanitized" && "$OUT/core_test_sanitized" > "$OUT/core_test.log" 2>&1; then
-  note "unit tests (ASan+UBSan): $(tail -1 "$OUT/core_test.log")"
-else
-  cat "$OUT/core_test.log" 2>/dev/null | tail -40
-  note "unit tests (ASan+UBSan): FAILED"
-  failures=$((failures + 1))
-fi
+# --- a pool of background jobs ------------------------------------------------------------------
+# `spawn NAME COMMAND...` runs COMMAND in the background once fewer than FUZZ_JOBS jobs are running,
+# its output in $OUT/jobs/NAME.log and its exit status in $OUT/jobs/NAME.status.
+mkdir -p "$OUT/jobs"
+rm -f "$OUT"/jobs/*.status
+spawn() {
+  local name=$1
+  shift
+  while [ "$(jobs -rp | wc -l)" -ge "$FUZZ_JOBS" ]; do wait -n; done
+  ( "$@" > "$OUT/jobs/$name.log" 2>&1; echo $? > "$OUT/jobs/$name.status" ) &
+}
+status_of() { cat "$OUT/jobs/$1.status" 2>/dev/null || echo 127; }
+# Waits for every job; fails the script (exit 2) when one of the named builds failed.
+builds_ok() {
+  wait
+  local name
+  for name in "$@"; do
+    if [ "$(status_of "$name")" != 0 ]; then
+      tail -40 "$OUT/jobs/$name.log"
+      echo "build $name failed"
+      exit 2
+    fi
+  done
+}
 
-# --- 2. libFuzzer targets ------------------------------------------------------------------------
-echo "== 2. libFuzzer targets, ${FUZZ_SECONDS}s each"
-mkdir -p "$OUT/obj" "$OUT/artifacts" "$OUT/corpus"
-objects=()
+# --- builds (stages 1 and 2) ----------------------------------------------------------------------
+echo "== building the sanitized unit tests and ${FUZZ_JOBS}-way parallel libFuzzer targets"
+mkdir -p "$OUT/obj" "$OUT/obj_tests" "$OUT/artifacts" "$OUT/corpus"
+targets=()
+for src in fuzz/fuzz_*.cc; do targets+=("$(basename "$src" .cc)"); done
+compile_fuzz() { "$CLANG" "${COMMON[@]}" "${@:3}" -fsanitize=fuzzer-no-link,address,undefined -c "$1" -o "$2"; }
+compile_tests() { "$CLANG" "${COMMON[@]}" -fsanitize=address,undefined -c "$1" -o "$2"; }
+spawn harness_fuzz_fused_update compile_fuzz fuzz/fuzz_fused_update.cc \
+  "$OUT/obj/fuzz_fused_update.harness.o" "$FUSED_UPDATE_OPT"
+spawn core_test_main compile_tests cc/tests/core_test.cc "$OUT/obj_tests/core_test.o"
+builds=(harness_fuzz_fused_update core_test_main)
+core_objects=()
+test_objects=("$OUT/obj_tests/core_test.o")
 for src in cc/core/*.cc; do
-  obj="$OUT/obj/$(basename "$src" .cc).o"
-  "$CLANG" "${COMMON[@]}" -fsanitize=fuzzer-no-link,address,undefined -c "$src" -o "$obj" || exit 2
-  objects+=("$obj")
+  name=$(basename "$src" .cc)
+  spawn "core_$name" compile_fuzz "$src" "$OUT/obj/$name.o"
+  spawn "test_$name" compile_tests "$src" "$OUT/obj_tests/$name.o"
+  builds+=("core_$name" "test_$name")
+  core_objects+=("$OUT/obj/$name.o")
+  test_objects+=("$OUT/obj_tests/$name.o")
 done
-total_execs=0
+for name in "${targets[@]}"; do
+  [ "$name" = fuzz_fused_update ] && continue
+  spawn "harness_$name" compile_fuzz "fuzz/$name.cc" "$OUT/obj/$name.harness.o"
+  builds+=("harness_$name")
+done
+builds_ok "${builds[@]}"
+spawn link_core_test "$CLANG" "${COMMON[@]}" -fsanitize=address,undefined "${test_objects[@]}" \
+  -o "$OUT/core_test_sanitized"
+links=(link_core_test)
+for name in "${targets[@]}"; do
+  spawn "link_$name" "$CLANG" "${COMMON[@]}" -fsanitize=fuzzer,address,undefined \
+    "$OUT/obj/$name.harness.o" "${core_objects[@]}" -o "$OUT/$name"
+  links+=("link_$name")
+done
+builds_ok "${links[@]}"
+
+# --- runs of stages 1 and 2 -----------------------------------------------------------------------
+echo "== 1. cc/core unit tests with -fsanitize=address,undefined; 2. libFuzzer targets, ${FUZZ_SECONDS}s each"
 # Crashes are counted among the artifacts this run writes: $OUT keeps those of earlier runs.
 run_stamp="$OUT/artifacts/.run_started"
 touch "$run_stamp"
-for src in fuzz/fuzz_*.cc; do
-  name=$(basename "$src" .cc)
-  "$CLANG" "${COMMON[@]}" -fsanitize=fuzzer,address,undefined "$src" "${objects[@]}" \
-    -o "$OUT/$name" || exit 2
+spawn run_core_test "$OUT/core_test_sanitized"
+fuzz_one() {
+  local name=$1
   mkdir -p "$OUT/corpus/$name"
-  log="$OUT/$name.log"
   # The working corpus lives under $OUT; the committed seeds are read-only inputs.
   # -timeout: a hang, not a slow input on a loaded machine (the largest accepted minibatch
   # configurations take about a second of CPU under ASan).
   "$OUT/$name" -max_total_time="$FUZZ_SECONDS" -timeout=30 -rss_limit_mb=2560 \
     -print_final_stats=1 -artifact_prefix="$OUT/artifacts/$name-" \
-    "$OUT/corpus/$name" "fuzz/corpus/$name" > "$log" 2>&1
-  status=$?
+    "$OUT/corpus/$name" "fuzz/corpus/$name"
+}
+for name in "${targets[@]}"; do spawn "run_$name" fuzz_one "$name"; done
+wait
+
+cp "$OUT/jobs/run_core_test.log" "$OUT/core_test.log"
+if [ "$(status_of run_core_test)" = 0 ]; then
+  note "unit tests (ASan+UBSan): $(tail -1 "$OUT/core_test.log")"
+else
+  tail -40 "$OUT/core_test.log"
+  note "unit tests (ASan+UBSan): FAILED"
+  failures=$((failures + 1))
+fi
+total_execs=0
+for name in "${targets[@]}"; do
+  log="$OUT/$name.log"
+  cp "$OUT/jobs/run_$name.log" "$log"
+  status=$(status_of "run_$name")
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | tail -1 | grep -o '[0-9]*$')
   case "$execs" in ''|*[!0-9]*) execs=0 ;; esac
   total_execs=$((total_execs + execs))
@@ -99,7 +167,7 @@ for src in fuzz/fuzz_*.cc; do
     note "$name: $execs executions, $crashes crashes, corpus $(ls "$OUT/corpus/$name" | wc -l) inputs"
   fi
 done
-note "libFuzzer total: $total_execs executions in $(ls fuzz/fuzz_*.cc | wc -l) targets x ${FUZZ_SECONDS}s"
+note "libFuzzer total: $total_execs executions in ${#targets[@]} targets x ${FUZZ_SECONDS}s"
 
 # --- 3. op-level fuzzer through TensorFlow --------------------------------------------------------
 if [ "${SKIP_OP_FUZZ:-0}" != "1" ]; then

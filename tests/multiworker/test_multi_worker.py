@@ -23,6 +23,9 @@ from tf_sc_embedding.dynamic_tables import value_part
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mw_worker.py")
 PROCESS_TIMEOUT = 240
 RTOL, ATOL = 1e-5, 1e-6
+# Under pytest-xdist (scripts/test.sh) these tests run one after another on one pytest worker:
+# each starts a cluster of its own, and their free ports are picked before the servers bind them.
+pytestmark = pytest.mark.xdist_group("multiworker")
 
 
 def free_ports(n):
