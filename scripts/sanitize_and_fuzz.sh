@@ -89,14 +89,22 @@ builds_ok() {
 # --- builds (stages 1 and 2) ----------------------------------------------------------------------
 echo "== building the sanitized unit tests and ${FUZZ_JOBS}-way parallel libFuzzer targets"
 mkdir -p "$OUT/obj" "$OUT/obj_tests" "$OUT/artifacts" "$OUT/corpus"
-targets=()
-for src in fuzz/fuzz_*.cc; do targets+=("$(basename "$src" .cc)"); done
+# The longest build first: the fused update's harness, then the others.
+targets=(fuzz_fused_update)
+for src in fuzz/fuzz_*.cc; do
+  name=$(basename "$src" .cc)
+  [ "$name" = fuzz_fused_update ] || targets+=("$name")
+done
 compile_fuzz() { "$CLANG" "${COMMON[@]}" "${@:3}" -fsanitize=fuzzer-no-link,address,undefined -c "$1" -o "$2"; }
 compile_tests() { "$CLANG" "${COMMON[@]}" -fsanitize=address,undefined -c "$1" -o "$2"; }
-spawn harness_fuzz_fused_update compile_fuzz fuzz/fuzz_fused_update.cc \
-  "$OUT/obj/fuzz_fused_update.harness.o" "$FUSED_UPDATE_OPT"
 spawn core_test_main compile_tests cc/tests/core_test.cc "$OUT/obj_tests/core_test.o"
-builds=(harness_fuzz_fused_update core_test_main)
+builds=(core_test_main)
+for name in "${targets[@]}"; do
+  opt=()
+  [ "$name" = fuzz_fused_update ] && opt=("$FUSED_UPDATE_OPT")
+  spawn "harness_$name" compile_fuzz "fuzz/$name.cc" "$OUT/obj/$name.harness.o" "${opt[@]}"
+  builds+=("harness_$name")
+done
 core_objects=()
 test_objects=("$OUT/obj_tests/core_test.o")
 for src in cc/core/*.cc; do
@@ -106,11 +114,6 @@ for src in cc/core/*.cc; do
   builds+=("core_$name" "test_$name")
   core_objects+=("$OUT/obj/$name.o")
   test_objects+=("$OUT/obj_tests/$name.o")
-done
-for name in "${targets[@]}"; do
-  [ "$name" = fuzz_fused_update ] && continue
-  spawn "harness_$name" compile_fuzz "fuzz/$name.cc" "$OUT/obj/$name.harness.o"
-  builds+=("harness_$name")
 done
 builds_ok "${builds[@]}"
 spawn link_core_test "$CLANG" "${COMMON[@]}" -fsanitize=address,undefined "${test_objects[@]}" \
@@ -142,18 +145,16 @@ fuzz_one() {
 for name in "${targets[@]}"; do spawn "run_$name" fuzz_one "$name"; done
 wait
 
-cp "$OUT/jobs/run_core_test.log" "$OUT/core_test.log"
 if [ "$(status_of run_core_test)" = 0 ]; then
-  note "unit tests (ASan+UBSan): $(tail -1 "$OUT/core_test.log")"
+  note "unit tests (ASan+UBSan): $(tail -1 "$OUT/jobs/run_core_test.log")"
 else
-  tail -40 "$OUT/core_test.log"
+  tail -40 "$OUT/jobs/run_core_test.log"
   note "unit tests (ASan+UBSan): FAILED"
   failures=$((failures + 1))
 fi
 total_execs=0
 for name in "${targets[@]}"; do
-  log="$OUT/$name.log"
-  cp "$OUT/jobs/run_$name.log" "$log"
+  log="$OUT/jobs/run_$name.log"
   status=$(status_of "run_$name")
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | tail -1 | grep -o '[0-9]*$')
   case "$execs" in ''|*[!0-9]*) execs=0 ;; esac
