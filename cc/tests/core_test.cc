@@ -3072,6 +3072,34 @@ void TestGroupedEntriesValidation() {
   CHECK_ERROR(sce::ValidateGroupedEntries({row_begin.data(), 2, negative_rows.data(), 2,
                                            gains.data(), 2}, 5, "video"),
               "entry_rows[1] = -1");
+  // The checks are vectorized reductions: a culprit anywhere in a long grouping, including the
+  // tail a vector loop leaves over, is found and named; a table of more rows than int32 holds
+  // takes every non-negative row.
+  const int64_t n = 1000;
+  std::vector<int32_t> long_begin(n + 1), long_rows(n, 7);
+  const FloatVec long_gains(n, 1.0f);
+  for (int64_t a = 0; a <= n; ++a) long_begin[a] = static_cast<int32_t>(a);
+  const auto long_check = [&](int64_t table_rows) {
+    return sce::ValidateGroupedEntries({long_begin.data(), n + 1, long_rows.data(), n,
+                                        long_gains.data(), n}, table_rows, "video");
+  };
+  CHECK_OK(long_check(8));
+  for (int64_t at : {int64_t{0}, int64_t{517}, n - 1}) {
+    for (int32_t bad : {8, -1, std::numeric_limits<int32_t>::min()}) {
+      long_rows[at] = bad;
+      CHECK_ERROR(long_check(8), "entry_rows[" + std::to_string(at) + "] = " +
+                                     std::to_string(bad) + " is outside");
+      long_rows[at] = 7;
+    }
+    if (at > 0) {
+      long_begin[at] = static_cast<int32_t>(at - 2);
+      CHECK_ERROR(long_check(8), "decreases at " + std::to_string(at));
+      long_begin[at] = static_cast<int32_t>(at);
+    }
+  }
+  long_rows[n - 1] = std::numeric_limits<int32_t>::max();
+  CHECK_OK(long_check(int64_t{1} << 40));
+  CHECK_ERROR(long_check(std::numeric_limits<int32_t>::max()), "is outside");
 }
 
 void TestLookupOf16BitRows() {
