@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "cc/core/avx512.h"
@@ -184,6 +185,65 @@ SCE_TARGET_AVX512 void AccumulateBfloat16SamplesAvx512(
   }
 }
 SCE_AVX512_CODE_END
+
+// AccumulateSamplesBody for float32 and bfloat16 rows of 16, 32 or 64 columns, by hand for AVX2.
+// Built from the generic body for AVX2, GCC 12 zeroes each activation row's sum with `rep stos`
+// and copies it out through the stack in 16-byte pieces, once per activation row: the AVX2
+// lookup took 1.6x the AVX-512 one's time with float32 rows (bench/kernel_ab.py with the ISA
+// patched; BENCHMARKS.md, "Design measurements"). Here the sums stay in registers and are stored
+// once. A bfloat16 chunk of 16 columns is split into even and odd columns with a shift and a mask
+// as in the AVX-512 loop above, and interleaved when stored. The products are added in the
+// generic loop's order, so the bits are the same.
+template <typename Row, int64_t kDim>
+SCE_TARGET_AVX2 void AccumulateSamplesByHandAvx2(const SampleMajorEntries& entries,
+                                                 int64_t num_samples, const Row* table,
+                                                 int64_t /*dim*/, float* activations,
+                                                 int64_t first_row, const int32_t* out_rows) {
+  static_assert(kDim > 0 && kDim % 16 == 0, "whole 16-column chunks");
+  constexpr bool kBfloat16 = std::is_same<Row, Bfloat16>::value;
+  static_assert(kBfloat16 || std::is_same<Row, float>::value, "float32 or bfloat16 rows");
+  constexpr int kSums = static_cast<int>(kDim / 8);  // 8 float32 columns (or 8 even or odd) each
+  const int32_t* sample_begin = entries.sample_begin;
+  const uint32_t* rows = entries.rows;
+  const float* gains = entries.gains;
+  const int64_t num_entries = sample_begin[num_samples];
+  const __m256i high_half = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  for (int64_t i = 0; i < num_samples; ++i) {
+    __m256 sum[kSums];
+    for (int v = 0; v < kSums; ++v) sum[v] = _mm256_setzero_ps();
+    for (int64_t k = sample_begin[i]; k < sample_begin[i + 1]; ++k) {
+      PrefetchRowAhead(rows, k, num_entries, table, kDim);
+      const __m256 gain = _mm256_set1_ps(gains[k]);
+      const Row* row = table + static_cast<int64_t>(rows[k]) * kDim;
+      if constexpr (kBfloat16) {
+        for (int c = 0; c < kSums / 2; ++c) {  // sum[2c]: even columns of chunk c; sum[2c + 1]: odd
+          const __m256i chunk =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * c));
+          const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(chunk, 16));
+          const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(chunk, high_half));
+          sum[2 * c] = _mm256_add_ps(sum[2 * c], _mm256_mul_ps(gain, even));
+          sum[2 * c + 1] = _mm256_add_ps(sum[2 * c + 1], _mm256_mul_ps(gain, odd));
+        }
+      } else {
+        for (int v = 0; v < kSums; ++v) {
+          sum[v] = _mm256_add_ps(sum[v], _mm256_mul_ps(gain, _mm256_loadu_ps(row + 8 * v)));
+        }
+      }
+    }
+    float* out = activations + (out_rows ? out_rows[i] : first_row + i) * kDim;
+    if constexpr (kBfloat16) {
+      for (int c = 0; c < kSums / 2; ++c) {
+        // Per 128-bit half: columns 0-3 and 8-11 of the chunk, then 4-7 and 12-15.
+        const __m256 low = _mm256_unpacklo_ps(sum[2 * c], sum[2 * c + 1]);
+        const __m256 high = _mm256_unpackhi_ps(sum[2 * c], sum[2 * c + 1]);
+        _mm256_storeu_ps(out + 16 * c, _mm256_permute2f128_ps(low, high, 0x20));
+        _mm256_storeu_ps(out + 16 * c + 8, _mm256_permute2f128_ps(low, high, 0x31));
+      }
+    } else {
+      for (int v = 0; v < kSums; ++v) _mm256_storeu_ps(out + 8 * v, sum[v]);
+    }
+  }
+}
 #endif
 
 template <typename Row>
@@ -220,24 +280,36 @@ template <typename Row>
 using AccumulateSamplesFn = void (*)(const SampleMajorEntries&, int64_t, const Row*, int64_t,
                                      float*, int64_t, const int32_t*);
 
+// The hand-written sample-major loop for `isa` (as UsableIsa gives it), row type and width, or
+// null where the generic builds serve: AVX-512 for bfloat16 rows of 32 or 64 columns, AVX2 for
+// float32 and bfloat16 rows of 16, 32 or 64.
 template <typename Row>
-AccumulateSamplesFn<Row> AccumulateSamplesFor(VectorIsa isa, int64_t dim) {
-  static constexpr AccumulateSamplesFn<Row> kBuilds[3][4] =
-      SCE_ISA_ROW_WIDTH_BUILDS(AccumulateSamples, Row);
-  return SelectRowLoopBuild(kBuilds, isa, dim);
-}
-
-// Bfloat16 rows of 32 or 64 columns take the hand-written AVX-512 loop.
-template <>
-AccumulateSamplesFn<Bfloat16> AccumulateSamplesFor<Bfloat16>(VectorIsa isa, int64_t dim) {
+AccumulateSamplesFn<Row> AccumulateSamplesByHand(VectorIsa isa, int64_t dim) {
 #if defined(__x86_64__)
-  if (UsableIsa(isa) == VectorIsa::kAvx512) {
-    if (dim == 32) return &AccumulateBfloat16SamplesAvx512<32>;
-    if (dim == 64) return &AccumulateBfloat16SamplesAvx512<64>;
+  constexpr bool kBfloat16 = std::is_same<Row, Bfloat16>::value;
+  if constexpr (kBfloat16) {
+    if (isa == VectorIsa::kAvx512 && dim == 32) return &AccumulateBfloat16SamplesAvx512<32>;
+    if (isa == VectorIsa::kAvx512 && dim == 64) return &AccumulateBfloat16SamplesAvx512<64>;
+  }
+  if constexpr (kBfloat16 || std::is_same<Row, float>::value) {
+    if (isa == VectorIsa::kAvx2) {
+      if (dim == 16) return &AccumulateSamplesByHandAvx2<Row, 16>;
+      if (dim == 32) return &AccumulateSamplesByHandAvx2<Row, 32>;
+      if (dim == 64) return &AccumulateSamplesByHandAvx2<Row, 64>;
+    }
   }
 #endif
-  static constexpr AccumulateSamplesFn<Bfloat16> kBuilds[3][4] =
-      SCE_ISA_ROW_WIDTH_BUILDS(AccumulateSamples, Bfloat16);
+  (void)isa;
+  (void)dim;
+  return nullptr;
+}
+
+template <typename Row>
+AccumulateSamplesFn<Row> AccumulateSamplesFor(VectorIsa isa, int64_t dim) {
+  const AccumulateSamplesFn<Row> by_hand = AccumulateSamplesByHand<Row>(UsableIsa(isa), dim);
+  if (by_hand != nullptr) return by_hand;
+  static constexpr AccumulateSamplesFn<Row> kBuilds[3][4] =
+      SCE_ISA_ROW_WIDTH_BUILDS(AccumulateSamples, Row);
   return SelectRowLoopBuild(kBuilds, isa, dim);
 }
 
