@@ -18,11 +18,10 @@ dense logistic loss. Reported: median wall and CPU per call, interleaved and bac
 faster).
 
 "dequeue x8" runs eight dequeues in one tf.function call, each after the one before (its times are
-per lookup): on a 2-core machine a call of `dequeue` alone spends about 1 ms launching the
-function from Python and fetching the batch (the TensorFlow profiler, 2026-12-03: 0.55-0.6 ms in
-Python before the function starts, 0.2-0.4 ms in the iterator, against 1.7-1.8 ms in the two lookup
-ops), the same for both dtypes; a training step pays that once for its lookup, update and dense
-model together.
+per lookup): on a 2-core machine about 1.1 ms of a call of `dequeue` alone is TensorFlow's
+dispatch (Python, the iterator, the returned activations), the same for both dtypes
+(BENCHMARKS.md, "Where a `dequeue` call's time goes"); a training step pays it once for its lookup,
+update and dense model together.
 
 Besides the class's calls, "lookup kernels" runs only the lookup ops that `dequeue` runs (one per
 stacked table, on the table variables, as many threads), on the enqueued buffers of the same
