@@ -94,8 +94,8 @@ namespace {
 
 // The lookup checks its grouping on every call, before its sums, so the two scans below are
 // branch-free reductions the compiler vectorizes: as loops that stop at the first culprit they
-// took about a tenth of a dequeue's time (bench_table_dtypes, perf). Only when a check fails does
-// a second loop find the culprit to name.
+// took 5.7-6.5% of a dequeue's CPU samples (perf; BENCHMARKS.md, "Design measurements"). Only
+// when a check fails does a second loop find the culprit to name.
 
 // Whether row_begin[a] <= row_begin[a + 1] for every a.
 bool NeverDecreases(const int32_t* row_begin, int64_t n) {

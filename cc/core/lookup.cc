@@ -186,14 +186,13 @@ SCE_TARGET_AVX512 void AccumulateBfloat16SamplesAvx512(
 }
 SCE_AVX512_CODE_END
 
-// AccumulateSamplesBody for float32 and bfloat16 rows of 16, 32 or 64 columns, by hand for AVX2.
+// AccumulateSamplesBody for float32 and bfloat16 rows of the fixed widths, by hand for AVX2.
 // Built from the generic body for AVX2, GCC 12 zeroes each activation row's sum with `rep stos`
-// and copies it out through the stack in 16-byte pieces, once per activation row: the AVX2
-// lookup took 1.6x the AVX-512 one's time with float32 rows (bench/kernel_ab.py with the ISA
-// patched; BENCHMARKS.md, "Design measurements"). Here the sums stay in registers and are stored
-// once. A bfloat16 chunk of 16 columns is split into even and odd columns with a shift and a mask
-// as in the AVX-512 loop above, and interleaved when stored. The products are added in the
-// generic loop's order, so the bits are the same.
+// and copies it out through the stack in 16-byte pieces, once per activation row. Here the sums
+// stay in registers and are stored once: 30% less time with either dtype (bench/kernel_ab.py with
+// the ISA patched; BENCHMARKS.md, "Design measurements"). A bfloat16 chunk of 16 columns is split
+// into even and odd columns with a shift and a mask as in the AVX-512 loop above, and interleaved
+// when stored. The products are added in the generic loop's order, so the bits are the same.
 template <typename Row, int64_t kDim>
 SCE_TARGET_AVX2 void AccumulateSamplesByHandAvx2(const SampleMajorEntries& entries,
                                                  int64_t num_samples, const Row* table,
@@ -282,7 +281,7 @@ using AccumulateSamplesFn = void (*)(const SampleMajorEntries&, int64_t, const R
 
 // The hand-written sample-major loop for `isa` (as UsableIsa gives it), row type and width, or
 // null where the generic builds serve: AVX-512 for bfloat16 rows of 32 or 64 columns, AVX2 for
-// float32 and bfloat16 rows of 16, 32 or 64.
+// float32 and bfloat16 rows of the fixed widths (kFixedRowWidths).
 template <typename Row>
 AccumulateSamplesFn<Row> AccumulateSamplesByHand(VectorIsa isa, int64_t dim) {
 #if defined(__x86_64__)
@@ -292,11 +291,11 @@ AccumulateSamplesFn<Row> AccumulateSamplesByHand(VectorIsa isa, int64_t dim) {
     if (isa == VectorIsa::kAvx512 && dim == 64) return &AccumulateBfloat16SamplesAvx512<64>;
   }
   if constexpr (kBfloat16 || std::is_same<Row, float>::value) {
-    if (isa == VectorIsa::kAvx2) {
-      if (dim == 16) return &AccumulateSamplesByHandAvx2<Row, 16>;
-      if (dim == 32) return &AccumulateSamplesByHandAvx2<Row, 32>;
-      if (dim == 64) return &AccumulateSamplesByHandAvx2<Row, 64>;
-    }
+    static constexpr AccumulateSamplesFn<Row> kAvx2Builds[3] = {
+        &AccumulateSamplesByHandAvx2<Row, kFixedRowWidths[0]>,
+        &AccumulateSamplesByHandAvx2<Row, kFixedRowWidths[1]>,
+        &AccumulateSamplesByHandAvx2<Row, kFixedRowWidths[2]>};
+    if (isa == VectorIsa::kAvx2 && RowWidthBuild(dim) < 3) return kAvx2Builds[RowWidthBuild(dim)];
   }
 #endif
   (void)isa;
