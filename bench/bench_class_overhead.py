@@ -38,7 +38,7 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tf_sc_embedding as sce  # noqa: E402
-from tf_sc_embedding.table_storage import PARAMETERS  # noqa: E402
+from tf_sc_embedding.tables.table_storage import PARAMETERS  # noqa: E402
 from bench_ops import LEARNING_RATE, OurPipeline  # noqa: E402
 from common import ragged_features  # noqa: E402
 from tf_sc_embedding import ops  # noqa: E402
@@ -117,8 +117,9 @@ class ClassKernelsAlone:
     stacking) is left out. Uses the class's internals; benchmark only."""
 
     def __init__(self, embedding, flat_ids, flat_weights, gradients):
-        from tf_sc_embedding import collectives, enqueue as enqueue_lib  # noqa: PLC0415
-        from tf_sc_embedding import fused_update  # noqa: PLC0415
+        from tf_sc_embedding.collectives import replica_group as collectives  # noqa: PLC0415
+        from tf_sc_embedding.preprocessing import enqueue as enqueue_lib
+        from tf_sc_embedding.optimizers import fused_update  # noqa: PLC0415
         from tf_sc_embedding.exchanges import all_gather as sharded_lookup  # noqa: PLC0415
         self.fused_update = fused_update
         self.embedding = embedding

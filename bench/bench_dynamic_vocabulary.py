@@ -174,8 +174,8 @@ def main():
         (fw, fc), (dw, dc) = medians["fixed"], medians["dynamic"]
         print(f"{label}: fixed step {fw:.1f} ms (CPU {fc:.1f}), dynamic step {dw:.1f} ms "
               f"(CPU {dc:.1f}): dynamic / fixed {dw / fw:.2f}x")
-    print(f"unadmitted ids {dynamic.num_unadmitted_ids()}, refused keys "
-          f"{dynamic.num_refused_keys()}")
+    print(f"unadmitted ids {sum(dynamic.counters().unadmitted_ids.values())}, refused keys "
+          f"{sum(dynamic.counters().refused_keys.values())}")
     if args.peer_python:
         del fixed, fixed_step   # free the fixed tables before the peer runs
         peer = run_peer(args.peer_python, keyed, args.dim, args)

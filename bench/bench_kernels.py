@@ -45,9 +45,10 @@ def measure(args):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_class_overhead import ClassKernelsAlone, class_functions  # pylint: disable=import-outside-toplevel
     from common import ragged_features  # pylint: disable=import-outside-toplevel
-    from tf_sc_embedding import collectives, fused_update  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.collectives import replica_group as collectives  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.optimizers import fused_update
     from tf_sc_embedding.exchanges import all_gather as sharded_lookup  # pylint: disable=import-outside-toplevel
-    from tf_sc_embedding import enqueue as enqueue_lib  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.preprocessing import enqueue as enqueue_lib  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding.data import CriteoLikeWorkload  # pylint: disable=import-outside-toplevel
     E = tf.tpu.experimental.embedding
 

@@ -5,7 +5,7 @@ measured bytes to 8 and 64 workers.
 
 Every worker runs `TPUEmbeddingV2` on the 26-feature Criteo-like workload (vocabularies capped at
 --vocab-cap rows, dim --dim, weighted ragged ids, fused Adagrad). Bytes are counted by the
-library at each collective call (`TPUEmbeddingV2.collective_bytes_sent()`, under the cost model
+library at each collective call (`TPUEmbeddingV2.counters().collective_bytes_sent`, under the cost model
 of docs/multi_worker.md#bytes-per-step). Step time is the median wall time of a step on worker 0
 after --warmup steps; all workers share this machine's cores, so it mostly shows the extra work
 and latency of more processes, not network time. The CPU time of a step (all threads of a worker
@@ -238,7 +238,7 @@ def worker(args):
         tf.profiler.experimental.stop()
         from phase_profile import phase_breakdown  # pylint: disable=import-outside-toplevel
         phases = phase_breakdown(trace_dir, args.steps, statistics.median(cpu_times))
-    sent = sum(embedding.collective_bytes_sent().values())
+    sent = sum(embedding.counters().collective_bytes_sent.values())
     ids_per_step = statistics.mean(
         sum(int(x.values.shape[0]) for x in ids.values()) for ids, _ in batches[:total])
     with open(os.path.join(args.out, f"worker_{args.index}.json"), "w") as f:

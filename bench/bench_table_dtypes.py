@@ -60,7 +60,8 @@ def lookup_kernels(embedding, pool):
     (bench_class_overhead.ClassKernelsAlone's preprocessing, then the grouping by activation row
     that one replica's enqueue adds; the class's internals, benchmark only)."""
     from bench_class_overhead import ClassKernelsAlone  # noqa: PLC0415
-    from tf_sc_embedding import collectives, enqueue  # noqa: PLC0415
+    from tf_sc_embedding.collectives import replica_group as collectives  # noqa: PLC0415
+    from tf_sc_embedding.preprocessing import enqueue
     from tf_sc_embedding.exchanges import all_gather  # noqa: PLC0415
     layout = embedding.plan.sharded
     view = collectives.ReplicaView(embedding.replica_group)

@@ -77,7 +77,8 @@ def dump_criteo_csrs(path, batch=4096, dim=32, cap=4_000_000):
     sys.path.insert(0, ROOT)
     from bench_class_overhead import ClassKernelsAlone, class_functions  # pylint: disable=import-outside-toplevel
     from common import ragged_features  # pylint: disable=import-outside-toplevel
-    from tf_sc_embedding import collectives, enqueue  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.collectives import replica_group as collectives  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.preprocessing import enqueue
     from tf_sc_embedding.exchanges import all_gather as sharded_lookup  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding.data import CriteoLikeWorkload  # pylint: disable=import-outside-toplevel
     vocab = [min(v, cap) for v in CriteoLikeWorkload().vocabulary_sizes]

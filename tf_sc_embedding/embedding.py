@@ -7,29 +7,33 @@ gradients of the activations. Tables are built on first use (or by `build`) beca
 depends on the per-replica batch size.
 
 This class only delegates (docs/architecture.md): the options to `options.EmbeddingOptions`, the
-layout to `layout.EmbeddingPlan`, the variables to `table_storage.TableStorage`, the logical
-tables (built or pending a restore) to `logical_tables.LogicalTables`, a step to
-`step.EmbeddingStep` over the plan's exchanges (`exchanges/`), checkpoints to `checkpointing`.
+layout to `tables.layout.EmbeddingPlan`, the variables to `tables.table_storage.TableStorage`,
+the logical tables (built or pending a restore) to `tables.logical_tables.LogicalTables`, a step
+to `step.embedding_step.EmbeddingStep` over the plan's exchanges (`exchanges/`), checkpoints to
+`saving.checkpointing`, counters to `step.counters`. A new kind of table, exchange or transport
+enters through those interfaces, never as a method here (docs/architecture.md#growing).
 """
 import dataclasses
 import threading
 
 import tensorflow as tf
 
-from tf_sc_embedding import checkpointing
-from tf_sc_embedding import collectives
-from tf_sc_embedding import dynamic_tables as dynamic_lib
-from tf_sc_embedding import dynamic_vocabulary
+from tf_sc_embedding.saving import checkpointing
+from tf_sc_embedding.collectives import replica_group as collectives
+from tf_sc_embedding.tables import dynamic_tables as dynamic_lib
+from tf_sc_embedding.tables import dynamic_vocabulary
 from tf_sc_embedding import exchanges as exchanges_lib
-from tf_sc_embedding import feature_shapes
+from tf_sc_embedding.tables import feature_shapes
 from tf_sc_embedding import private_tf
-from tf_sc_embedding import stats as stats_lib
-from tf_sc_embedding.layout import (REPLICATED, SHARDED, EmbeddingPlan, flat_feature_paths,
+from tf_sc_embedding.preprocessing import stats as stats_lib
+from tf_sc_embedding.tables.layout import (REPLICATED, SHARDED, EmbeddingPlan, flat_feature_paths,
                                     table_names)
-from tf_sc_embedding.logical_tables import LogicalTables
+from tf_sc_embedding.tables.logical_tables import LogicalTables
 from tf_sc_embedding.options import EmbeddingOptions
-from tf_sc_embedding.step import EmbeddingStep
-from tf_sc_embedding.table_storage import PARAMETERS, TableStorage, as_tensor_zero_copy
+from tf_sc_embedding.step import prefetch as prefetch_lib
+from tf_sc_embedding.step.counters import read_counters
+from tf_sc_embedding.step.embedding_step import EmbeddingStep
+from tf_sc_embedding.tables.table_storage import PARAMETERS, TableStorage, as_tensor_zero_copy
 
 
 class TPUEmbeddingV2(tf.Module):
@@ -78,15 +82,10 @@ class TPUEmbeddingV2(tf.Module):
             vocabularies, tables_by_name, placements, self._tables, self._group.num_replicas,
             self._group.local_replica_ids,
             self._group.gather_local_arrays if self._group.is_multi_worker else None)
-        # Checkpoint nodes, one per user table, named by table (checkpointing.py); they exist
-        # before build() so that a checkpoint restored early is consumed by build().
-        self._update_step_node = (checkpointing.UpdateStepNode(self)
-                                  if set(self._dtypes.values()) != {"float32"} else None)
-        self._pending_update_step = None
-        self._logical_nodes = {name: checkpointing.LogicalTable(self, name)
-                               for name in self._tables.names if name not in vocabularies}
-        self._dynamic_nodes = {name: dynamic_lib.DynamicTableNode(self._dynamic, name)
-                               for name in self._dynamic.names}
+        self._checkpoint = checkpointing.CheckpointChildren(
+            self, self._fixed_names(),
+            {name: dynamic_lib.DynamicTableNode(self._dynamic, name) for name in vocabularies},
+            with_update_step=set(self._dtypes.values()) != {"float32"})
 
     def _make_plan(self, shapes):
         config = self._sparse_core_config
@@ -99,42 +98,23 @@ class TPUEmbeddingV2(tf.Module):
                              self._options.sparse_cores_per_replica, shapes, config,
                              replicated=self._replicated, dtypes=self._dtypes,
                              rounding=self._options.table_rounding,
-                             dynamic=frozenset(self._dynamic_names()))
-
-    def _dynamic_names(self):
-        return self._options.dynamic_vocabularies.keys()
+                             dynamic=frozenset(self._options.dynamic_vocabularies))
 
     def build(self, per_replica_batch_size=None, output_shapes=None):
         """Lays out and creates the tables for a per-replica batch size (or per-feature shapes)."""
         with self._build_lock:
             if self._step is not None:
                 return
-            flat_features = tf.nest.flatten(self._feature_config)
-            given = (private_tf.flatten_up_to(self._feature_config, output_shapes)
-                     if output_shapes is not None else [None] * len(flat_features))
-            shapes = {}
-            for path, feature, shape in zip(self._flat_paths, flat_features, given):
-                shapes[path] = (feature_shapes.configured_shape(path, feature,
-                                                                per_replica_batch_size)
-                                if shape is None else tuple(int(d) for d in shape))
-                count = int(tf.TensorShape(shapes[path]).num_elements())
-                cores = self._options.sparse_cores_per_replica
-                if count % cores:
-                    raise ValueError(
-                        f"feature '{path}': the per-replica batch ({count} samples) must be "
-                        f"divisible by the SparseCores per replica ({cores}); the global batch "
-                        f"must be divisible by replicas x SparseCores "
-                        f"({self._group.num_replicas} x {cores})")
+            shapes = feature_shapes.per_replica_shapes(
+                self._feature_config, self._flat_paths, per_replica_batch_size, output_shapes,
+                private_tf.flatten_up_to, self._options.sparse_cores_per_replica,
+                self._group.num_replicas)
             plan = self._make_plan(shapes)
 
             def create_storage(initial):
                 storage = TableStorage(plan, self._group)
                 storage.create(initial)
                 self._group.create_variables()
-                if self._pending_update_step is not None:
-                    for replica_id in self._group.local_replica_ids:
-                        self._group.counter(replica_id, collectives.UPDATE_STEPS).assign(
-                            self._pending_update_step)
                 self._step = EmbeddingStep(
                     plan, storage, exchanges_lib.build(plan, self._exchange, self._group,
                                                        self._sparse_core_config, self._dynamic,
@@ -166,10 +146,8 @@ class TPUEmbeddingV2(tf.Module):
     exchange = property(lambda self: self._exchange,
                         doc='"all_to_all", "all_gather" or "single" (one replica: no exchange).')
 
-    @property
-    def feature_paths(self):
-        """The joined string paths of the features, in `tf.nest.flatten` order."""
-        return list(self._flat_paths)
+    feature_paths = property(lambda self: list(self._flat_paths),
+                             doc="The joined string paths of the features, in flatten order.")
 
     @property
     def storage(self):
@@ -241,8 +219,8 @@ class TPUEmbeddingV2(tf.Module):
 
     def export_serving(self, export_dir, **kwargs):
         """Writes a SavedModel that looks features up with stock TensorFlow ops only
-        (`tf_sc_embedding.serving.export_serving`)."""
-        from tf_sc_embedding import serving  # pylint: disable=import-outside-toplevel
+        (`tf_sc_embedding.saving.serving.export_serving`)."""
+        from tf_sc_embedding.saving import serving  # pylint: disable=import-outside-toplevel
         return serving.export_serving(self, export_dir, **kwargs)
 
     # ----------------------------------------------------------------------------- dynamic tables
@@ -258,55 +236,31 @@ class TPUEmbeddingV2(tf.Module):
         """The open-vocabulary tables (dynamic_tables.DynamicTables)."""
         return self._dynamic
 
-    def num_unadmitted_ids(self):
-        """Occurrences of keys that held no row (below the admission threshold, refused, or a
-        string whose fingerprint another string holds): they read zeros and trained nothing.
-        Counted since the embedding was made, over every replica; with several worker processes
-        a collective: every worker must call it."""
-        return self._dynamic.counter("unadmitted_ids")
-
-    def num_refused_keys(self):
-        """Admissions refused because every row of the key's shard was held (a collective with
-        several worker processes, like num_unadmitted_ids)."""
-        return self._dynamic.counter("refused_keys")
-
     # ----------------------------------------------------------------------------- checkpoints
     _sce_checkpoint_writer = True   # saved by checkpointing's registered saver
 
     def _trackable_children(self, save_type=None, **kwargs):
-        # Only the per-table logical nodes: the per-replica variables depend on the topology.
-        children = checkpointing.trackable_children(self._logical_nodes, self._update_step_node)
-        children.update(self._dynamic_nodes)
-        return children
+        # Only the logical nodes: the per-replica variables depend on the topology.
+        return self._checkpoint.children()
 
     def _lookup_dependency(self, name, cached_dependencies=None):
-        if name == checkpointing.UPDATE_STEP and self.__dict__.get("_update_step_node"):
-            return self._update_step_node
-        if name in self.__dict__.get("_dynamic_nodes", {}):
-            return self._dynamic_nodes[name]
-        node = checkpointing.lookup_dependency(self.__dict__.get("_logical_nodes", {}), name)
+        children = self.__dict__.get("_checkpoint")
+        node = children.lookup(name) if children is not None else None
         return node if node is not None else super()._lookup_dependency(name, cached_dependencies)
 
     def update_step(self):
         """Fused updates applied so far (equal on every replica): the step that stochastically
         rounds 16-bit rows; a restore sets it, so training resumes exactly."""
-        if not self.built:
-            return self._pending_update_step or 0
         self.apply_pending_gradients()   # a kept (pipelined) update counts, as in the tables
-        values = self._group.counter_values(collectives.UPDATE_STEPS)
-        return int(values[min(values)])
+        return self._group.update_step()
 
     def restore_update_step(self, value):
         """Sets the update step on every local replica (kept until build() when not built)."""
-        if not self.built:
-            self._pending_update_step = int(value)
-            return
-        for replica_id in self._group.local_replica_ids:
-            self._group.counter(replica_id, collectives.UPDATE_STEPS).assign(int(value))
+        self._group.restore_update_step(value)
 
     def checkpoint_nodes(self):
         """Table name -> checkpointing.LogicalTable."""
-        return dict(self._logical_nodes)
+        return dict(self._checkpoint.tables)
 
     # ----------------------------------------------------------------------------- steps
     def enqueue(self, features, weights=None, device=None):
@@ -319,35 +273,17 @@ class TPUEmbeddingV2(tf.Module):
         preprocessed (on `device`, else on its replica's device) into a per-replica value for
         `strategy.run`, where `dequeue` takes each replica's part.
         """
-        if not _has_distributed_values(features, weights):
+        if not feature_shapes.has_distributed_values(features, weights):
             return self._enqueue_one(features, weights, device)
-        context = tf.distribute.get_replica_context()
-        if context is not None and context.num_replicas_in_sync > 1:
-            raise ValueError("per-replica (distributed) inputs are only accepted by enqueue in "
-                             "cross-replica context (outside strategy.run); inside strategy.run "
-                             "pass each replica's own tensors")
-        if device is not None:
-            tf.DeviceSpec.from_string(device)   # a malformed device string fails here
-        local_features = self._group.local_values(features)
-        local_weights = ([None] * len(local_features) if weights is None
-                         else self._group.local_values(weights))
-        return self._group.distribute([
-            self._enqueue_one(f, w, device or replica_device, summarize=i == 0)
-            for i, (f, w, replica_device) in enumerate(
-                zip(local_features, local_weights, self._group.local_devices))])
+        return self._group.map_local_replicas(self._enqueue_one, features, weights, device,
+                                              "enqueue")
 
     def _enqueue_one(self, features, weights, device, summarize=None):
         flat, flat_weights = self._flatten_batch(features, weights, "features")
         return self._require_built_from(flat).enqueue(flat, flat_weights, device, summarize)
 
     def _flatten_batch(self, features, weights, what):
-        """(flat ids, flat weights or Nones) of a batch, checked against the feature config."""
-        flat = feature_shapes.flatten_like(self._feature_config, features, what)
-        flat_weights = ([None] * len(flat) if weights is None else
-                        feature_shapes.flatten_like(self._feature_config, weights,
-                                                    what.replace("features", "weights"),
-                                                    allow_none=True))
-        return flat, flat_weights
+        return feature_shapes.flatten_batch(self._feature_config, features, weights, what)
 
     def _require_built_from(self, flat):
         """The step, building the tables first from the shapes of a batch (flat ids)."""
@@ -384,12 +320,11 @@ class TPUEmbeddingV2(tf.Module):
             if next_weights is not None:
                 raise ValueError("next_weights given without next_features")
             return self.dequeue(self.enqueue(features, weights), training=training)
-        self._check_prefetching("next_features", features, weights, next_features, next_weights)
+        prefetch_lib.check_prefetch_call("next_features", self._pipelining, features, weights,
+                                         next_features, next_weights)
         current = self._flatten_batch(features, weights, "features")
         upcoming = self._flatten_batch(next_features, next_weights, "next_features")
-        for path, ids, next_ids in zip(self._flat_paths, current[0], upcoming[0]):
-            # The next step reads this lookup for its own batch.
-            feature_shapes.check_same_kind(path, ids, next_ids, "next_features")
+        prefetch_lib.check_next_batch(self._flat_paths, current[0], upcoming[0])
         step = self._require_built_from(current[0])
         flat, preserved = step.lookup_prefetching(lambda: step.enqueue(*upcoming), current,
                                                   upcoming, training)
@@ -401,18 +336,10 @@ class TPUEmbeddingV2(tf.Module):
         `embedding_lookup(features, next_features=...)`, whose features must be this batch
         (docs/pipelining.md#prefetching-the-next-lookup). Call it before the first step that
         passes next_features, and after a restore."""
-        self._check_prefetching("prefetch", features, weights)
+        prefetch_lib.check_prefetch_call("prefetch", self._pipelining, features, weights)
         batch = self._flatten_batch(features, weights, "features")
         step = self._require_built_from(batch[0])
         return step.prefetch(step.enqueue(*batch), batch)
-
-    def _check_prefetching(self, what, *structures):
-        if not self._pipelining:
-            raise ValueError(f"{what} (prefetching a lookup) needs "
-                             "pipeline_execution_with_tensor_core=True")
-        if _has_distributed_values(*structures):
-            raise ValueError(f"{what}: call the embedding inside strategy.run with each "
-                             "replica's own tensors")
 
     def __call__(self, features, weights=None, next_features=None, next_weights=None,
                  training=True):
@@ -466,22 +393,8 @@ class TPUEmbeddingV2(tf.Module):
         """(max_ids_per_table, max_unique_ids_per_table) from the running maxima."""
         return stats_lib.suggested_limits(self.sparse_core_stats or {})
 
-    def num_skipped_gradient_rows(self):
-        """Rows left unchanged because their gradient was not finite (non_finite_gradients=
-        "skip"), summed over this process's replicas; sum the workers' values."""
-        return sum(self._group.counter_values(collectives.SKIPPED_GRADIENT_ROWS).values())
-
-    def num_dropped_ids(self):
-        """Ids dropped by `allow_id_dropping`, summed over this process's replicas."""
-        return sum(self._group.counter_values(collectives.DROPPED_IDS).values())
-
-    def collective_bytes_sent(self):
-        """{local replica id: bytes sent through the embedding's collectives so far}."""
-        return self._group.bytes_sent()
-
-
-def _has_distributed_values(*structures):
-    return any(isinstance(v, tf.distribute.DistributedValues)
-               for structure in structures if structure is not None
-               for v in ([structure] if isinstance(structure, tf.distribute.DistributedValues)
-                         else tf.nest.flatten(structure)))
+    def counters(self):
+        """Every counter (dropped ids, skipped gradient rows, bytes sent, open vocabularies'
+        unadmitted ids and refused keys) as one `EmbeddingCounters` record. With several worker
+        processes and open vocabularies a collective: every worker must call it."""
+        return read_counters(self._group, self._dynamic)

@@ -26,7 +26,7 @@ replica's values when the batch holds ragged or sparse per-replica values. It al
 (Keras 3 fails there further in). Models without an `EmbeddingLayer` run Keras's own method
 unchanged.
 
-It is installed when `tf_sc_embedding.keras_layer` is imported, for the Keras versions in
+It is installed when `tf_sc_embedding.keras.layer` is imported, for the Keras versions in
 `TESTED_KERAS` (the range in requirements.txt). With another version it is still installed if the
 method exists with the expected signature, with a warning; if it cannot be installed, a warning
 says what does not work (ragged / sparse inputs to `fit` under MirroredStrategy, and the

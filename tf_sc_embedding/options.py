@@ -12,10 +12,10 @@ from typing import Any, Mapping
 
 import tensorflow as tf
 
-from tf_sc_embedding import collectives
-from tf_sc_embedding import layout
-from tf_sc_embedding.dynamic_vocabulary import DynamicVocabulary
-from tf_sc_embedding.layout import DEFAULT_SPARSE_CORES_PER_REPLICA, REPLICATED, SHARDED
+from tf_sc_embedding.collectives import replica_group as collectives
+from tf_sc_embedding.tables import layout
+from tf_sc_embedding.tables.dynamic_vocabulary import DynamicVocabulary
+from tf_sc_embedding.tables.layout import DEFAULT_SPARSE_CORES_PER_REPLICA, REPLICATED, SHARDED
 
 EXCHANGES = ("auto", "all_to_all", "all_gather")
 NON_FINITE_GRADIENTS = ("error", "skip")

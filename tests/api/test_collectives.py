@@ -1,4 +1,4 @@
-"""tf_sc_embedding/collectives.py on its own (not through TPUEmbeddingV2): the collectives of
+"""tf_sc_embedding/collectives/replica_group.py on its own (not through TPUEmbeddingV2): the collectives of
 `ReplicaView` under MirroredStrategy on logical CPUs compared with numpy, the bytes-sent cost model
 of the module docstring, `LocalView`, `ReplicaGroup`'s per-replica helpers and
 `strategy_replicas`."""
@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tests.devices import mirrored_strategy, require_replicas
-from tf_sc_embedding import collectives
+from tf_sc_embedding.collectives import replica_group as collectives
 
 
 def make_group(replicas):

@@ -117,7 +117,8 @@ def test_identity_with_a_fixed_vocabulary(key_dtype, kind, combiner, optimizer):
     exported_keys, values = dynamic.export_dynamic_table("items")
     seen = sorted({k for batch in batches for s in batch.values() for sample in s for k in sample})
     assert list(exported_keys) == seen
-    assert dynamic.num_unadmitted_ids() == 0 and dynamic.num_refused_keys() == 0
+    counters = dynamic.counters()
+    assert set(counters.unadmitted_ids.values()) == set(counters.refused_keys.values()) == {0}
     for replicas in (2, 1):
         strategy = ph.make_strategy(replicas)
         with strategy.scope():
@@ -170,8 +171,8 @@ def run_against_reference(seed, threshold, steps_to_live, capacity, optimizer, c
     want_keys, want_values = reference.export()
     assert list(exported_keys) == want_keys
     ph.assert_close(values, want_values, "exported rows")
-    assert embedding.num_unadmitted_ids() == reference.counters["unadmitted_ids"]
-    assert embedding.num_refused_keys() == reference.counters["refused_keys"]
+    assert sum(embedding.counters().unadmitted_ids.values()) == reference.counters["unadmitted_ids"]
+    assert sum(embedding.counters().refused_keys.values()) == reference.counters["refused_keys"]
     return embedding, reference
 
 
@@ -239,7 +240,7 @@ def test_a_step_that_skips_a_number_applies_the_kept_update_before_its_keys_expi
     want_keys, want_values = reference.export()
     assert list(exported_keys) == want_keys == [11]
     ph.assert_close(values, want_values, "exported rows")
-    assert embedding.num_refused_keys() == reference.counters["refused_keys"] == 1
+    assert sum(embedding.counters().refused_keys.values()) == reference.counters["refused_keys"] == 1
 
 
 def test_dynamic_and_fixed_tables_in_one_embedding():
@@ -634,7 +635,7 @@ def test_rows_of_an_aborted_step_are_reset_by_the_next_lookup(training):
     """A step aborted between its mapping and its row writes (simulated: keys mapped by the map
     alone) leaves its rows listed; the next lookup resets them before reading."""
     from tf_sc_embedding.ops.assign_rows import assign_rows   # noqa: PLC0415
-    from tf_sc_embedding.table_storage import PARAMETERS   # noqa: PLC0415
+    from tf_sc_embedding.tables.table_storage import PARAMETERS   # noqa: PLC0415
     embedding = make_embedding(
         E.TableConfig(vocabulary_size=8, dim=DIM, name="items", combiner="sum",
                       initializer=tf.constant_initializer(0.5)), E.SGD(0.0), names=("f1",),

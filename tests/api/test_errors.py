@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import tf_sc_embedding as sce
-from tf_sc_embedding import collectives
+from tf_sc_embedding.collectives import replica_group as collectives
 from tests.api.parity_helpers import (FEATURES, TABLES, Trainer, loss_of,
                                       make_optimizer, random_steps, skip_without_devices)
 
@@ -131,8 +131,8 @@ def test_dequeue_of_unpacked_ids_with_one_replica():
     """One replica's enqueue packs the CSR buffers; dequeue given the sorted ids alone (what
     enqueue returns with several replicas) names the stacked table instead of failing in a
     kernel."""
-    from tf_sc_embedding import enqueue   # pylint: disable=import-outside-toplevel
-    from tf_sc_embedding.layout import EmbeddingLayout   # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.preprocessing import enqueue   # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.tables.layout import EmbeddingLayout   # pylint: disable=import-outside-toplevel
     embedding = small_embedding()
     packed = embedding.enqueue(IDS)
     [name] = packed
@@ -644,9 +644,9 @@ def test_skip_non_finite_gradients_leaves_their_rows_and_counts_them(replicas, e
         np.testing.assert_allclose(after[0][table][other], expected[0][table][other],
                                    rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(after[0]["small"], expected[0]["small"], rtol=1e-5, atol=1e-6)
-    assert skipping.embedding.num_skipped_gradient_rows() == skipped
+    assert skipping.embedding.counters().skipped_gradient_rows == skipped
     skipping.step(feats, bad)
-    assert skipping.embedding.num_skipped_gradient_rows() == 2 * skipped
+    assert skipping.embedding.counters().skipped_gradient_rows == 2 * skipped
 
 
 def test_non_finite_gradients_option_is_validated():

@@ -10,7 +10,9 @@ import pytest
 import tensorflow as tf
 
 import tf_sc_embedding as sce
-from tf_sc_embedding import collectives, exchanges, fused_update
+from tf_sc_embedding import exchanges
+from tf_sc_embedding.collectives import replica_group as collectives
+from tf_sc_embedding.optimizers import fused_update
 from tf_sc_embedding.exchanges import AllGatherExchange, AllToAllExchange, ReplicatedExchange
 from tests.devices import mirrored_strategy
 

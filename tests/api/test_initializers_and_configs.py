@@ -53,7 +53,7 @@ def test_shard_info_initializer_is_evaluated_one_chunk_of_rows_at_a_time(monkeyp
     """An initializer that accepts `shard_info` is called per chunk of logical rows (never at
     the whole shape), and the chunks land at their logical rows on every replica count."""
     skip_without_devices(4)
-    from tf_sc_embedding import table_storage  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.tables import table_storage  # pylint: disable=import-outside-toplevel
     monkeypatch.setattr(table_storage, "LOGICAL_CHUNK_ROWS", 16)
     vocab, dim = 70, 3
     expected = np.arange(vocab * dim, dtype=np.float32).reshape(vocab, dim) / 100.0

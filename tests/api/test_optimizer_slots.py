@@ -1,14 +1,14 @@
 """TensorFlow's optimizer slots are bound to the fused ops' slot inputs by name, and the binding is
-checked when tf_sc_embedding.optimizers is imported: a rename or a changed slot list in TensorFlow
+checked when tf_sc_embedding.optimizers.configs is imported: a rename or a changed slot list in TensorFlow
 or in the op library fails loudly; a mere reorder in TensorFlow changes nothing."""
 import dataclasses
 
 import pytest
 import tensorflow as tf
 
-from tf_sc_embedding import optimizers
+from tf_sc_embedding.optimizers import configs as optimizers
 from tf_sc_embedding.ops import OPTIMIZERS
-from tf_sc_embedding.row_wise_adagrad import RowWiseAdagrad
+from tf_sc_embedding.optimizers.row_wise_adagrad import RowWiseAdagrad
 
 E = tf.tpu.experimental.embedding
 

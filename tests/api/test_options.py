@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_sc_embedding import collectives
-from tf_sc_embedding.keras_layer import EmbeddingLayer
-from tf_sc_embedding.layout import DEFAULT_SPARSE_CORES_PER_REPLICA
+from tf_sc_embedding.collectives import replica_group as collectives
+from tf_sc_embedding.keras.layer import EmbeddingLayer
+from tf_sc_embedding.tables.layout import DEFAULT_SPARSE_CORES_PER_REPLICA
 from tf_sc_embedding.options import EmbeddingOptions
 import tf_sc_embedding as sce
 

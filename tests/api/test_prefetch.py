@@ -212,7 +212,7 @@ def test_next_features_need_pipelining_and_matching_structures():
 
 
 def test_the_batch_fingerprint_tells_batches_apart():
-    from tf_sc_embedding.prefetch import batch_fingerprint  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.step.prefetch import batch_fingerprint  # pylint: disable=import-outside-toplevel
 
     def fingerprint(ids, weights=None, dense=(7, 8)):
         ragged = tf.ragged.constant(ids, tf.int64)

@@ -7,10 +7,10 @@ import pytest
 import tensorflow as tf
 
 import tf_sc_embedding as sce
-from tf_sc_embedding import enqueue as enqueue_lib
+from tf_sc_embedding.preprocessing import enqueue as enqueue_lib
 from tf_sc_embedding import ops
-from tf_sc_embedding.layout import EmbeddingLayout
-from tf_sc_embedding.table_storage import PARAMETERS
+from tf_sc_embedding.tables.layout import EmbeddingLayout
+from tf_sc_embedding.tables.table_storage import PARAMETERS
 
 E = tf.tpu.experimental.embedding
 B = 16
@@ -336,7 +336,7 @@ def test_single_replica_enqueue_groups_and_dequeue_only_sums(dtype):
     """With one replica, enqueue also groups each stacked table's entries by activation row
     (docs/lookup.md#grouping-at-enqueue) and dequeue runs the grouped lookup only: the CSR
     lookup's activations, bit for bit, in the same (feature-major) row order."""
-    from tf_sc_embedding import collectives  # noqa: PLC0415
+    from tf_sc_embedding.collectives import replica_group as collectives  # noqa: PLC0415
     from tf_sc_embedding.exchanges import all_gather  # noqa: PLC0415
     feature_config = config(dim=8)
     embedding = sce.TPUEmbeddingV2(feature_config, E.Adagrad(0.1),

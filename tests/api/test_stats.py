@@ -258,8 +258,8 @@ def test_dropped_ids_are_counted_like_the_op_counts_them():
     embedding.build(per_replica_batch_size=B)
     layout = embedding.embedding_layouts["video"]
     vocab_rows = layout.num_sparse_cores * layout.total_rows_per_sparse_core_shard
-    from tf_sc_embedding import enqueue   # pylint: disable=import-outside-toplevel
-    from tf_sc_embedding.layout import EmbeddingLayout   # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.preprocessing import enqueue   # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.tables.layout import EmbeddingLayout   # pylint: disable=import-outside-toplevel
     one_replica = EmbeddingLayout(features_config(), E.SGD(0.1), 1, 4, {"watched": (B,)})
     total = 0
     for seed in (50, 51):
@@ -278,19 +278,19 @@ def test_dropped_ids_are_counted_like_the_op_counts_them():
     assert total > 0
     for seed in (50, 51):
         embedding(batch(seed=seed))
-    assert embedding.num_dropped_ids() == total
+    assert embedding.counters().dropped_ids == total
     plain = sce.TPUEmbeddingV2(features_config(), optimizer=E.SGD(0.1))
     plain(batch(seed=50))
-    assert plain.num_dropped_ids() == 0
+    assert plain.counters().dropped_ids == 0
 
 
 @pytest.mark.parametrize("replicas", [2, 32768])
 def test_all_to_all_statistics_match_the_static_method_at_any_replica_count(replicas):
     # The all-to-all exchange counts in its routing op (one pass over the routing's sort), with
     # no per-(SparseCore, shard) array, so it takes any replica count the layout takes.
-    from tf_sc_embedding import enqueue   # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.preprocessing import enqueue   # pylint: disable=import-outside-toplevel
     from tf_sc_embedding.exchanges import all_to_all   # pylint: disable=import-outside-toplevel
-    from tf_sc_embedding.layout import EmbeddingLayout   # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.tables.layout import EmbeddingLayout   # pylint: disable=import-outside-toplevel
     ids = batch(seed=40)
     layout = EmbeddingLayout(features_config(), E.SGD(0.1), replicas, 4, {"watched": (B,)})
     observed = {}

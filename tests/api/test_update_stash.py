@@ -4,7 +4,9 @@ import numpy as np
 import tensorflow as tf
 
 import tf_sc_embedding as sce
-from tf_sc_embedding import collectives, exchanges, pipelining
+from tf_sc_embedding import exchanges
+from tf_sc_embedding.collectives import replica_group as collectives
+from tf_sc_embedding.step import pipelining
 
 E = tf.tpu.experimental.embedding
 LR = 0.25

@@ -12,7 +12,8 @@ import tensorflow as tf
 from tests.checkpoint import ckpt_lib
 from tests.devices import require_replicas
 import tf_sc_embedding as sce
-from tf_sc_embedding import table_storage as sharded_tables
+from tf_sc_embedding.saving import checkpointing
+from tf_sc_embedding.tables import table_storage as sharded_tables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REPLICA_COUNTS = (1, 2, 4, 8)
@@ -73,21 +74,21 @@ def test_keys_are_logical_tables_and_slots_with_stable_names(saved):
 def test_layout_is_saved_for_inspection(saved):
     require_replicas(4)
     path, _ = saved(4, False)
-    layouts = sce.checkpointing.read_saved_layouts(path)
+    layouts = checkpointing.read_saved_layouts(path)
     video = layouts["embedding/video"]
     assert video["num_replicas"] == 4 and video["num_sparse_cores"] == 16
     assert video["stacked_table"] == "video" and video["vocabulary_size"] == 100
     assert video["kinds"] == ["parameters", "accumulators"] and video["built"]
     assert video["placement"] == "sharded" and video["job_replicas"] == 4
     path, _ = saved(1, True)
-    assert sce.checkpointing.read_saved_layouts(path)["embedding/user"]["stacked_table"] != "user"
+    assert checkpointing.read_saved_layouts(path)["embedding/user"]["stacked_table"] != "user"
 
 
 def test_layout_record_marks_replicated_tables(tmp_path):
     require_replicas(2)
     _, embedding = ckpt_lib.make_embedding(2, False, replicated=("user",))
     path = tf.train.Checkpoint(embedding=embedding).save(str(tmp_path / "ckpt"))
-    layouts = sce.checkpointing.read_saved_layouts(path)
+    layouts = checkpointing.read_saved_layouts(path)
     user, video = layouts["embedding/user"], layouts["embedding/video"]
     assert (user["placement"], user["num_replicas"], user["job_replicas"]) == ("replicated", 1, 2)
     assert user["num_sparse_cores"] == user["sparse_cores_per_replica"]
@@ -147,12 +148,12 @@ def test_tall_tables_are_saved_in_row_slices(tmp_path, monkeypatch, save_chunk, 
                                   expected["item/parameters"])
     monkeypatch.setattr(sharded_tables, "LOGICAL_CHUNK_ROWS", restore_chunk)
     reads = []
-    original_read = sce.checkpointing.CheckpointRows.__call__
+    original_read = checkpointing.CheckpointRows.__call__
 
     def recording_read(self, first, stop):
         reads.append((self.key, first, stop))
         return original_read(self, first, stop)
-    monkeypatch.setattr(sce.checkpointing.CheckpointRows, "__call__", recording_read)
+    monkeypatch.setattr(checkpointing.CheckpointRows, "__call__", recording_read)
     _, restored = ckpt_lib.make_embedding(1, build=built)
     status = tf.train.Checkpoint(embedding=restored).restore(path)
     if not built:
@@ -235,7 +236,7 @@ def test_saving_a_restored_but_unbuilt_embedding_keeps_the_values(saved, tmp_pat
 def test_unbuilt_embedding_without_values_saves_only_its_layout(tmp_path):
     _, unbuilt = ckpt_lib.make_embedding(1, True, build=False)
     path = tf.train.Checkpoint(embedding=unbuilt).save(str(tmp_path / "empty"))
-    assert not sce.checkpointing.read_saved_layouts(path)["embedding/video"]["built"]
+    assert not checkpointing.read_saved_layouts(path)["embedding/video"]["built"]
     _, embedding = ckpt_lib.make_embedding(1, True)
     before = ckpt_lib.state(embedding)
     tf.train.Checkpoint(embedding=embedding).restore(path)
@@ -383,7 +384,7 @@ def test_missing_optimizer_slots_fail_and_write_nothing_unless_allowed(tmp_path)
                                          r"allow_optimizer_change"):
         tf.train.Checkpoint(embedding=embedding).restore(path)
     assert_states_equal(before, ckpt_lib.state(embedding))
-    with sce.checkpointing.allow_optimizer_change():
+    with checkpointing.allow_optimizer_change():
         tf.train.Checkpoint(embedding=embedding).restore(path).expect_partial()
     after = ckpt_lib.state(embedding)
     for key, value in ckpt_lib.state(saved).items():

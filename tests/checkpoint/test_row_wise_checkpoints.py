@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tests.checkpoint import ckpt_lib
-from tf_sc_embedding import checkpointing
+from tf_sc_embedding.saving import checkpointing
 from tests.checkpoint.test_checkpoint import assert_states_equal
 from tests.devices import require_replicas
 

@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from tests.checkpoint import ckpt_lib
 from tests.devices import require_replicas
-from tf_sc_embedding import serving, serving_rows
+from tf_sc_embedding.saving import serving
+from tf_sc_embedding.saving import serving_rows
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

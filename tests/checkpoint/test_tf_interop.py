@@ -8,7 +8,7 @@ import tensorflow as tf
 from tests.checkpoint import ckpt_lib
 from tests.devices import require_replicas
 import tf_sc_embedding as sce
-from tf_sc_embedding import checkpointing
+from tf_sc_embedding.saving import checkpointing
 from tf_sc_embedding import private_tf
 
 E = tf.tpu.experimental.embedding

@@ -11,7 +11,7 @@ import keras
 from tests.keras.keras_test_utils import DIM, VOCAB, feature_config, initial  # noqa: E402
 
 from tests.keras.keras_test_utils import mirrored_strategy
-from tf_sc_embedding.keras_layer import EmbeddingLayer
+from tf_sc_embedding.keras.layer import EmbeddingLayer
 import tf_sc_embedding as sce
 
 E = tf.tpu.experimental.embedding

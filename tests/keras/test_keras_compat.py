@@ -11,7 +11,7 @@ import keras
 
 from tests.keras.keras_test_utils import mirrored_strategy
 from tf_sc_embedding import keras_compat
-from tf_sc_embedding import keras_layer  # noqa: F401  (installs it)
+from tf_sc_embedding.keras import layer as keras_layer  # noqa: F401  (installs it)
 
 
 def test_installed_for_the_installed_keras():

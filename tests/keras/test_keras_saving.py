@@ -8,8 +8,8 @@ import tensorflow as tf
 import keras
 
 import tf_sc_embedding as sce
-from tf_sc_embedding import keras_config
-from tf_sc_embedding.keras_layer import EmbeddingLayer
+from tf_sc_embedding.keras import config as keras_config
+from tf_sc_embedding.keras.layer import EmbeddingLayer
 
 E = tf.tpu.experimental.embedding
 B = 8

@@ -8,7 +8,7 @@ import tensorflow as tf
 import keras
 
 from tests.keras.keras_test_utils import DIM, VOCAB, feature_config, initial, mirrored_strategy
-from tf_sc_embedding.keras_layer import EmbeddingLayer
+from tf_sc_embedding.keras.layer import EmbeddingLayer
 
 E = tf.tpu.experimental.embedding
 B = 8
@@ -339,5 +339,5 @@ def test_layer_passes_and_saves_the_embedding_options():
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     model.fit(dataset(ids, labels, "ragged", B), epochs=1, verbose=0)
     touched = sum(len(set(ids[n][0])) for n in VOCAB)   # rows of sample 0, per table
-    assert layer.embedding.num_skipped_gradient_rows() >= touched
+    assert layer.embedding.counters().skipped_gradient_rows >= touched
     assert layer.embedding.sparse_core_limits is not None

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tests.keras.keras_test_utils import E, VOCAB, feature_config, mirrored_strategy
-from tf_sc_embedding.keras_layer import EmbeddingLayer, PreprocessedFeatures
+from tf_sc_embedding.keras.layer import EmbeddingLayer, PreprocessedFeatures
 
 BATCH = 16
 STEPS = 4

@@ -189,10 +189,10 @@ def main():
     np.savez(os.path.join(args.out, f"tables_{args.index}.npz"), **flat, **shards)
     if args.dynamic:   # the whole logical state, read from every worker's maps (a collective)
         state = embedding.dynamic_tables.logical_state("small")
-        state["unadmitted_ids"] = np.array(embedding.num_unadmitted_ids())
+        state["unadmitted_ids"] = np.array(sum(embedding.counters().unadmitted_ids.values()))
         np.savez(os.path.join(args.out, f"dynamic_{args.index}.npz"), **state)
     with open(os.path.join(args.out, f"bytes_{args.index}.json"), "w") as f:
-        json.dump(embedding.collective_bytes_sent(), f)
+        json.dump(embedding.counters().collective_bytes_sent, f)
     with open(os.path.join(args.out, f"errors_{args.index}.json"), "w") as f:
         json.dump(errors, f)
     with open(os.path.join(args.out, f"stats_{args.index}.json"), "w") as f:

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from tf_sc_embedding.dynamic_tables import value_part
+from tf_sc_embedding.tables.dynamic_tables import value_part
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mw_worker.py")
 PROCESS_TIMEOUT = 240

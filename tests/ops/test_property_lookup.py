@@ -15,7 +15,7 @@ from tests.reference import layout as ref_layout  # noqa: E402
 from tests.reference import lookup as ref  # noqa: E402
 
 from tf_sc_embedding import ops  # noqa: E402
-from tf_sc_embedding.layout import LayoutStacker  # noqa: E402
+from tf_sc_embedding.tables.layout import LayoutStacker  # noqa: E402
 from tf_sc_embedding.ops.fused_update import fused_update_function  # noqa: E402
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,

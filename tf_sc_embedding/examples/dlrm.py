@@ -15,7 +15,7 @@ interactions of the 27 vectors, a top MLP and a logit. `model.fit` trains the ML
 optimizer (--dense-optimizer) and the tables with their own fused optimizer (--optimizer).
 Then: held-out AUC and log loss (`model.evaluate`), a `tf.train.Checkpoint` of the model, and a
 serving SavedModel (stock TensorFlow ops only: the logical tables from
-`tf_sc_embedding.serving`, the MLPs) that maps raw ids and dense features to a click probability.
+`tf_sc_embedding.saving.serving`, the MLPs) that maps raw ids and dense features to a click probability.
 Everything is written under --output-dir; with --logdir also TensorBoard scalars (training
 loss, held-out AUC and log loss, both learning rates).
 """
@@ -357,7 +357,7 @@ def _keras_embedding_tables_class():
 def build_model(data, args, strategy, baseline=False):
     """The DLRM (compiled) under the strategy; baseline=True uses Keras Embedding tables."""
     import keras  # pylint: disable=import-outside-toplevel
-    from tf_sc_embedding.keras_layer import EmbeddingLayer  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.keras.layer import EmbeddingLayer  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding import DynamicVocabulary  # pylint: disable=import-outside-toplevel
     tf = _import_tf()
     DLRM = _dlrm_class()
@@ -399,11 +399,11 @@ def export_serving_model(model, export_dir, dense_features, quantize=None):
     and per feature ``<name>_ids`` int64 [n] (string keys for open-vocabulary tables) /
     ``<name>_row_splits`` int64 [batch + 1]; output ``probability`` [batch]. The loaded object
     also has ``predict(dense, ids)`` with a dict of `tf.RaggedTensor`s, and ``embedding`` (the
-    tf_sc_embedding.serving module).
+    tf_sc_embedding.saving.serving module).
     quantize="int8" stores the tables as int8 rows with a per-row scale and offset.
     """
     tf = _import_tf()
-    from tf_sc_embedding import serving  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.saving import serving  # pylint: disable=import-outside-toplevel
     names = model.feature_names
     lookup = serving.serving_module(model.sparse.embedding, quantize)
     key_dtypes = {n: lookup.key_tables[f"table_{n}"].key_dtype
@@ -647,8 +647,8 @@ def train_and_evaluate(args, strategy=None, baseline=False, export=True):
             admission_threshold=args.admission_threshold,
             keys_held=int(sum(len(embedding.export_dynamic_table(name)[0])
                               for name in embedding.dynamic_tables.names)),
-            unadmitted_ids=embedding.num_unadmitted_ids(),
-            refused_keys=embedding.num_refused_keys())
+            unadmitted_ids=sum(embedding.counters().unadmitted_ids.values()),
+            refused_keys=sum(embedding.counters().refused_keys.values()))
     if export and not baseline:
         os.makedirs(args.output_dir, exist_ok=True)
         checkpoint = tf.train.Checkpoint(model=model)

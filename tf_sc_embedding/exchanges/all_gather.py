@@ -19,9 +19,9 @@ import collections
 
 import tensorflow as tf
 
-from tf_sc_embedding import collectives
-from tf_sc_embedding import enqueue as enqueue_lib
-from tf_sc_embedding import fused_update
+from tf_sc_embedding.collectives import replica_group as collectives
+from tf_sc_embedding.preprocessing import enqueue as enqueue_lib
+from tf_sc_embedding.optimizers import fused_update
 from tf_sc_embedding import ops
 from tf_sc_embedding.exchanges import base
 

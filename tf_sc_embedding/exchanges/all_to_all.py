@@ -30,8 +30,8 @@ import collections
 
 import tensorflow as tf
 
-from tf_sc_embedding import enqueue as enqueue_lib
-from tf_sc_embedding import fused_update
+from tf_sc_embedding.preprocessing import enqueue as enqueue_lib
+from tf_sc_embedding.optimizers import fused_update
 from tf_sc_embedding.exchanges import base
 from tf_sc_embedding.ops import id_routing, replica_chunks
 from tf_sc_embedding.ops import segment_sum

@@ -22,9 +22,10 @@ in the subclasses:
 import abc
 import collections
 
-from tf_sc_embedding import enqueue as enqueue_lib
-from tf_sc_embedding import collectives, fused_update
-from tf_sc_embedding.table_storage import PARAMETERS
+from tf_sc_embedding.preprocessing import enqueue as enqueue_lib
+from tf_sc_embedding.collectives import replica_group as collectives
+from tf_sc_embedding.optimizers import fused_update
+from tf_sc_embedding.tables.table_storage import PARAMETERS
 
 # What a prefetch keeps of one exchange's lookup of the next batch (prefetch.PrefetchStash):
 # `activations` ({feature path: tensor}, shapes fixed by the layout) and `kept`, a nest of

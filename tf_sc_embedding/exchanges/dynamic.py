@@ -37,7 +37,7 @@ import collections
 
 import tensorflow as tf
 
-from tf_sc_embedding import enqueue as enqueue_lib
+from tf_sc_embedding.preprocessing import enqueue as enqueue_lib
 from tf_sc_embedding import private_tf
 from tf_sc_embedding.exchanges import all_to_all
 from tf_sc_embedding.exchanges import base
@@ -45,7 +45,7 @@ from tf_sc_embedding.exchanges import key_exchange
 from tf_sc_embedding.ops import segment_sum
 from tf_sc_embedding.ops.assign_rows import assign_rows
 from tf_sc_embedding.ops.key_row_map import RowsToReset
-from tf_sc_embedding.table_storage import PARAMETERS, TableStorage
+from tf_sc_embedding.tables.table_storage import PARAMETERS, TableStorage
 
 # What a dynamic lookup preserves for its update: `tables`, the lookup's own (one replica:
 # {stacked name: LookedUpTable}; several: all_to_all.lookup's), and `steps`, the step each table's

@@ -7,7 +7,7 @@ view (no collective). Only the gradient rows cross replicas, in `sparse_allreduc
 """
 import tensorflow as tf
 
-from tf_sc_embedding import collectives
+from tf_sc_embedding.collectives import replica_group as collectives
 from tf_sc_embedding.exchanges import all_to_all
 from tf_sc_embedding.exchanges import base
 from tf_sc_embedding.exchanges.all_to_all import (all_to_all_flat, exchange_counts, pack_by_replica,

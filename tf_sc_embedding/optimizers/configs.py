@@ -23,7 +23,7 @@ from absl import logging
 
 from tf_sc_embedding.ops import OPTIMIZERS
 from tf_sc_embedding.ops.fused_update import fused_update_function
-from tf_sc_embedding.row_wise_adagrad import RowWiseAdagrad
+from tf_sc_embedding.optimizers.row_wise_adagrad import RowWiseAdagrad
 
 _embedding = tf.tpu.experimental.embedding
 

@@ -3,7 +3,7 @@
 With `TPUEmbeddingV2(..., adapt_sparse_core_limits=True)` each stacked table of the sharded
 layout keeps two limits, max ids and max unique ids per partition, starting at the values of
 `SparseCoreEmbeddingConfig` (TensorFlow's TPU default of 256 where none is set). Every `dequeue`
-agrees the running partition statistics (`tf_sc_embedding.stats.RunningStats`) over all replicas
+agrees the running partition statistics (`tf_sc_embedding.preprocessing.stats.RunningStats`) over all replicas
 and workers with one small all-gather, and raises each limit that the agreed maximum exceeds to
 that maximum: every replica holds the same limits, every raise is logged (one warning per process
 naming the table, the limit and its old and new values), and `TPUEmbeddingV2.sparse_core_limits`
@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tf_sc_embedding import private_tf
 from tf_sc_embedding.ops.online_limits import raise_sparse_core_limits
-from tf_sc_embedding.stats import MAX_IDS, MAX_UNIQUE_IDS
+from tf_sc_embedding.preprocessing.stats import MAX_IDS, MAX_UNIQUE_IDS
 
 # TensorFlow's TPUEmbeddingV2 uses this for both limits of a table without a configured value.
 TPU_DEFAULT_LIMIT = 256

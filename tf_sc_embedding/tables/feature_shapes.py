@@ -89,3 +89,41 @@ def check_same_kind(path, ids, other, what):
             f"feature '{path}': {what} must be a batch like features (same kind, per-replica "
             f"shape and dtype); got {type(ids).__name__} {ids.dtype} {tuple(ids.shape)} and "
             f"{type(other).__name__} {other.dtype} {tuple(other.shape)}")
+
+
+def per_replica_shapes(feature_config, paths, per_replica_batch_size, output_shapes,
+                       flatten_up_to, sparse_cores, num_replicas):
+    """{flat path: sample shape} that build() lays the tables out for: each feature's given
+    output shape, else its configured shape. Raises ValueError naming a feature whose samples do
+    not split evenly over the replica's SparseCores. flatten_up_to: tf.nest's (private_tf)."""
+    flat_features = tf.nest.flatten(feature_config)
+    given = (flatten_up_to(feature_config, output_shapes) if output_shapes is not None
+             else [None] * len(flat_features))
+    shapes = {}
+    for path, feature, shape in zip(paths, flat_features, given):
+        shapes[path] = (configured_shape(path, feature, per_replica_batch_size)
+                        if shape is None else tuple(int(d) for d in shape))
+        count = int(tf.TensorShape(shapes[path]).num_elements())
+        if count % sparse_cores:
+            raise ValueError(
+                f"feature '{path}': the per-replica batch ({count} samples) must be divisible by "
+                f"the SparseCores per replica ({sparse_cores}); the global batch must be "
+                f"divisible by replicas x SparseCores ({num_replicas} x {sparse_cores})")
+    return shapes
+
+
+def flatten_batch(feature_config, features, weights, what="features"):
+    """(flat ids, flat weights or Nones) of a batch, checked against the feature config."""
+    flat = flatten_like(feature_config, features, what)
+    flat_weights = ([None] * len(flat) if weights is None else
+                    flatten_like(feature_config, weights, what.replace("features", "weights"),
+                                 allow_none=True))
+    return flat, flat_weights
+
+
+def has_distributed_values(*structures):
+    """Whether any of the structures holds a per-replica (`tf.distribute`) value."""
+    return any(isinstance(v, tf.distribute.DistributedValues)
+               for structure in structures if structure is not None
+               for v in ([structure] if isinstance(structure, tf.distribute.DistributedValues)
+                         else tf.nest.flatten(structure)))

@@ -138,6 +138,7 @@ class ReplicaGroup:
         self._counters = {}
         self._ordering_tokens = {}
         self._group_key = None
+        self._restored_update_step = 0   # the update step until the counters exist
 
     @property
     def is_multi_worker(self):
@@ -163,6 +164,24 @@ class ReplicaGroup:
         columns = [per_replica(value) for value in tf.nest.flatten(structure)]
         return [tf.nest.pack_sequence_as(structure, [c[i] for c in columns])
                 for i in range(count)]
+
+    def map_local_replicas(self, fn, features, weights, device, what):
+        """fn(features, weights, device, first) on each local replica's part of per-replica
+        inputs (cross-replica context only), on `device` or else the replica's device; returns
+        the per-replica value of the results."""
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync > 1:
+            raise ValueError(f"per-replica (distributed) inputs are only accepted by {what} in "
+                             "cross-replica context (outside strategy.run); inside strategy.run "
+                             "pass each replica's own tensors")
+        if device is not None:
+            tf.DeviceSpec.from_string(device)   # a malformed device string fails here
+        local_features = self.local_values(features)
+        local_weights = ([None] * len(local_features) if weights is None
+                         else self.local_values(weights))
+        return self.distribute([
+            fn(f, w, device or replica_device, i == 0) for i, (f, w, replica_device) in
+            enumerate(zip(local_features, local_weights, self.local_devices))])
 
     def distribute(self, local_outputs):
         """The per-replica value whose part on local replica i is local_outputs[i]."""
@@ -242,8 +261,9 @@ class ReplicaGroup:
             for replica_id, device in zip(self.local_replica_ids, self.local_devices):
                 with tf.device(device):
                     for name in COUNTERS:
+                        initial = self._restored_update_step if name == UPDATE_STEPS else 0
                         self._counters.setdefault(name, {})[replica_id] = \
-                            private_tf.plain_variable(tf.constant(0, tf.int64),
+                            private_tf.plain_variable(tf.constant(initial, tf.int64),
                                                       f"{name}_replica_{replica_id}")
                     self._ordering_tokens[replica_id] = private_tf.plain_variable(
                         tf.constant(0.0), f"collective_ordering_token_replica_{replica_id}")
@@ -258,6 +278,18 @@ class ReplicaGroup:
     def counter_values(self, name):
         """{local replica id: value of counter `name`}."""
         return {r: int(c.numpy()) for r, c in self._counters.get(name, {}).items()}
+
+    def update_step(self):
+        """Fused updates applied so far (equal on every replica; the value restored before the
+        counters existed until then)."""
+        values = self.counter_values(UPDATE_STEPS)
+        return int(values[min(values)]) if values else self._restored_update_step
+
+    def restore_update_step(self, value):
+        """Sets every local replica's update step (kept for create_variables before it)."""
+        self._restored_update_step = int(value)
+        for counter in self._counters.get(UPDATE_STEPS, {}).values():
+            counter.assign(int(value))
 
     def bytes_sent(self):
         """{local replica id: bytes this replica sent through the embedding's collectives}."""

@@ -13,7 +13,7 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
-from tf_sc_embedding.dynamic_shards import ShardRows
+from tf_sc_embedding.tables.dynamic_shards import ShardRows
 from tf_sc_embedding.ops.key_row_map import keyed_random_rows
 
 KEY_DTYPES = ("int64", "string")

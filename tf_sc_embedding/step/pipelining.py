@@ -16,7 +16,7 @@ every read of the tables (logical tables, checkpoints, serving export, Keras wei
 """
 import tensorflow as tf
 
-from tf_sc_embedding import fused_update
+from tf_sc_embedding.optimizers import fused_update
 from tf_sc_embedding import private_tf
 
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 import keras
 
-from tf_sc_embedding.optimizers import SUPPORTED_CONFIGS as _OPTIMIZERS
+from tf_sc_embedding.optimizers.configs import SUPPORTED_CONFIGS as _OPTIMIZERS
 
 E = tf.tpu.experimental.embedding
 

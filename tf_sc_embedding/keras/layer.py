@@ -12,11 +12,11 @@ import tensorflow as tf
 
 import keras
 
-from tf_sc_embedding import batch_padding
-from tf_sc_embedding import feature_shapes
+from tf_sc_embedding.keras import batch_padding
+from tf_sc_embedding.tables import feature_shapes
 from tf_sc_embedding import keras_compat
-from tf_sc_embedding import keras_config
-from tf_sc_embedding import keras_weights
+from tf_sc_embedding.keras import config as keras_config
+from tf_sc_embedding.keras import weights as keras_weights
 from tf_sc_embedding.embedding import TPUEmbeddingV2
 from tf_sc_embedding.options import EmbeddingOptions
 

@@ -18,7 +18,7 @@ import threading
 import tensorflow as tf
 from absl import logging
 
-from tf_sc_embedding.table_storage import PARAMETERS, PendingRestore
+from tf_sc_embedding.tables.table_storage import PARAMETERS, PendingRestore
 
 _options = threading.local()
 
@@ -186,7 +186,7 @@ def check_restorable(tables, available, source, complete=False, location="", nam
                         f"table '{name}': {source}{location} has no '{kind}' slot, which the "
                         "table's optimizer needs (saved with another optimizer?). Nothing was restored. "
                         "To change the optimizer on purpose, restore inside "
-                        "tf_sc_embedding.checkpointing.allow_optimizer_change(): missing slots "
+                        "tf_sc_embedding.saving.checkpointing.allow_optimizer_change(): missing slots "
                         "then keep their initial values")
                 logging.warning("%s%s has no slot '%s' for table '%s': the slot keeps its "
                                 "initial value", source, location, kind, name)
@@ -209,6 +209,6 @@ def check_restorable(tables, available, source, complete=False, location="", nam
                     "cannot be restored. Nothing was restored" +
                     ("" if kind == PARAMETERS else
                      ". To change the optimizer on purpose, restore inside "
-                     "tf_sc_embedding.checkpointing.allow_optimizer_change()"))
+                     "tf_sc_embedding.saving.checkpointing.allow_optimizer_change()"))
             restorable[name].add(kind)
     return restorable

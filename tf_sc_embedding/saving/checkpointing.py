@@ -63,10 +63,10 @@ import weakref
 
 import tensorflow as tf
 
-from tf_sc_embedding import logical_tables
+from tf_sc_embedding.tables import logical_tables
 from tf_sc_embedding import private_tf
-from tf_sc_embedding import table_storage
-from tf_sc_embedding.table_storage import PARAMETERS, as_tensor_zero_copy
+from tf_sc_embedding.tables import table_storage
+from tf_sc_embedding.tables.table_storage import PARAMETERS, as_tensor_zero_copy
 
 SAVER_PACKAGE = "tf_sc_embedding"
 SAVER_NAME = "LogicalEmbeddingTable"
@@ -151,24 +151,40 @@ class UpdateStepNode(private_tf.Trackable):
         return tf.no_op()
 
 
-def trackable_children(logical_tables, update_step=None):
-    """The embedding's checkpoint children; also ends any restore look-up of them."""
-    children = {} if update_step is None else {UPDATE_STEP: update_step}
-    for table in logical_tables.values():
-        for kind, node in table.nodes.items():
-            node.restoring = False
-            children[child_name(table.table_name, kind)] = node
-    return children
+class CheckpointChildren:
+    """An embedding's checkpoint children: one `LogicalTable` per fixed user table, the nodes of
+    its open-vocabulary tables, and the update step when a table has 16-bit rows. They exist before
+    build() so that a checkpoint restored early is consumed by build(); none depends on the
+    topology (the per-replica variables are never checkpointed directly)."""
 
+    def __init__(self, embedding, fixed_tables, dynamic_nodes, with_update_step):
+        self.tables = {name: LogicalTable(embedding, name) for name in fixed_tables}
+        self.dynamic = dict(dynamic_nodes)
+        self.update_step = UpdateStepNode(embedding) if with_update_step else None
 
-def lookup_dependency(logical_tables, name):
-    """A child looked up by a restore: it then restores through the registered saver."""
-    for table in logical_tables.values():
-        for kind, node in table.nodes.items():
-            if child_name(table.table_name, kind) == name:
-                node.restoring = True
-                return node
-    return None
+    def children(self):
+        """Every child by name; also ends any restore look-up of them."""
+        children = {} if self.update_step is None else {UPDATE_STEP: self.update_step}
+        for table in self.tables.values():
+            for kind, node in table.nodes.items():
+                node.restoring = False
+                children[child_name(table.table_name, kind)] = node
+        children.update(self.dynamic)
+        return children
+
+    def lookup(self, name):
+        """A child looked up by a restore (a table's node then restores through the registered
+        saver), or None."""
+        if name == UPDATE_STEP:
+            return self.update_step
+        if name in self.dynamic:
+            return self.dynamic[name]
+        for table in self.tables.values():
+            for kind, node in table.nodes.items():
+                if child_name(table.table_name, kind) == name:
+                    node.restoring = True
+                    return node
+        return None
 
 
 def _key(object_name, local_name):

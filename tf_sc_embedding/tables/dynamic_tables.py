@@ -24,14 +24,14 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from tf_sc_embedding import dynamic_vocabulary
-from tf_sc_embedding import fused_update
+from tf_sc_embedding.tables import dynamic_vocabulary
+from tf_sc_embedding.optimizers import fused_update
 from tf_sc_embedding import private_tf
-from tf_sc_embedding.dynamic_shards import ShardRows
+from tf_sc_embedding.tables.dynamic_shards import ShardRows
 from tf_sc_embedding.ops.key_row_map import (STRING_STEP_STATS, KeyRowMap, KeyRowMapState,
                                               RowsToReset, StringKeyRowMapState, decode_state,
                                               encode_state, key_hashes, key_owner_shards)
-from tf_sc_embedding.table_storage import PARAMETERS, constant_initializer_value
+from tf_sc_embedding.tables.table_storage import PARAMETERS, constant_initializer_value
 
 # Counters kept per table, summed over the steps (STRING_STEP_STATS's order; int64 keys have no
 # collisions, their last counter stays 0).
@@ -458,17 +458,18 @@ class DynamicTables:
                              f"{sorted(self.tables)}") from None
 
     def counter(self, name):
-        """The sum over the dynamic tables (and every worker's maps) of one counter
-        (COUNTERS)."""
+        """{table name: one counter (COUNTERS) summed over every replica's map and every
+        worker}. With several worker processes a collective: every worker must call it."""
         index = COUNTERS.index(name)
-        total = sum(int(t.counters[index].numpy()) for t in self.tables.values())
-        if self._gather is None:
-            return total
-        # Each worker's counters sum its own replicas' maps: one contribution per worker.
-        local = sorted(self._replicas)
-        parts = self._gather({r: np.array([total if r == local[0] else 0], np.int64).view(np.int32)
-                              for r in local})
-        return sum(int(np.asarray(p, np.int32).view(np.int64)[0]) for p in parts)
+        names = sorted(self.tables)
+        totals = np.array([int(self.tables[n].counters[index].numpy()) for n in names], np.int64)
+        if self._gather is not None and names:
+            # Each worker's counters sum its own replicas' maps: one contribution per worker.
+            local = sorted(self._replicas)
+            parts = self._gather({r: (totals if r == local[0] else np.zeros_like(totals))
+                                  .view(np.int32) for r in local})
+            totals = sum(np.asarray(p, np.int32).view(np.int64) for p in parts)
+        return {n: int(t) for n, t in zip(names, totals)}
 
     def _read(self, name):
         def read(kind):

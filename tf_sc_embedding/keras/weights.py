@@ -9,8 +9,8 @@ NUL bytes).
 """
 import numpy as np
 
-from tf_sc_embedding import logical_tables
-from tf_sc_embedding.dynamic_tables import value_part
+from tf_sc_embedding.tables import logical_tables
+from tf_sc_embedding.tables.dynamic_tables import value_part
 
 TRIGGER_KEY = "trigger"
 _TABLE_KEY = "table:{table}:{kind}"

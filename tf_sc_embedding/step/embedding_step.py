@@ -10,13 +10,13 @@ import contextlib
 
 import tensorflow as tf
 
-from tf_sc_embedding import collectives
-from tf_sc_embedding import enqueue as enqueue_lib
-from tf_sc_embedding import fused_update
-from tf_sc_embedding import online_limits as online_limits_lib
-from tf_sc_embedding import pipelining
-from tf_sc_embedding import prefetch as prefetch_lib
-from tf_sc_embedding import stats as stats_lib
+from tf_sc_embedding.collectives import replica_group as collectives
+from tf_sc_embedding.preprocessing import enqueue as enqueue_lib
+from tf_sc_embedding.optimizers import fused_update
+from tf_sc_embedding.preprocessing import online_limits as online_limits_lib
+from tf_sc_embedding.step import pipelining
+from tf_sc_embedding.step import prefetch as prefetch_lib
+from tf_sc_embedding.preprocessing import stats as stats_lib
 from tf_sc_embedding.ops import gradient_check
 
 

@@ -35,8 +35,8 @@ import tensorflow as tf
 import numpy as np
 
 from tf_sc_embedding import private_tf
-from tf_sc_embedding.layout import table_names as config_table_names
-from tf_sc_embedding.serving_rows import Float32Rows, check_quantization, stored_rows
+from tf_sc_embedding.tables.layout import table_names as config_table_names
+from tf_sc_embedding.saving.serving_rows import Float32Rows, check_quantization, stored_rows
 
 
 def _flat_name(path):

@@ -26,11 +26,11 @@ import threading
 
 import tensorflow as tf
 
-from tf_sc_embedding import enqueue as enqueue_lib
-from tf_sc_embedding import feature_shapes
+from tf_sc_embedding.preprocessing import enqueue as enqueue_lib
+from tf_sc_embedding.tables import feature_shapes
 from tf_sc_embedding import ops
 from tf_sc_embedding import private_tf
-from tf_sc_embedding.layout import EmbeddingLayout, flat_feature_paths
+from tf_sc_embedding.tables.layout import EmbeddingLayout, flat_feature_paths
 
 MAX_IDS = "max_ids_per_partition"
 MAX_UNIQUE_IDS = "max_unique_ids_per_partition"

@@ -14,7 +14,7 @@ import tensorflow as tf
 from tf_sc_embedding import _core
 from tf_sc_embedding import private_tf
 from tf_sc_embedding._core import LayoutStacker, TableLayout
-from tf_sc_embedding.optimizers import FusedOptimizer, fused_optimizer
+from tf_sc_embedding.optimizers.configs import FusedOptimizer, fused_optimizer
 
 __all__ = ["EmbeddingLayout", "FeaturePlacement", "LayoutStacker", "StackedTable", "TableLayout",
            "TablePlacement"]

@@ -23,6 +23,25 @@ import tensorflow as tf
 
 from tf_sc_embedding import private_tf
 from tf_sc_embedding.ops.require import require
+from tf_sc_embedding.tables import feature_shapes
+
+
+def check_prefetch_call(what, pipelining, *structures):
+    """Raises ValueError unless a lookup may be prefetched: with pipelining, and with one
+    replica's own tensors (inside strategy.run)."""
+    if not pipelining:
+        raise ValueError(f"{what} (prefetching a lookup) needs "
+                         "pipeline_execution_with_tensor_core=True")
+    if feature_shapes.has_distributed_values(*structures):
+        raise ValueError(f"{what}: call the embedding inside strategy.run with each "
+                         "replica's own tensors")
+
+
+def check_next_batch(paths, flat_ids, next_flat_ids):
+    """Raises ValueError naming the feature unless the next batch is a batch like this one: the
+    next step reads this step's prefetch for its own batch."""
+    for path, ids, next_ids in zip(paths, flat_ids, next_flat_ids):
+        feature_shapes.check_same_kind(path, ids, next_ids, "next_features")
 
 
 def batch_fingerprint(flat_ids, flat_weights):
