@@ -6,7 +6,7 @@
 # of the CI machine; 0 runs them in this process). Each process configures its own logical CPU
 # devices (tests/conftest.py) and every test writes under its own tmp_path. The multi-worker
 # cluster tests share one xdist group, so they run one after another on one process
-# (tests/multiworker/test_multi_worker.py).
+# (tests/multiworker).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -66,7 +66,7 @@ def _run(trainer, steps, prefetch):
     (2, "all_to_all", "adagrad", ()),
     (2, "all_gather", "adam", ()),
     (2, "all_to_all", "adagrad_momentum", ("small",)),
-    (4, "all_to_all", "ftrl", ("wide",)),
+    pytest.param(4, "all_to_all", "ftrl", ("wide",), marks=pytest.mark.slow),
 ])
 def test_prefetching_gives_the_numbers_of_pipelining_bit_for_bit(replicas, exchange,
                                                                  optimizer_name, replicated):

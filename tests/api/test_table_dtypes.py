@@ -61,7 +61,7 @@ def train(strategy, embedding, steps):
     return {n: embedding.tables.read(n) for n, _, _ in TABLES}
 
 
-@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+@pytest.mark.parametrize("dtype", [tf.bfloat16, pytest.param(tf.float16, marks=pytest.mark.slow)])
 def test_bit_identical_over_replica_counts_exchanges_and_placements(dtype):
     require_replicas(4)
     strategy, embedding = make(1, dtype)

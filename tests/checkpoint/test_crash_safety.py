@@ -7,6 +7,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tf_sc_embedding as sce
@@ -15,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 ROWS = 1_200_000      # x 64 floats, parameters + Adagrad slot: ~600 MB written per checkpoint
 
 
+@pytest.mark.slow   # writes about 600 MB
 def test_kill_during_save_keeps_previous_checkpoint(tmp_path):
     directory = str(tmp_path)
     child = subprocess.Popen([sys.executable, "-m", "tests.checkpoint.worker", "crash", directory,

@@ -9,12 +9,19 @@ from tf_sc_embedding.data.teacher import TeacherLabelledData, auc, log_loss
 from tf_sc_embedding.examples import dlrm
 
 SHORT = ["--steps", "300", "--eval-samples", "32768", "--verbose", "0"]
+# Long enough to train every part of the model, short enough for the default run.
+BRIEF = ["--steps", "30", "--batch-size", "512", "--eval-samples", "4096", "--verbose", "0"]
 
 
 def run(argv, tmp_path, strategy=None, export=False):
     args = dlrm.parse_args(argv + ["--output-dir", str(tmp_path)])
     strategy = strategy or tf.distribute.get_strategy()
     return dlrm.train_and_evaluate(args, strategy, export=export)
+
+
+@pytest.fixture(scope="module")
+def brief_run(tmp_path_factory):
+    return run(BRIEF, tmp_path_factory.mktemp("dlrm_brief"), export=True)
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +32,7 @@ def short_runs(tmp_path_factory):
     return trained, frozen
 
 
+@pytest.mark.slow   # two 300-step runs
 def test_short_run_learns_and_beats_frozen_tables(short_runs):
     (trained, _, _), (frozen, _, _) = short_runs
     # Measured: trained AUC ~0.78, frozen ~0.74 (the teacher's own AUC is ~0.89).
@@ -46,9 +54,9 @@ def test_teacher_data_is_seeded_and_has_signal():
     assert log_loss(test.labels, 1 / (1 + np.exp(-test.logits))) < 0.45
 
 
-def test_checkpoint_and_serving_export_reproduce_the_model(short_runs, tmp_path):
-    (results, model, (data, test_split)), _ = short_runs
-    batch = 1024
+def test_checkpoint_and_serving_export_reproduce_the_model(brief_run, tmp_path):
+    results, model, (data, test_split) = brief_run
+    batch = 512   # BRIEF's
     test = dlrm.make_dataset(test_split, batch, data.feature_names)
     expected = tf.sigmoid(model.predict(test.take(2), verbose=0))[:, 0].numpy()
 
@@ -69,7 +77,7 @@ def test_checkpoint_and_serving_export_reproduce_the_model(short_runs, tmp_path)
                                atol=1e-5)
 
     # Checkpoint: a fresh model (2 replicas) restored from it predicts the same.
-    args = dlrm.parse_args(SHORT + ["--replicas", "2"])
+    args = dlrm.parse_args(BRIEF + ["--replicas", "2"])
     restored = dlrm.build_model(data, args, mirrored_strategy(2))
     restored.predict(test.take(1), verbose=0)   # creates the MLP weights (subclassed model)
     tf.train.Checkpoint(model=restored).restore(results["checkpoint"]).expect_partial()
@@ -78,9 +86,8 @@ def test_checkpoint_and_serving_export_reproduce_the_model(short_runs, tmp_path)
 
 
 def test_two_replicas_fit(tmp_path):
-    results, model, _ = run(["--steps", "30", "--batch-size", "512", "--replicas", "2",
-                             "--eval-samples", "4096", "--verbose", "0", "--no-export"],
-                            tmp_path, strategy=mirrored_strategy(2))
+    results, model, _ = run(BRIEF + ["--replicas", "2", "--no-export"], tmp_path,
+                            strategy=mirrored_strategy(2))
     assert np.isfinite(results["log_loss"]) and results["auc"] > 0.6
     assert model.sparse.embedding.replica_group.num_replicas == 2
 

@@ -1,16 +1,13 @@
-"""MultiWorkerMirroredStrategy with real worker processes on 127.0.0.1 (tests/multiworker).
+"""MultiWorkerMirroredStrategy with real worker processes on 127.0.0.1 (tests/multiworker): the
+slow suite's cluster tests (test_two_workers.py is the default run's smoke test).
 
-Each test starts its processes with free loopback ports, waits for all of them under a timeout
-(killing every process that is left when it expires), and compares the logical tables and slots
-each worker reads (a collective read) with a single-process MirroredStrategy run over the same
-number of replicas, which the parity suite (tests/api) checks against the numpy reference.
+Each test compares the logical tables and slots each worker reads (a collective read) with a
+single-process MirroredStrategy run over the same number of replicas (cluster.py).
 """
-import hashlib
 import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,140 +15,23 @@ import time
 import numpy as np
 import pytest
 
+from tests.multiworker.cluster import (RTOL, ATOL, WORKER, _env, assert_dynamic_states_equal,
+                                       assert_tables_close, check_ok, dynamic_state, free_ports,
+                                       run_cluster, start, table_digests, tables, wait_all)
 from tf_sc_embedding.tables.dynamic_tables import value_part
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mw_worker.py")
-PROCESS_TIMEOUT = 240
-RTOL, ATOL = 1e-5, 1e-6
 # Under pytest-xdist (scripts/test.sh) these tests run one after another on one pytest worker:
 # each starts a cluster of its own, and their free ports are picked before the servers bind them.
-pytestmark = pytest.mark.xdist_group("multiworker")
+pytestmark = [pytest.mark.xdist_group("multiworker"), pytest.mark.slow]
 
 
-def free_ports(n):
-    sockets = []
-    for _ in range(n):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.bind(("127.0.0.1", 0))
-        sockets.append(s)
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def _env():
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["TF_ENABLE_ONEDNN_OPTS"] = "0"
-    env.pop("TF_CONFIG", None)
-    return env
-
-
-def start(args, log):
-    return subprocess.Popen([sys.executable, WORKER] + args, stdout=log, stderr=subprocess.STDOUT,
-                            env=_env(), start_new_session=True)
-
-
-def wait_all(processes, timeout=PROCESS_TIMEOUT):
-    """Return codes of every process; kills them all (and fails) if any outlives the timeout."""
-    deadline = time.monotonic() + timeout
-    codes = []
-    try:
-        for p in processes:
-            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"a worker did not finish within {timeout} s")
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    return codes
-
-
-def run_cluster(tmp_path, name, workers, extra=(), timeout=PROCESS_TIMEOUT):
-    out = tmp_path / name
-    out.mkdir()
-    ports = ",".join(str(p) for p in free_ports(workers))
-    logs = [open(out / f"log_{i}.txt", "w") for i in range(workers)]
-    processes = [start(["--workers", str(workers), "--index", str(i), "--ports", ports,
-                        "--out", str(out)] + list(extra), logs[i]) for i in range(workers)]
-    codes = wait_all(processes, timeout)
-    for log in logs:
-        log.close()
-    return out, codes
-
-
-def run_single(tmp_path, name, replicas, extra=()):
-    out = tmp_path / name
-    out.mkdir()
-    with open(out / "log_0.txt", "w") as log:
-        codes = wait_all([start(["--replicas", str(replicas), "--out", str(out)] + list(extra),
-                                log)])
-    assert codes == [0], (out / "log_0.txt").read_text()[-3000:]
-    return out
-
-
-def tables(out, index=0):
-    with np.load(out / f"tables_{index}.npz") as data:
-        return {k: data[k] for k in data.files}
-
-
-def assert_tables_close(actual, expected):
-    keys = [k for k in expected if not k.startswith("shard_rows/")]
-    assert keys and set(keys) <= set(actual)
-    for k in keys:
-        np.testing.assert_allclose(actual[k], expected[k], rtol=RTOL, atol=ATOL, err_msg=k)
-
-
-def check_ok(out, codes):
-    for i, code in enumerate(codes):
-        assert code == 0, (out / f"log_{i}.txt").read_text()[-3000:]
-
-
-# Every logical table and slot after EXCHANGE_STEPS steps of the all-to-all exchange, as a
-# digest per array (table_digests), at 2 and 4 replicas: one process and every worker of a
-# cluster hold exactly these bits. A change to the exchange (routing, packing, combining, the
-# owner's update) that alters one bit of the tables fails the test. Recorded with the exchange of
-# 4d09853; a change meant to alter the numbers must say why in its commit and record new ones.
-EXCHANGE_STEPS = ["--steps", "6", "--exchange", "all_to_all"]
-EXCHANGE_DIGESTS = {
-    2: {"big/accumulators": "1d9de5e4ae649ff9", "big/parameters": "50707157b8b90420",
-        "small/accumulators": "a945144bf44c4ef8", "small/parameters": "782934bf2f2dd7d5"},
-    4: {"big/accumulators": "e7c3532d28d9e80a", "big/parameters": "f0cc1e80fd4f664d",
-        "small/accumulators": "9c30831d0e2f475e", "small/parameters": "b29bbf94d6714558"},
-}
-
-
-def table_digests(arrays):
-    """{name: the first 16 hex digits of the sha256 of its dtype, shape and bytes}."""
-    digests = {}
-    for name, value in sorted(arrays.items()):
-        if name.startswith("shard_rows/"):
-            continue
-        value = np.ascontiguousarray(value)
-        header = f"{value.dtype.str}{value.shape}".encode()
-        digests[name] = hashlib.sha256(header + value.tobytes()).hexdigest()[:16]
-    return digests
-
-
-@pytest.mark.parametrize("workers", [2, pytest.param(4, marks=pytest.mark.slow)])
-def test_the_exchange_keeps_every_bit_of_the_tables(tmp_path, workers):
-    """Several all-to-all steps give the recorded bits, in one process and over workers."""
-    single = table_digests(tables(run_single(tmp_path, "single", workers, EXCHANGE_STEPS)))
-    assert single == EXCHANGE_DIGESTS[workers]
-    out, codes = run_cluster(tmp_path, "cluster", workers, EXCHANGE_STEPS)
-    check_ok(out, codes)
-    for i in range(workers):
-        assert table_digests(tables(out, i)) == single, f"worker {i}"
-
-
-@pytest.mark.parametrize("workers", [2, pytest.param(4, marks=pytest.mark.slow)])
-def test_workers_train_like_one_process_and_hold_only_their_shards(tmp_path, workers):
+# Two workers: test_two_workers.py (the recorded bits and the placement).
+@pytest.mark.parametrize("workers", [4])
+def test_workers_train_like_one_process_and_hold_only_their_shards(tmp_path, workers,
+                                                                   single_runs):
     out, codes = run_cluster(tmp_path, "cluster", workers)
     check_ok(out, codes)
-    reference = tables(run_single(tmp_path, "single", workers))
+    reference = tables(single_runs(workers))
     full_rows = sum(int(v) for k, v in reference.items()
                     if k.startswith("shard_rows/") and "/parameters/" in k)
     for i in range(workers):
@@ -163,12 +43,12 @@ def test_workers_train_like_one_process_and_hold_only_their_shards(tmp_path, wor
         assert sum(v for k, v in held.items() if "/parameters/" in k) * workers == full_rows
 
 
-def test_replicated_table_over_workers_trains_like_sharded(tmp_path):
+def test_replicated_table_over_workers_trains_like_sharded(tmp_path, single_runs):
     """'small' held whole by each of 2 workers (sparse allreduce) + 'big' sharded: the same
     numbers as all tables sharded in one process."""
     out, codes = run_cluster(tmp_path, "cluster", 2, ["--replicate", "small"])
     check_ok(out, codes)
-    reference = tables(run_single(tmp_path, "single", 2))
+    reference = tables(single_runs(2))
     for i in range(2):
         mine = tables(out, i)
         assert_tables_close(mine, reference)
@@ -177,62 +57,60 @@ def test_replicated_table_over_workers_trains_like_sharded(tmp_path):
         assert held[f"shard_rows/small/parameters/replica_{i}:0"] >= 37, held
 
 
-def test_row_wise_adagrad_over_workers_trains_like_one_process(tmp_path):
+def test_row_wise_adagrad_over_workers_trains_like_one_process(tmp_path, single_runs):
     """Row-wise Adagrad over 2 workers, 'big' sharded and 'small' replicated: tables and the
     [vocabulary_size, 1] accumulators (read across workers) as in one process."""
     extra = ["--optimizer", "row_wise_adagrad"]
     out, codes = run_cluster(tmp_path, "cluster", 2, extra + ["--replicate", "small"])
     check_ok(out, codes)
-    reference = tables(run_single(tmp_path, "single", 2, extra))
+    reference = tables(single_runs(2, extra))
     assert reference["big/accumulators"].shape == (1000, 1)
     for i in range(2):
         assert_tables_close(tables(out, i), reference)
 
 
-def test_bfloat16_tables_over_workers_equal_one_process_bit_for_bit(tmp_path):
+def test_bfloat16_tables_over_workers_equal_one_process_bit_for_bit(tmp_path, single_runs):
     """16-bit rows round with bits of (table, logical row, column, step): 2 workers (one table
     replicated) give the bfloat16 tables of one process with 2 replicas (every table sharded)
     exactly."""
     extra = ["--table-dtype", "bfloat16"]
     out, codes = run_cluster(tmp_path, "cluster", 2, extra + ["--replicate", "small"])
     check_ok(out, codes)
-    reference = tables(run_single(tmp_path, "single", 2, extra))
+    reference = tables(single_runs(2, extra))
     for i in range(2):
         mine = tables(out, i)
         for key in ("big/parameters", "small/parameters"):
             np.testing.assert_array_equal(mine[key], reference[key], err_msg=key)
 
 
-@pytest.mark.slow
-def test_all_gather_exchange_over_workers_trains_like_all_to_all(tmp_path):
+def test_all_gather_exchange_over_workers_trains_like_all_to_all(tmp_path, single_runs):
     """exchange="all_gather" (what "auto" picks when SparseCore limits are set) over 2 worker
     processes: the tables of one process's all-to-all run, up to the order of float32 sums."""
     out, codes = run_cluster(tmp_path, "cluster", 2, ["--exchange", "all_gather"])
     check_ok(out, codes)
-    reference = tables(run_single(tmp_path, "single", 2))
+    reference = tables(single_runs(2))
     for i in range(2):
         assert_tables_close(tables(out, i), reference)
 
 
-@pytest.mark.parametrize("replicate", [pytest.param("", marks=pytest.mark.slow), "small"],
+@pytest.mark.parametrize("replicate", ["", "small"],
                          ids=["sharded", "replicated"])
-def test_pipelined_workers_train_like_one_pipelined_process(tmp_path, replicate):
+def test_pipelined_workers_train_like_one_pipelined_process(tmp_path, replicate, single_runs):
     """Pipelining over 2 workers (each keeps its own replica's update; reading the tables at the
     end applies it) gives the tables of one pipelined process with 2 replicas, which differ
     from sequential training's."""
     extra = ["--pipelining", "--replicate", replicate]
     out, codes = run_cluster(tmp_path, "cluster", 2, extra)
     check_ok(out, codes)
-    reference = tables(run_single(tmp_path, "single", 2, extra))
-    sequential = tables(run_single(tmp_path, "sequential", 2, ["--replicate", replicate]))
+    reference = tables(single_runs(2, extra))
+    sequential = tables(single_runs(2, ["--replicate", replicate]))
     for i in range(2):
         assert_tables_close(tables(out, i), reference)
     assert any(not np.allclose(reference[k], sequential[k], rtol=RTOL, atol=ATOL)
                for k in reference if not k.startswith("shard_rows/"))
 
 
-# The dynamic case (about 30 s) runs with the slow tests: the default run keeps under 20 minutes.
-@pytest.mark.parametrize("extra", [(), pytest.param(("--dynamic",), marks=pytest.mark.slow)],
+@pytest.mark.parametrize("extra", [(), ("--dynamic",)],
                          ids=["fixed", "dynamic"])
 def test_prefetching_workers_train_bit_for_bit_like_pipelined_workers(tmp_path, extra):
     """Two workers whose steps prefetch the next batch's lookup (next_features) end with the
@@ -251,10 +129,10 @@ def test_prefetching_workers_train_bit_for_bit_like_pipelined_workers(tmp_path, 
             assert_dynamic_states_equal(dynamic_state(out, i), dynamic_state(plain, i))
 
 
-@pytest.mark.parametrize("replicate", ["", pytest.param("small", marks=pytest.mark.slow)],
+@pytest.mark.parametrize("replicate", ["", "small"],
                          ids=["sharded", "replicated"])
 def test_non_finite_gradient_on_one_worker_fails_the_step_everywhere_and_writes_nothing(
-        tmp_path, replicate):
+        tmp_path, replicate, single_runs):
     """Worker 1's gradient of feature 'c' is NaN at step 1: both workers fail that step naming
     the feature, no table changes anywhere, and steps 0 and 2 give the tables of a run without
     step 1."""
@@ -262,7 +140,7 @@ def test_non_finite_gradient_on_one_worker_fails_the_step_everywhere_and_writes_
     out, codes = run_cluster(tmp_path, "cluster", 2,
                              common + ["--nan-step", "1", "--nan-replica", "1"])
     check_ok(out, codes)
-    reference = tables(run_single(tmp_path, "single", 2, ["--steps", "3", "--skip-step", "1"]))
+    reference = tables(single_runs(2, ["--steps", "3", "--skip-step", "1"]))
     for i in range(2):
         errors = json.loads((out / f"errors_{i}.json").read_text())
         assert len(errors) == 1 and "feature 'c' (table 'small')" in errors[0], errors
@@ -291,19 +169,16 @@ def test_online_limits_are_agreed_over_workers_and_logged(tmp_path):
         assert last, log[-3000:]
 
 
-@pytest.mark.slow   # about 40 s; the default run keeps under 20 minutes
-def test_checkpoint_from_two_workers_restores_anywhere(tmp_path):
+def test_checkpoint_from_two_workers_restores_anywhere(tmp_path, single_runs,
+                                                     saved_by_two_workers):
     # 2 workers train 2 steps and save (chief's path is the real one) ...
-    first, codes = run_cluster(tmp_path, "first", 2,
-                               ["--steps", "2", "--save", str(tmp_path / "ckpt" / "c")])
-    check_ok(first, codes)
-    path = (first / "checkpoint_path").read_text()
+    first, path = saved_by_two_workers()
     # ... the uninterrupted reference trains 4 steps on 2 replicas in one process ...
-    uninterrupted = tables(run_single(tmp_path, "uninterrupted", 2, ["--steps", "4"]))
-    after_two = tables(run_single(tmp_path, "after_two", 2, ["--steps", "2"]))
+    uninterrupted = tables(single_runs(2, ["--steps", "4"]))
+    after_two = tables(single_runs(2, ["--steps", "2"]))
     assert_tables_close(tables(first, 0), after_two)
     # ... restoring into one process (before build) and continuing gives the same tables ...
-    resumed = run_single(tmp_path, "resumed_1", 2, ["--restore", path, "--steps", "2",
+    resumed = single_runs(2, ["--restore", path, "--steps", "2",
                                                     "--first-step", "2"])
     assert_tables_close(tables(resumed), uninterrupted)
     # ... and so does restoring into 2 workers after build (each reads only its rows).
@@ -314,12 +189,9 @@ def test_checkpoint_from_two_workers_restores_anywhere(tmp_path):
         assert_tables_close(tables(out, i), uninterrupted)
 
 
-@pytest.mark.slow
-def test_checkpoint_from_two_workers_restores_into_four(tmp_path):
-    first, codes = run_cluster(tmp_path, "first", 2,
-                               ["--steps", "2", "--save", str(tmp_path / "ckpt" / "c")])
-    check_ok(first, codes)
-    path = (first / "checkpoint_path").read_text()
+def test_checkpoint_from_two_workers_restores_into_four(tmp_path, single_runs,
+                                                       saved_by_two_workers):
+    first, path = saved_by_two_workers()
     out, codes = run_cluster(tmp_path, "four", 4, ["--restore", path, "--steps", "0"])
     check_ok(out, codes)
     for i in range(4):
@@ -328,31 +200,15 @@ def test_checkpoint_from_two_workers_restores_into_four(tmp_path):
     resumed = ["--restore", path, "--steps", "2", "--first-step", "2"]
     out, codes = run_cluster(tmp_path, "four_resumed", 4, resumed)
     check_ok(out, codes)
-    reference = tables(run_single(tmp_path, "single_resumed", 4, resumed))
+    reference = tables(single_runs(4, resumed))
     assert any(not np.allclose(reference[k], tables(first, 0)[k]) for k in reference
                if not k.startswith("shard_rows/"))                  # the two steps changed it
     for i in range(4):
         assert_tables_close(tables(out, i), reference)
 
 
-def dynamic_state(out, index=0):
-    """The logical state of the open-vocabulary table 'small' (mw_worker.py --dynamic)."""
-    with np.load(out / f"dynamic_{index}.npz", allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
-
-
-def assert_dynamic_states_equal(actual, expected, counters=True):
-    """counters=False for a run restored from a checkpoint: the counters count the occurrences
-    since the embedding was made (they are not part of the logical state)."""
-    assert set(actual) == set(expected)
-    for part in expected:
-        if counters or part != "unadmitted_ids":
-            np.testing.assert_array_equal(actual[part], expected[part], err_msg=part)
-
-
-@pytest.mark.slow   # about 2 minutes; test_dynamic_table_over_two_workers_equals_a_fixed_table_bit_for_bit
-# keeps two dynamic workers in the default run
-def test_dynamic_table_over_workers_is_one_process_table_and_restores_anywhere(tmp_path):
+def test_dynamic_table_over_workers_is_one_process_table_and_restores_anywhere(tmp_path,
+                                                                              single_runs):
     """An open vocabulary over 2 workers: each worker's maps hold the keys it owns, and every
     worker reads the whole logical state (and counters), bit for bit that of one process with 2
     replicas; the chief's checkpoint restores into one process or 2 workers and training goes on
@@ -362,14 +218,14 @@ def test_dynamic_table_over_workers_is_one_process_table_and_restores_anywhere(t
                                dynamic + ["--steps", "2", "--save", str(tmp_path / "ckpt" / "c")])
     check_ok(first, codes)
     path = (first / "checkpoint_path").read_text()
-    single = run_single(tmp_path, "single", 2, dynamic + ["--steps", "2"])
+    single = single_runs(2, dynamic + ["--steps", "2"])
     assert len(dynamic_state(single)["keys"]) > 0
     for i in range(2):
         assert_dynamic_states_equal(dynamic_state(first, i), dynamic_state(single))
         assert table_digests(tables(first, i)) == table_digests(tables(single))
-    uninterrupted = run_single(tmp_path, "uninterrupted", 2, dynamic + ["--steps", "4"])
+    uninterrupted = single_runs(2, dynamic + ["--steps", "4"])
     resumed = ["--restore", path, "--steps", "2", "--first-step", "2"]
-    one = run_single(tmp_path, "resumed_one", 2, dynamic + resumed)
+    one = single_runs(2, dynamic + resumed)
     assert_dynamic_states_equal(dynamic_state(one), dynamic_state(uninterrupted), False)
     out, codes = run_cluster(tmp_path, "resumed_two", 2,
                              dynamic + resumed + ["--restore-after-build"])
@@ -379,8 +235,7 @@ def test_dynamic_table_over_workers_is_one_process_table_and_restores_anywhere(t
         assert table_digests(tables(out, i)) == table_digests(tables(uninterrupted))
 
 
-@pytest.mark.parametrize("pipelining", [(), pytest.param(("--pipelining",),
-                                                          marks=pytest.mark.slow)],
+@pytest.mark.parametrize("pipelining", [(), ("--pipelining",)],
                          ids=["sequential", "pipelined"])
 def test_dynamic_table_over_two_workers_equals_a_fixed_table_bit_for_bit(tmp_path, pipelining):
     """Identity with a fixed vocabulary over 2 workers: threshold 1, no eviction, as many rows
@@ -411,16 +266,12 @@ def test_dynamic_table_over_two_workers_equals_a_fixed_table_bit_for_bit(tmp_pat
                 np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
-# The fixed-table case keeps the kill and the restart in the default run.
-@pytest.mark.parametrize("extra", [(), pytest.param(("--dynamic",), marks=pytest.mark.slow)],
+@pytest.mark.parametrize("extra", [(), ("--dynamic",)],
                          ids=["fixed", "dynamic"])
-def test_killed_worker_fails_the_others_and_a_restart_resumes(tmp_path, extra):
+def test_killed_worker_fails_the_others_and_a_restart_resumes(tmp_path, extra, single_runs,
+                                                              saved_by_two_workers):
     extra = list(extra)
-    ckpt = tmp_path / "ckpt" / "c"
-    first, codes = run_cluster(tmp_path, "first", 2,
-                               extra + ["--steps", "2", "--save", str(ckpt)])
-    check_ok(first, codes)
-    path = (first / "checkpoint_path").read_text()
+    _, path = saved_by_two_workers(extra)
     # Training resumes; worker 1 is killed mid-training; worker 0 must fail, not hang.
     out = tmp_path / "killed"
     out.mkdir()
@@ -458,7 +309,7 @@ def test_killed_worker_fails_the_others_and_a_restart_resumes(tmp_path, extra):
     out, codes = run_cluster(tmp_path, "restarted", 2, extra + ["--restore", path, "--steps", "2",
                                                                 "--first-step", "2"])
     check_ok(out, codes)
-    single = run_single(tmp_path, "uninterrupted", 2, extra + ["--steps", "4"])
+    single = single_runs(2, extra + ["--steps", "4"])
     for i in range(2):
         assert_tables_close(tables(out, i), tables(single))
         if extra:
@@ -510,7 +361,6 @@ def test_keras_layer_custom_loop_under_two_workers_trains_complete_tables(tmp_pa
     np.testing.assert_array_equal(np.load(tmp_path / "keras_loaded.npz")["t"], first)
 
 
-@pytest.mark.slow
 def test_the_demo_trains_over_two_workers_and_resumes_from_the_chiefs_checkpoint(tmp_path):
     """examples/train_demo.py --workers (docs/multi_worker.md#launching): both workers train, the
     held-out loss falls, they agree on it, and a second run resumes from the chief's save."""

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FUZZER = os.path.join(ROOT, "fuzz", "op_fuzzer.py")
 
@@ -21,6 +23,7 @@ def _fuzz(tmp_path, *args, selftest=None, timeout=300):
     return proc, summary, crash_dir
 
 
+@pytest.mark.slow   # scripts/sanitize_and_fuzz.sh runs a campaign in CI as well
 def test_short_campaign_has_no_crashes(tmp_path):
     proc, summary, _ = _fuzz(tmp_path, "--cases", "60", "--seed", "11")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -28,6 +31,7 @@ def test_short_campaign_has_no_crashes(tmp_path):
     assert summary["outcomes"].get("ok", 0) > 0 and summary["outcomes"].get("InvalidArgumentError")
 
 
+@pytest.mark.slow
 def test_abort_and_hang_are_recorded_and_the_run_continues(tmp_path):
     proc, summary, crash_dir = _fuzz(tmp_path, "--cases", "6", "--seed", "3", "--timeout", "5",
                                      selftest="abort:2")
