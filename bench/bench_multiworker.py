@@ -21,6 +21,7 @@ embedding(features, next_features=...), docs/pipelining.md#prefetching-the-next-
 
 Usage: python bench/bench_multiworker.py [--workers 1,2,4] [--batch 1024] [--steps 10]
        [--feed arguments|iterator] [--pin] [--profile] [--dense] [--modes off,pipelined,prefetch]
+       [--wire-precision float32|16bit]
 """
 import argparse
 import json
@@ -55,6 +56,9 @@ def parse_args():
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--ports", default="")
     parser.add_argument("--exchange", default="all_to_all")
+    parser.add_argument("--wire-precision", default="float32", choices=["float32", "16bit"],
+                        help="EmbeddingOptions.wire_precision: 16bit sends rows as float16 and "
+                             "gradients as bfloat16 (docs/multi_worker.md#wire-precision)")
     parser.add_argument("--out", default="")
     parser.add_argument("--pin", action="store_true",
                         help="pin worker i to core i mod cores (one worker per core, as on "
@@ -143,7 +147,7 @@ def worker(args):
                  if args.exchange == "all_to_all_replicated" else {})
     with strategy.scope():
         embedding = sce.TPUEmbeddingV2(features, E.Adagrad(learning_rate=0.05),
-                                       exchange=exchange,
+                                       exchange=exchange, wire_precision=args.wire_precision,
                                        pipeline_execution_with_tensor_core=args.mode != "off",
                                        **threshold)
     dense = DenseModel(len(features) * args.dim, seed=7) if args.dense else None
@@ -255,7 +259,8 @@ def run_cluster(args, workers, exchange, directory, mode="off"):
     common = [sys.executable, os.path.abspath(__file__), "--role", "worker", "--ports", ports,
               "--exchange", exchange, "--out", directory, "--batch", str(args.batch),
               "--dim", str(args.dim), "--vocab-cap", str(args.vocab_cap),
-              "--steps", str(args.steps), "--warmup", str(args.warmup), "--feed", args.feed]
+              "--steps", str(args.steps), "--warmup", str(args.warmup), "--feed", args.feed,
+              "--wire-precision", args.wire_precision]
     common += ["--pin"] * args.pin + ["--profile"] * args.profile + ["--dense"] * args.dense
     common += ["--mode", mode]
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import tensorflow as tf
 
 from tf_sc_embedding.collectives import replica_group as collectives
+from tf_sc_embedding.collectives import wire
 from tf_sc_embedding.tables import layout
 from tf_sc_embedding.tables.dynamic_vocabulary import DynamicVocabulary
 from tf_sc_embedding.tables.layout import DEFAULT_SPARSE_CORES_PER_REPLICA, REPLICATED, SHARDED
@@ -98,7 +99,7 @@ class EmbeddingOptions:
       NaN or Inf on any replica (docs/optimizers.md#non-finite-gradients). "error": the step fails
       on every replica, naming each such feature and table, before anything is written. "skip":
       rows with a non-finite gradient keep their values and slots and are counted
-      (`num_skipped_gradient_rows`); the other rows are updated.
+      (`counters().skipped_gradient_rows`); the other rows are updated.
     adapt_sparse_core_limits: raise each sharded stacked table's partition limits online to the
       statistics agreed over all replicas and workers, logging each raise (`sparse_core_limits`).
       Needs track_sparse_core_stats.
@@ -112,6 +113,10 @@ class EmbeddingOptions:
     dynamic_vocabularies: {table name or TableConfig: DynamicVocabulary}, the tables whose ids
       are open-ended int64 or string keys, mapped to rows as they arrive; such a table's
       vocabulary_size is the number of rows it holds (docs/dynamic_vocabulary.md).
+    wire_precision: the dtype of the rows and gradients the all-to-all exchanges send between
+      replicas. "float32" (the default) sends them exactly; "16bit" sends rows as float16 and
+      gradients as bfloat16, rounded to nearest even, for half the bytes
+      (docs/multi_worker.md#wire-precision). One replica sends nothing either way.
     """
     sparse_cores_per_replica: int = DEFAULT_SPARSE_CORES_PER_REPLICA
     exchange: str = "auto"
@@ -125,6 +130,7 @@ class EmbeddingOptions:
     table_rounding: str = "stochastic"
     dynamic_vocabularies: Mapping[str, DynamicVocabulary] = dataclasses.field(
         default_factory=dict)
+    wire_precision: str = "float32"
 
     def __post_init__(self):
         object.__setattr__(self, "table_placement", _by_table_name(
@@ -139,6 +145,7 @@ class EmbeddingOptions:
         _require_choice("exchange", self.exchange, EXCHANGES)
         _require_choice("non_finite_gradients", self.non_finite_gradients, NON_FINITE_GRADIENTS)
         _require_choice("table_rounding", self.table_rounding, ("stochastic", "nearest"))
+        _require_choice("wire_precision", self.wire_precision, wire.WIRE_PRECISIONS)
         timeout = self.collective_timeout_seconds
         if (not isinstance(timeout, numbers.Real) or isinstance(timeout, bool) or
                 not timeout >= 0 or timeout == float("inf")):

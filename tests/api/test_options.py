@@ -21,7 +21,7 @@ NON_DEFAULT = dict(sparse_cores_per_replica=2, exchange="all_gather",
                    collective_timeout_seconds=12.5, replication_threshold_bytes=4096,
                    table_placement={"big": "replicated", "small": "sharded"},
                    track_sparse_core_stats=True, non_finite_gradients="skip",
-                   adapt_sparse_core_limits=True)
+                   adapt_sparse_core_limits=True, wire_precision="16bit")
 
 
 def table(name, vocabulary_size, dim):
@@ -60,7 +60,7 @@ def test_field_names_are_the_dataclass_fields():
         "sparse_cores_per_replica", "exchange", "collective_timeout_seconds",
         "replication_threshold_bytes", "table_placement", "track_sparse_core_stats",
         "non_finite_gradients", "adapt_sparse_core_limits", "table_dtypes", "table_rounding",
-        "dynamic_vocabularies")
+        "dynamic_vocabularies", "wire_precision")
     assert EmbeddingOptions.field_names() == tuple(
         f.name for f in dataclasses.fields(EmbeddingOptions))
 

@@ -42,6 +42,9 @@ def parse():
     p.add_argument("--optimizer", choices=("adagrad", "row_wise_adagrad"), default="adagrad",
                    help="the tables' optimizer (row-wise Adagrad: one accumulator per row)")
     p.add_argument("--table-dtype", default="float32", help="the tables' storage dtype")
+    p.add_argument("--wire-precision", default="float32",
+                   help="EmbeddingOptions.wire_precision (16bit: float16 rows, bfloat16 "
+                        "gradients between replicas)")
     p.add_argument("--pipelining", action="store_true",
                    help="pipeline_execution_with_tensor_core=True")
     p.add_argument("--dynamic", action="store_true",
@@ -101,6 +104,7 @@ def main():
                                        table_dtypes={"big": args.table_dtype,
                                                      "small": args.table_dtype},
                                        exchange=args.exchange,
+                                       wire_precision=args.wire_precision,
                                        collective_timeout_seconds=args.timeout,
                                        replication_threshold_bytes=0,
                                        adapt_sparse_core_limits=args.adapt_limits,

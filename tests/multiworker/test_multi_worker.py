@@ -83,6 +83,18 @@ def test_bfloat16_tables_over_workers_equal_one_process_bit_for_bit(tmp_path, si
             np.testing.assert_array_equal(mine[key], reference[key], err_msg=key)
 
 
+def test_16_bit_wire_over_workers_equals_one_process_bit_for_bit(tmp_path, single_runs):
+    """wire_precision="16bit" rounds to nearest even at the sender: 2 workers hold the bits of one
+    process with 2 replicas, which differ from the float32 wire's."""
+    extra = ["--exchange", "all_to_all", "--wire-precision", "16bit"]
+    out, codes = run_cluster(tmp_path, "cluster", 2, extra)
+    check_ok(out, codes)
+    reference = table_digests(tables(single_runs(2, extra)))
+    assert reference != table_digests(tables(single_runs(2, ["--exchange", "all_to_all"])))
+    for i in range(2):
+        assert table_digests(tables(out, i)) == reference, f"worker {i}"
+
+
 def test_all_gather_exchange_over_workers_trains_like_all_to_all(tmp_path, single_runs):
     """exchange="all_gather" (what "auto" picks when SparseCore limits are set) over 2 worker
     processes: the tables of one process's all-to-all run, up to the order of float32 sums."""

@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_sc_embedding import private_tf
+from tf_sc_embedding.collectives import wire
 
 # Collective group keys of the embedding start here, far from the ones tf.distribute allocates
 # (which count up from 1 per strategy and device set).
@@ -126,8 +127,11 @@ def strategy_replicas(strategy):
 class ReplicaGroup:
     """The replicas of one embedding: placement facts plus the collective group and counters."""
 
-    def __init__(self, strategy, timeout_seconds=DEFAULT_TIMEOUT_SECONDS):
+    def __init__(self, strategy, timeout_seconds=DEFAULT_TIMEOUT_SECONDS,
+                 wire_precision="float32"):
         self.strategy = strategy
+        wire.wire_dtype(wire_precision, wire.ROWS)   # an unknown precision fails here
+        self.wire_precision = wire_precision
         replicas = strategy_replicas(strategy)
         self.num_replicas = replicas.num_replicas
         self.local_replica_ids = replicas.local_replica_ids
@@ -357,8 +361,10 @@ class ReplicaView:
         return context.merge_call(merge_fn, args=(value,))
 
     # -- collectives
-    def all_to_all(self, value):
-        """value: [W, ...]; row d goes to replica d; returns [W, ...] with row s from replica s."""
+    def all_to_all(self, value, payload=None):
+        """value: [W, ...]; row d goes to replica d; returns [W, ...] with row s from replica s.
+        payload (wire.ROWS, wire.GRADIENTS or None): what a float32 value carries, which decides
+        the dtype it travels in (wire.py; None: exactly as it is)."""
         if self.num_replicas == 1:
             return value
         rows = tf.TensorShape(value.shape)[0] if value.shape.rank else None
@@ -366,7 +372,8 @@ class ReplicaView:
             # A mismatched all-to-all aborts TensorFlow's collective executor for the process.
             raise ValueError(f"all_to_all needs one row per replica ({self.num_replicas}), got "
                              f"shape {value.shape}")
-        return self._launch("all_to_all", value)
+        return wire.on_the_wire(lambda v: self._launch("all_to_all", v), value,
+                                self.group.wire_precision, payload)
 
     def all_gather(self, value):
         """Concatenation along axis 0 of every replica's value (equal shapes)."""
@@ -396,10 +403,14 @@ class LocalView:
     replica_id = 0
 
     @staticmethod
-    def all_to_all(value):
+    def all_to_all(value, payload=None):  # pylint: disable=unused-argument
         return value
 
-    all_gather = all_sum = all_max = all_or = all_to_all
+    @staticmethod
+    def all_gather(value):
+        return value
+
+    all_sum = all_max = all_or = all_gather
 
 
 # Bytes one replica sends per byte of its input, as (numerator, denominator) with W replicas.

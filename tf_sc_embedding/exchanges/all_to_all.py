@@ -30,6 +30,7 @@ import collections
 
 import tensorflow as tf
 
+from tf_sc_embedding.collectives import wire
 from tf_sc_embedding.preprocessing import enqueue as enqueue_lib
 from tf_sc_embedding.optimizers import fused_update
 from tf_sc_embedding.exchanges import base
@@ -110,9 +111,10 @@ def exchange_counts(view, send_counts, widths):
     return recv_counts, id_chunk, row_chunk
 
 
-def all_to_all_flat(view, buffer):
+def all_to_all_flat(view, buffer, payload=None):
+    """One all-to-all of a flat buffer of W equal chunks; payload: what it carries (wire.py)."""
     num_replicas = view.num_replicas
-    return tf.reshape(view.all_to_all(tf.reshape(buffer, [num_replicas, -1])), [-1])
+    return tf.reshape(view.all_to_all(tf.reshape(buffer, [num_replicas, -1]), payload), [-1])
 
 
 def quantized(rows, quantization):
@@ -181,7 +183,7 @@ def lookup(view, layout, routed_by_table, table_shards):
         packed = pack_by_replica(
             [quantized(tf.cast(tf.gather(v, received[i]), tf.float32), table.quantization)
              for i, (v, table) in enumerate(zip(variables, stacked))], recv_counts, row_chunk)
-    recv_rows = all_to_all_flat(view, packed)
+    recv_rows = all_to_all_flat(view, packed, wire.ROWS)
     # The owner-side rows the update writes come out only once the tables' values were packed:
     # an update that runs while the values read above are still alive (a pipelined update runs
     # once it has this step's preserved outputs) would copy whole tables to write a few rows.
@@ -249,8 +251,8 @@ def exchange_gradients(view, layout, preserved, gradients, flags=None, padded=Tr
         multiples.append(1)
         chunk = chunk + count
     received = unpack_by_replica(
-        all_to_all_flat(view, pack_by_replica(per_unique, send_counts, chunk)), recv_counts, widths,
-        row_multiples=multiples)
+        all_to_all_flat(view, pack_by_replica(per_unique, send_counts, chunk), wire.GRADIENTS),
+        recv_counts, widths, row_multiples=multiples)
     agreed = None
     if flags is not None:
         agreed = tf.cast(tf.reduce_max(received.pop(), axis=0), tf.int32)
