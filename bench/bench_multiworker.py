@@ -242,12 +242,15 @@ def worker(args):
         tf.profiler.experimental.stop()
         from phase_profile import phase_breakdown  # pylint: disable=import-outside-toplevel
         phases = phase_breakdown(trace_dir, args.steps, statistics.median(cpu_times))
-    sent = sum(embedding.counters().collective_bytes_sent.values())
+    counters = embedding.counters()
+    sent = sum(counters.collective_bytes_sent.values())
+    launches = sum(counters.collective_launches.values()) / len(counters.collective_launches)
     ids_per_step = statistics.mean(
         sum(int(x.values.shape[0]) for x in ids.values()) for ids, _ in batches[:total])
     with open(os.path.join(args.out, f"worker_{args.index}.json"), "w") as f:
         json.dump({"bytes_per_step": sent / args.steps, "step_ms": statistics.median(times),
                    "cpu_ms": statistics.median(cpu_times),
+                   "collectives_per_step": launches / args.steps,
                    "ids_per_step": ids_per_step, "replicated_tables": replicated,
                    "phases": phases}, f)
     return 0
@@ -282,6 +285,7 @@ def run_cluster(args, workers, exchange, directory, mode="off"):
     return {"bytes_per_step": statistics.mean(r["bytes_per_step"] for r in results),
             "step_ms": results[0]["step_ms"], "ids_per_step": results[0]["ids_per_step"],
             "cpu_ms": statistics.mean(r["cpu_ms"] for r in results),
+            "collectives_per_step": results[0]["collectives_per_step"],
             "replicated_tables": results[0]["replicated_tables"], "phases": results[0]["phases"]}
 
 
@@ -329,7 +333,8 @@ def main():
                         f"{', dense MLP' if args.dense else ''})")
                     print(f"{workers} worker(s), {label}: {r['bytes_per_step'] / 1e6:.2f} MB "
                           f"sent per worker per step, step {r['step_ms']:.1f} ms, CPU "
-                          f"{r['cpu_ms']:.1f} ms per worker per step", flush=True)
+                          f"{r['cpu_ms']:.1f} ms per worker per step, "
+                          f"{r['collectives_per_step']:g} collectives per step", flush=True)
                     for phase, ms in r["phases"] or ():
                         print(f"    worker 0, CPU ms per step: {ms:6.1f}  {phase}", flush=True)
     if len(modes) > 1:

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tf_sc_embedding as sce
+from tests.devices import mirrored_strategy
 from tf_sc_embedding.step.counters import EmbeddingCounters
 
 E = tf.tpu.experimental.embedding
@@ -43,7 +44,7 @@ def test_counters_read_every_counter_once_per_table_where_kept():
     assert first.unadmitted_ids == {"users": 4, "items": 0}
     assert first.refused_keys == {"users": 0, "items": 0}
     assert first.dropped_ids == 0 and first.skipped_gradient_rows == 0
-    assert first.collective_bytes_sent == {0: 0}  # one replica: no collective
+    assert first.collective_bytes_sent == first.collective_launches == {0: 0}   # no collective
     step(embedding, batch, np.float32(np.nan))
     second = embedding.counters()
     assert second.skipped_gradient_rows > 0     # the non-finite step skipped its rows
@@ -55,3 +56,31 @@ def test_counters_read_every_counter_once_per_table_where_kept():
 def test_the_facade_has_no_counter_methods_besides_counters():
     names = {n for n in dir(sce.TPUEmbeddingV2) if n.startswith("num_")}
     assert names == set() and not hasattr(sce.TPUEmbeddingV2, "collective_bytes_sent")
+
+
+def test_two_replicas_count_their_launches_and_bytes_per_replica():
+    strategy = mirrored_strategy(2)
+    table = E.TableConfig(vocabulary_size=64, dim=4, name="t")
+    with strategy.scope():
+        embedding = sce.TPUEmbeddingV2({"f": E.FeatureConfig(table=table, name="f")},
+                                       optimizer=E.SGD(learning_rate=0.5), exchange="all_to_all")
+    embedding.build(per_replica_batch_size=4)
+
+    @tf.function
+    def train():
+        def replica_step():
+            activations, preserved = embedding({"f": tf.constant([[1], [2], [3], [4]],
+                                                                 tf.int64)})
+            return embedding.apply_gradients(activations, preserved)
+        return strategy.run(replica_step)
+
+    train()
+    one = embedding.counters()
+    train()
+    two = embedding.counters()
+    assert set(one.collective_launches) == {0, 1}
+    # The all-to-all step: counts all-gathered, ids and rows forward, gradients back.
+    assert one.collective_launches == {0: 4, 1: 4}
+    assert two.collective_launches == {0: 8, 1: 8}
+    assert all(two.collective_bytes_sent[r] == 2 * one.collective_bytes_sent[r] > 0
+               for r in (0, 1))

@@ -41,15 +41,17 @@ _group_keys_lock = threading.Lock()
 _instance_keys = {}
 
 # Per-replica int64 counters (ReplicaGroup.counter): bytes sent through the embedding's
-# collectives, gradient rows left unchanged because their gradient was not finite
-# (TPUEmbeddingV2(non_finite_gradients="skip")), and ids dropped by allow_id_dropping.
+# collectives and the collectives launched, gradient rows left unchanged because their gradient
+# was not finite (TPUEmbeddingV2(non_finite_gradients="skip")), and ids dropped by
+# allow_id_dropping.
 BYTES_SENT = "collective_bytes_sent"
+LAUNCHES = "collective_launches"
 SKIPPED_GRADIENT_ROWS = "skipped_gradient_rows"
 DROPPED_IDS = "dropped_ids"
 # The fused updates applied so far by an embedding with a 16-bit table: the step whose bits
 # stochastically round its rows (equal on every replica, since every replica applies every update).
 UPDATE_STEPS = "update_steps"
-COUNTERS = (BYTES_SENT, SKIPPED_GRADIENT_ROWS, DROPPED_IDS, UPDATE_STEPS)
+COUNTERS = (BYTES_SENT, LAUNCHES, SKIPPED_GRADIENT_ROWS, DROPPED_IDS, UPDATE_STEPS)
 DEFAULT_TIMEOUT_SECONDS = 0.0   # 0: wait forever (TensorFlow's default); MWMS health checks abort
 
 
@@ -299,9 +301,15 @@ class ReplicaGroup:
         """{local replica id: bytes this replica sent through the embedding's collectives}."""
         return self.counter_values(BYTES_SENT)
 
+    def launches(self):
+        """{local replica id: collectives this replica launched}."""
+        return self.counter_values(LAUNCHES)
+
     def reset_bytes_sent(self):
-        for c in self._counters.get(BYTES_SENT, {}).values():
-            c.assign(0)
+        """Zeroes the traffic counters: bytes sent and collectives launched."""
+        for name in (BYTES_SENT, LAUNCHES):
+            for c in self._counters.get(name, {}).values():
+                c.assign(0)
 
 
 class ReplicaView:
@@ -427,6 +435,7 @@ def _collective(group, kind, value, replica_id):
         numerator, denominator = _SENT_FRACTION[kind](w)
         nbytes = tf.size(value, out_type=tf.int64) * value.dtype.size
         counter.assign_add(nbytes * numerator // denominator)
+        group.counter(replica_id, LAUNCHES).assign_add(1)
     def next_key():
         return group.next_instance_key(replica_id)
 

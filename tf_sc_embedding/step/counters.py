@@ -20,6 +20,8 @@ class EmbeddingCounters:
     skipped_gradient_rows: rows left unchanged because their gradient was not finite
       (`non_finite_gradients="skip"`), summed over this process's replicas.
     collective_bytes_sent: {local replica id: bytes its embedding collectives sent}.
+    collective_launches: {local replica id: embedding collectives it launched} (all-to-alls,
+      all-gathers and all-reduces; per step, bench/bench_multiworker.py reports them).
     unadmitted_ids: {open-vocabulary table: occurrences of keys that held no row} (below the
       admission threshold, refused, or a string whose fingerprint another string holds); they
       read zeros and trained nothing. Over every replica and worker.
@@ -29,6 +31,7 @@ class EmbeddingCounters:
     dropped_ids: int
     skipped_gradient_rows: int
     collective_bytes_sent: Mapping[int, int]
+    collective_launches: Mapping[int, int]
     unadmitted_ids: Mapping[str, int]
     refused_keys: Mapping[str, int]
 
@@ -42,5 +45,6 @@ def read_counters(group, dynamic_tables):
         dropped_ids=local_sum(replica_group.DROPPED_IDS),
         skipped_gradient_rows=local_sum(replica_group.SKIPPED_GRADIENT_ROWS),
         collective_bytes_sent=group.bytes_sent(),
+        collective_launches=group.launches(),
         unadmitted_ids=dynamic_tables.counter("unadmitted_ids"),
         refused_keys=dynamic_tables.counter("refused_keys"))
