@@ -132,7 +132,8 @@ def assert_same_activations(got, want):
             np.testing.assert_array_equal(a[name], b[name], err_msg=f"step {step} {name}")
 
 
-@pytest.mark.parametrize("replicas,key_dtype", [(1, tf.int64), (2, tf.string),
+@pytest.mark.parametrize("replicas,key_dtype", [(1, tf.int64),
+                                                pytest.param(2, tf.string, marks=pytest.mark.slow),
                                                 pytest.param(4, tf.int64, marks=pytest.mark.slow)])
 def test_prefetching_trains_like_pipelining_without_it(replicas, key_dtype):
     """The same activations, rows, slots, counts and counters, bit for bit. The last batch is

@@ -41,8 +41,8 @@ def make_embedding(strategy, exchange, key_dtype, placement, pipelined):
     ("all_gather", None, "sharded", False),
     ("all_to_all", None, "replicated", True),
     ("all_to_all", tf.string, "sharded", False),
-    ("all_to_all", tf.string, "sharded", True),
-    ("all_to_all", tf.int64, "replicated", True),
+    pytest.param("all_to_all", tf.string, "sharded", True, marks=pytest.mark.slow),
+    pytest.param("all_to_all", tf.int64, "replicated", True, marks=pytest.mark.slow),
 ])
 def test_a_print_and_an_assert_in_the_dense_model_do_not_deadlock(exchange, key_dtype, placement,
                                                                     prefetch):

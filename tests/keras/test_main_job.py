@@ -85,6 +85,7 @@ def test_checkpoint_and_serving_export_reproduce_the_model(brief_run, tmp_path):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow   # the default run restores the brief run into 2 replicas and predicts
 def test_two_replicas_fit(tmp_path):
     results, model, _ = run(BRIEF + ["--replicas", "2", "--no-export"], tmp_path,
                             strategy=mirrored_strategy(2))

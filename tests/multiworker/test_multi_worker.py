@@ -25,24 +25,6 @@ from tf_sc_embedding.tables.dynamic_tables import value_part
 pytestmark = [pytest.mark.xdist_group("multiworker"), pytest.mark.slow]
 
 
-# Two workers: test_two_workers.py (the recorded bits and the placement).
-@pytest.mark.parametrize("workers", [4])
-def test_workers_train_like_one_process_and_hold_only_their_shards(tmp_path, workers,
-                                                                   single_runs):
-    out, codes = run_cluster(tmp_path, "cluster", workers)
-    check_ok(out, codes)
-    reference = tables(single_runs(workers))
-    full_rows = sum(int(v) for k, v in reference.items()
-                    if k.startswith("shard_rows/") and "/parameters/" in k)
-    for i in range(workers):
-        mine = tables(out, i)
-        assert_tables_close(mine, reference)
-        # Placement: each worker holds the variables of its own replica only (1/workers).
-        held = {k: int(v) for k, v in mine.items() if k.startswith("shard_rows/")}
-        assert all(f"replica_{i}:" in k for k in held), held
-        assert sum(v for k, v in held.items() if "/parameters/" in k) * workers == full_rows
-
-
 def test_replicated_table_over_workers_trains_like_sharded(tmp_path, single_runs):
     """'small' held whole by each of 2 workers (sparse allreduce) + 'big' sharded: the same
     numbers as all tables sharded in one process."""
