@@ -50,7 +50,7 @@ def launches_per_replica(replicas, config, **kwargs):
     return {kind: n // replicas for kind, n in counts.items()}, embedding
 
 
-@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("replicas", [2, pytest.param(4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("num_tables,dims", [(1, [8]), (6, [8, 16, 8])])
 def test_sharded_step_launches_four_collectives_whatever_the_tables(replicas, num_tables, dims):
     require_replicas(replicas)

@@ -208,6 +208,7 @@ def test_a_checkpoint_between_prefetching_steps_continues_bit_for_bit(tmp_path):
     assert_same_state(restored, original, "after the restored steps", counters=False)
 
 
+@pytest.mark.slow
 def test_inference_with_prefetching_reads_the_same_rows_and_changes_no_map():
     """training=False with next_features: the prefetch sends the keys, the consuming lookup only
     finds them (no count, admission or eviction), with the activations of plain inference."""

@@ -336,6 +336,7 @@ def run_resume(tmp_path, first, then, k=3, m=3, optimizer="adagrad"):
     assert_states_equal(ckpt_lib.state(reference), ckpt_lib.load_state(out), exact=n1 == n2)
 
 
+@pytest.mark.slow   # a fresh process per case; restores across topologies stay in the default run
 @pytest.mark.parametrize("n1,s1,n2,s2", RESUME_CASES)
 def test_resume_in_a_fresh_process_is_exact(tmp_path, n1, s1, n2, s2):
     run_resume(tmp_path, (n1, s1), (n2, s2))

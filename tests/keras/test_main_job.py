@@ -93,7 +93,8 @@ def test_two_replicas_fit(tmp_path):
     assert model.sparse.embedding.replica_group.num_replicas == 2
 
 
-@pytest.mark.parametrize("replicas", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.slow   # the default run's main-job runs preprocess in tf.data (the default)
+@pytest.mark.parametrize("replicas", [1, 2])
 def test_preprocessing_in_tf_data_trains_the_same_model(tmp_path, replicas):
     """The main job preprocesses in tf.data by default; the model is the one preprocessing in the
     step would train (same held-out predictions, hence metrics)."""

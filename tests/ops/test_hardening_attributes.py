@@ -10,6 +10,7 @@ eagerly (kernels) and inside a tf.function (shape functions at trace time, then 
 Run the cases directly (from the repository root):
     python -m tests.ops.test_hardening_attributes [case ...]
 """
+import functools
 import json
 import os
 import subprocess
@@ -356,8 +357,19 @@ def _child_main(names):
 # The tests (parent): one child runs every case; each case is one test.
 # ------------------------------------------------------------------------------------------------
 
+# One pytest process runs every case (in the whole suite, pytest-xdist keeps a group on one
+# process), and the child that runs them all starts once per process: cached, since xdist may tear
+# a module's fixtures down between batches of its tests.
+pytestmark = pytest.mark.xdist_group("hardening_attributes")
+
+
 @pytest.fixture(scope="module")
 def results():
+    return _child_results()
+
+
+@functools.lru_cache(maxsize=None)
+def _child_results():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     try:
         proc = subprocess.run([sys.executable, "-m", "tests.ops.test_hardening_attributes", *CASES],
