@@ -11,12 +11,19 @@ from concurrent.futures import ThreadPoolExecutor
 import pybind11
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CORE_SOURCES = sorted(glob.glob("cc/core/*.cc"))
 # setuptools rebuilds an extension only when one of its sources or `depends` is newer than it: with
 # the headers listed, editing only a header (an inline kernel template) rebuilds too.
 HEADERS = sorted(glob.glob("cc/**/*.h", recursive=True))
+# The oneCCL transport's kernels are compiled at first use against the oneCCL that the `oneccl`
+# extra installs (pip installs extras after building this package); a wheel ships their sources.
+ONECCL_SOURCES = ["cc/transport/oneccl_communicator.cc", "cc/transport/oneccl_communicator.h",
+                  "cc/kernels/oneccl/oneccl_kernels.cc", "cc/core/status.h"]
+with open(os.path.join(ROOT, "requirements-oneccl.txt")) as _pins:
+    ONECCL_EXTRA = [line.strip() for line in _pins if line.strip() and not line.startswith("#")]
 COMMON_FLAGS = ["-O3", "-Wno-deprecated-declarations", "-ffp-contract=off", "-fno-math-errno", "-fvisibility=hidden", "-Wno-sign-compare"]
 
 
@@ -64,6 +71,17 @@ class BuildWithTensorFlow(build_ext):
         compiler.compile = parallel_compile
 
 
+class BuildPyWithOnecclSources(build_py):
+    """Copies the oneCCL transport's sources into the package (tf_sc_embedding/_oneccl_sources)."""
+
+    def run(self):
+        super().run()
+        for source in ONECCL_SOURCES:
+            target = os.path.join(self.build_lib, "tf_sc_embedding", "_oneccl_sources", source)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            self.copy_file(os.path.join(ROOT, source), target)
+
+
 setup(
     name="tf_sc_embedding",
     version="0.1.0",
@@ -73,6 +91,8 @@ setup(
     package_data={"tf_sc_embedding": ["_core.pyi"]},
     python_requires=">=3.10",
     install_requires=["tensorflow-cpu==2.21.0", "numpy", "absl-py"],
+    # `pip install .[oneccl]`: the oneCCL transport between workers (docs/multi_worker.md).
+    extras_require={"oneccl": ONECCL_EXTRA},
     ext_modules=[
         Extension(
             "tf_sc_embedding._sc_ops",
@@ -90,6 +110,6 @@ setup(
             language="c++",
         ),
     ],
-    cmdclass={"build_ext": BuildWithTensorFlow},
+    cmdclass={"build_ext": BuildWithTensorFlow, "build_py": BuildPyWithOnecclSources},
     zip_safe=False,
 )

@@ -21,7 +21,7 @@ embedding(features, next_features=...), docs/pipelining.md#prefetching-the-next-
 
 Usage: python bench/bench_multiworker.py [--workers 1,2,4] [--batch 1024] [--steps 10]
        [--feed arguments|iterator] [--pin] [--profile] [--dense] [--modes off,pipelined,prefetch]
-       [--wire-precision float32|16bit]
+       [--wire-precision float32|16bit] [--transport tensorflow|oneccl|oneccl-tcp|auto]
 """
 import argparse
 import json
@@ -59,6 +59,10 @@ def parse_args():
     parser.add_argument("--wire-precision", default="float32", choices=["float32", "16bit"],
                         help="EmbeddingOptions.wire_precision: 16bit sends rows as float16 and "
                              "gradients as bfloat16 (docs/multi_worker.md#wire-precision)")
+    parser.add_argument("--transport", default="tensorflow",
+                        choices=["tensorflow", "oneccl", "oneccl-tcp", "auto"],
+                        help="EmbeddingOptions.exchange_transport; oneccl-tcp is oneCCL with "
+                             "shared memory off (FI_PROVIDER=tcp, the path between hosts)")
     parser.add_argument("--out", default="")
     parser.add_argument("--pin", action="store_true",
                         help="pin worker i to core i mod cores (one worker per core, as on "
@@ -126,6 +130,8 @@ def worker(args):
         os.sched_setaffinity(0, {args.index % os.cpu_count()})
     ports = args.ports.split(",")
     os.environ["TF_CONFIG"] = loopback_tf_config(ports, args.index)
+    if args.transport == "oneccl-tcp":
+        os.environ["FI_PROVIDER"] = "tcp"
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     import tf_sc_embedding as sce  # pylint: disable=import-outside-toplevel
@@ -148,6 +154,7 @@ def worker(args):
     with strategy.scope():
         embedding = sce.TPUEmbeddingV2(features, E.Adagrad(learning_rate=0.05),
                                        exchange=exchange, wire_precision=args.wire_precision,
+                                       exchange_transport=args.transport.split("-")[0],
                                        pipeline_execution_with_tensor_core=args.mode != "off",
                                        **threshold)
     dense = DenseModel(len(features) * args.dim, seed=7) if args.dense else None
@@ -263,7 +270,7 @@ def run_cluster(args, workers, exchange, directory, mode="off"):
               "--exchange", exchange, "--out", directory, "--batch", str(args.batch),
               "--dim", str(args.dim), "--vocab-cap", str(args.vocab_cap),
               "--steps", str(args.steps), "--warmup", str(args.warmup), "--feed", args.feed,
-              "--wire-precision", args.wire_precision]
+              "--wire-precision", args.wire_precision, "--transport", args.transport]
     common += ["--pin"] * args.pin + ["--profile"] * args.profile + ["--dense"] * args.dense
     common += ["--mode", mode]
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")
@@ -331,6 +338,8 @@ def main():
                     label = exchange if len(modes) == 1 and not args.dense else (
                         f"{exchange} ({'pipelining ' + mode if mode != 'off' else 'sequential'}"
                         f"{', dense MLP' if args.dense else ''})")
+                    if workers > 1:
+                        label += f" over {args.transport}"
                     print(f"{workers} worker(s), {label}: {r['bytes_per_step'] / 1e6:.2f} MB "
                           f"sent per worker per step, step {r['step_ms']:.1f} ms, CPU "
                           f"{r['cpu_ms']:.1f} ms per worker per step, "

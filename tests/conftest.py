@@ -18,3 +18,15 @@ def _fresh_collective_keys():
     next, in this test file or a later one."""
     yield
     devices.fresh_collective_keys()
+
+
+def pytest_collection_modifyitems(config, items):   # pylint: disable=unused-argument
+    """Tests marked `oneccl` skip themselves when the oneCCL extra is not installed."""
+    from tf_sc_embedding.collectives import oneccl_library  # pylint: disable=import-outside-toplevel
+    if oneccl_library.is_installed():
+        return
+    skip = pytest.mark.skip(reason="needs the oneCCL extra (pip install .[oneccl], or "
+                                   "SCE_ONECCL=1 bash scripts/setup.sh)")
+    for item in items:
+        if "oneccl" in item.keywords:
+            item.add_marker(skip)

@@ -56,8 +56,8 @@ class TPUEmbeddingV2(tf.Module):
         self._pipelining = bool(pipeline_execution_with_tensor_core)
         self._sparse_core_config = sparse_core_embedding_config
         self._strategy = tf.distribute.get_strategy()
-        self._group = collectives.ReplicaGroup(
-            self._strategy, self._options.collective_timeout_seconds, self._options.wire_precision)
+        self._group = collectives.ReplicaGroup(self._strategy,
+                                               **self._options.replica_group_arguments())
         self._exchange = exchanges_lib.choose(self._options.exchange, self._group.num_replicas,
                                               sparse_core_embedding_config)
         self._flat_paths = flat_feature_paths(feature_config)

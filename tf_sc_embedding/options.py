@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import tensorflow as tf
 
-from tf_sc_embedding.collectives import replica_group as collectives
+from tf_sc_embedding.collectives import oneccl_library, replica_group as collectives, transports
 from tf_sc_embedding.collectives import wire
 from tf_sc_embedding.tables import layout
 from tf_sc_embedding.tables.dynamic_vocabulary import DynamicVocabulary
@@ -85,8 +85,13 @@ class EmbeddingOptions:
       the exchange that implements SparseCore's per-partition limits (minibatches, id dropping).
       "auto" picks "all_gather" when `sparse_core_embedding_config` sets per-table limits or id
       dropping, else "all_to_all". One replica needs no exchange.
-    collective_timeout_seconds: a step whose collective waits longer fails (e.g. a worker died);
-      0 waits forever (MultiWorkerMirroredStrategy's health checks still abort the job).
+    collective_timeout_seconds: a step whose collective waits longer fails (e.g. a worker died),
+      with an error naming the transport (and, on oneCCL, the peer); 0 waits forever.
+    exchange_transport: what carries the collectives between worker processes
+      (docs/multi_worker.md#transports). "oneccl": Intel's oneCCL (shared memory within a host,
+      TCP between hosts; `pip install .[oneccl]`; one replica per worker). "tensorflow":
+      TensorFlow's collective ops (gRPC between workers). "auto" (the default): "oneccl" when it
+      is installed and the job has several workers of one replica each, else "tensorflow".
     replication_threshold_bytes: with several replicas, tables whose parameters take at most this
       many bytes (vocabulary_size x dim x 4) are held whole by every replica, looked up locally
       and updated alike after a sparse allreduce of the touched rows. 0 (the default, TensorFlow's
@@ -131,6 +136,7 @@ class EmbeddingOptions:
     dynamic_vocabularies: Mapping[str, DynamicVocabulary] = dataclasses.field(
         default_factory=dict)
     wire_precision: str = "float32"
+    exchange_transport: str = "auto"
 
     def __post_init__(self):
         object.__setattr__(self, "table_placement", _by_table_name(
@@ -146,6 +152,10 @@ class EmbeddingOptions:
         _require_choice("non_finite_gradients", self.non_finite_gradients, NON_FINITE_GRADIENTS)
         _require_choice("table_rounding", self.table_rounding, ("stochastic", "nearest"))
         _require_choice("wire_precision", self.wire_precision, wire.WIRE_PRECISIONS)
+        _require_choice("exchange_transport", self.exchange_transport, transports.TRANSPORTS)
+        if self.exchange_transport == "oneccl" and not oneccl_library.is_installed():
+            raise ValueError("exchange_transport='oneccl' needs oneCCL, which is not installed: " +
+                             oneccl_library.INSTALL_HINT)
         timeout = self.collective_timeout_seconds
         if (not isinstance(timeout, numbers.Real) or isinstance(timeout, bool) or
                 not timeout >= 0 or timeout == float("inf")):
@@ -211,6 +221,11 @@ class EmbeddingOptions:
         return cls.from_arguments(**dict(config))
 
     # ------------------------------------------------------------------ rules
+    def replica_group_arguments(self):
+        """The keyword arguments of collectives.ReplicaGroup these options decide."""
+        return dict(timeout_seconds=self.collective_timeout_seconds,
+                    wire_precision=self.wire_precision, transport=self.exchange_transport)
+
     def storage_dtypes(self, tables_by_name):
         """{table name: dtype name} of every table (float32 unless table_dtypes says otherwise);
         a table_dtypes key naming no table fails."""

@@ -280,7 +280,7 @@ def test_strategy_replicas_of_the_default_strategy_is_one_replica():
     replicas = collectives.strategy_replicas(tf.distribute.get_strategy())
     assert replicas == collectives.StrategyReplicas(
         num_replicas=1, local_replica_ids=(0,), local_devices=(None,), num_workers=1,
-        worker_index=0)
+        worker_index=0, worker_addresses=("localhost",))
     group = collectives.ReplicaGroup(tf.distribute.get_strategy())
     assert group.num_replicas == 1 and not group.is_multi_worker
     assert group.calling_replicas() == [(0, None)]

@@ -38,7 +38,8 @@ def test_defaults():
     o = EmbeddingOptions()
     assert o.sparse_cores_per_replica == DEFAULT_SPARSE_CORES_PER_REPLICA
     assert o.exchange == "auto"
-    assert o.collective_timeout_seconds == collectives.DEFAULT_TIMEOUT_SECONDS == 0
+    assert o.collective_timeout_seconds == collectives.DEFAULT_TIMEOUT_SECONDS == 60   # a dead worker fails a step
+    assert o.exchange_transport == "auto" and o.wire_precision == "float32"
     assert o.replication_threshold_bytes == 0          # every table sharded
     assert o.table_placement == {}
     assert o.track_sparse_core_stats is True
@@ -60,7 +61,7 @@ def test_field_names_are_the_dataclass_fields():
         "sparse_cores_per_replica", "exchange", "collective_timeout_seconds",
         "replication_threshold_bytes", "table_placement", "track_sparse_core_stats",
         "non_finite_gradients", "adapt_sparse_core_limits", "table_dtypes", "table_rounding",
-        "dynamic_vocabularies", "wire_precision")
+        "dynamic_vocabularies", "wire_precision", "exchange_transport")
     assert EmbeddingOptions.field_names() == tuple(
         f.name for f in dataclasses.fields(EmbeddingOptions))
 

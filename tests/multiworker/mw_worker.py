@@ -45,6 +45,11 @@ def parse():
     p.add_argument("--wire-precision", default="float32",
                    help="EmbeddingOptions.wire_precision (16bit: float16 rows, bfloat16 "
                         "gradients between replicas)")
+    p.add_argument("--transport", default="auto",
+                   help="EmbeddingOptions.exchange_transport (auto, oneccl or tensorflow)")
+    p.add_argument("--dense-allreduce", action="store_true",
+                   help="every step also all-reduces a dense value over the replicas with "
+                        "tf.distribute (TensorFlow's own collective) between lookup and update")
     p.add_argument("--pipelining", action="store_true",
                    help="pipeline_execution_with_tensor_core=True")
     p.add_argument("--dynamic", action="store_true",
@@ -105,6 +110,7 @@ def main():
                                                      "small": args.table_dtype},
                                        exchange=args.exchange,
                                        wire_precision=args.wire_precision,
+                                       exchange_transport=args.transport,
                                        collective_timeout_seconds=args.timeout,
                                        replication_threshold_bytes=0,
                                        adapt_sparse_core_limits=args.adapt_limits,
@@ -155,8 +161,12 @@ def main():
             poisoned = tf.logical_and(tf.equal(step, args.nan_step),
                                       tf.equal(replica, args.nan_replica))
             gradients["c"] = tf.where(poisoned, float("nan"), gradients["c"])
+            total = tf.add_n([tf.reduce_sum(a) for a in activations.values()])
+            if args.dense_allreduce:   # a dense model's all-reduce inside the embedding's step
+                total = tf.distribute.get_replica_context().all_reduce("sum", total)
+                gradients = {k: g + 0.0 * total for k, g in gradients.items()}
             embedding.apply_gradients(gradients, preserved)
-            return tf.add_n([tf.reduce_sum(a) for a in activations.values()])
+            return total
         return strategy.run(replica_step)
 
     @tf.function

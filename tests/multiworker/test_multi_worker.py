@@ -266,14 +266,15 @@ def test_killed_worker_fails_the_others_and_a_restart_resumes(tmp_path, extra, s
                                                               saved_by_two_workers):
     extra = list(extra)
     _, path = saved_by_two_workers(extra)
-    # Training resumes; worker 1 is killed mid-training; worker 0 must fail, not hang.
+    # Training resumes; worker 1 is killed mid-training; worker 0 must fail, not hang (on
+    # TensorFlow's collectives; test_oneccl.py kills a worker on oneCCL).
     out = tmp_path / "killed"
     out.mkdir()
     ports = ",".join(str(p) for p in free_ports(2))
     logs = [open(out / f"log_{i}.txt", "w") for i in range(2)]
     args = ["--workers", "2", "--ports", ports, "--out", str(out), "--restore", path,
             "--steps", "1000", "--first-step", "2", "--sleep-per-step", "0.05",
-            "--timeout", "15"] + extra
+            "--timeout", "15", "--transport", "tensorflow"] + extra
     processes = [start(args[:2] + ["--index", str(i)] + args[2:], logs[i]) for i in range(2)]
     try:
         deadline = time.monotonic() + 120

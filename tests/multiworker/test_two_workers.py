@@ -15,6 +15,9 @@ pytestmark = pytest.mark.xdist_group("multiworker")
 # owner's update) that alters one bit of the tables fails the test. Recorded with the exchange of
 # 4d09853; a change meant to alter the numbers must say why in its commit and record new ones.
 EXCHANGE_STEPS = ["--steps", "6", "--exchange", "all_to_all"]
+# TensorFlow's collectives here; tests/multiworker/test_oneccl.py checks oneCCL against the same
+# digests.
+TENSORFLOW_TRANSPORT = ["--transport", "tensorflow"]
 EXCHANGE_DIGESTS = {
     2: {"big/accumulators": "1d9de5e4ae649ff9", "big/parameters": "50707157b8b90420",
         "small/accumulators": "a945144bf44c4ef8", "small/parameters": "782934bf2f2dd7d5"},
@@ -28,7 +31,7 @@ def test_the_exchange_keeps_every_bit_of_the_tables(tmp_path, workers, single_ru
     """Several all-to-all steps give the recorded bits, in one process and over workers."""
     single = table_digests(tables(single_runs(workers, EXCHANGE_STEPS)))
     assert single == EXCHANGE_DIGESTS[workers]
-    out, codes = run_cluster(tmp_path, "cluster", workers, EXCHANGE_STEPS)
+    out, codes = run_cluster(tmp_path, "cluster", workers, EXCHANGE_STEPS + TENSORFLOW_TRANSPORT)
     check_ok(out, codes)
     full_rows = sum(int(v) for k, v in tables(single_runs(workers, EXCHANGE_STEPS)).items()
                     if k.startswith("shard_rows/") and "/parameters/" in k)

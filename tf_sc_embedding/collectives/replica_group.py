@@ -5,12 +5,12 @@ which of them live in this process, which device each uses) and owns the collect
 `ReplicaView` is one replica's handle inside a step (`strategy.run`): its replica id and the
 collectives all_to_all, all_gather, all_sum and all_max over every replica of the group.
 
-The collectives are TensorFlow's own collective ops (`tf.raw_ops.Collective*V2`), the same ops
-`tf.distribute` uses under MultiWorkerMirroredStrategy, over the same transport (in process
-between local devices, gRPC between worker processes). `tf.distribute`'s replica context offers
-all_reduce and all_gather but no all-to-all and no max, hence the raw ops. The embedding uses its
-own collective group key (one per distinct set of devices), so its collectives never collide with
-the strategy's.
+A transport carries them (transports.py): TensorFlow's own collective ops
+(`tf.raw_ops.Collective*V2`, the ops and transport `tf.distribute` uses; its replica context
+offers all_reduce and all_gather but no all-to-all and no max, hence the raw ops), or oneCCL
+between worker processes (oneccl.py). With TensorFlow's ops the embedding uses its own collective
+group key (one per distinct set of devices), so its collectives never collide with the
+strategy's.
 
 Instance keys are handed out per replica and per call, when a step function runs (not when it
 is traced): a collective instance is never reused, so its sizes may change from step to step.
@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_sc_embedding import private_tf
-from tf_sc_embedding.collectives import wire
+from tf_sc_embedding.collectives import transports, wire
 
 # Collective group keys of the embedding start here, far from the ones tf.distribute allocates
 # (which count up from 1 per strategy and device set).
@@ -52,7 +52,9 @@ DROPPED_IDS = "dropped_ids"
 # stochastically round its rows (equal on every replica, since every replica applies every update).
 UPDATE_STEPS = "update_steps"
 COUNTERS = (BYTES_SENT, LAUNCHES, SKIPPED_GRADIENT_ROWS, DROPPED_IDS, UPDATE_STEPS)
-DEFAULT_TIMEOUT_SECONDS = 0.0   # 0: wait forever (TensorFlow's default); MWMS health checks abort
+# A collective that waits longer fails (a dead worker is an error within a minute, on every
+# transport); 0 waits forever.
+DEFAULT_TIMEOUT_SECONDS = 60.0
 
 
 def _group_key(devices):
@@ -64,7 +66,7 @@ def _group_key(devices):
 
 StrategyReplicas = collections.namedtuple(
     "StrategyReplicas", ["num_replicas", "local_replica_ids", "local_devices", "num_workers",
-                         "worker_index"])
+                         "worker_index", "worker_addresses"])
 
 
 def _worker_order(cluster_spec):
@@ -109,19 +111,21 @@ def strategy_replicas(strategy):
                              "of local replicas")
         index = tasks.index(me)
         first = index * len(local)
+        addresses = tuple(spec.task_address(job, i) if job else "localhost" for job, i in tasks)
         return StrategyReplicas(num_replicas, tuple(range(first, first + len(local))),
-                                tuple(local), len(tasks), index)
+                                tuple(local), len(tasks), index, addresses)
     if isinstance(strategy, (tf.distribute.MirroredStrategy, tf.distribute.OneDeviceStrategy)):
         local = list(strategy.extended.worker_devices)
         if len(local) != num_replicas:
             raise ValueError(f"TPUEmbeddingV2: {name} has {num_replicas} replicas but "
                              f"{len(local)} devices ({local})")
-        return StrategyReplicas(num_replicas, tuple(range(num_replicas)), tuple(local), 1, 0)
+        return StrategyReplicas(num_replicas, tuple(range(num_replicas)), tuple(local), 1, 0,
+                                ("localhost",))
     if not tf.distribute.has_strategy() or name == "_DefaultDistributionStrategy":
         if num_replicas != 1:
             raise ValueError(f"TPUEmbeddingV2: the default strategy reports {num_replicas} "
                              "replicas")
-        return StrategyReplicas(1, (0,), (None,), 1, 0)
+        return StrategyReplicas(1, (0,), (None,), 1, 0, ("localhost",))
     raise ValueError(f"TPUEmbeddingV2 cannot be created under {name}; supported strategies are "
                      f"{supported}")
 
@@ -130,7 +134,7 @@ class ReplicaGroup:
     """The replicas of one embedding: placement facts plus the collective group and counters."""
 
     def __init__(self, strategy, timeout_seconds=DEFAULT_TIMEOUT_SECONDS,
-                 wire_precision="float32"):
+                 wire_precision="float32", transport="auto"):
         self.strategy = strategy
         wire.wire_dtype(wire_precision, wire.ROWS)   # an unknown precision fails here
         self.wire_precision = wire_precision
@@ -140,11 +144,13 @@ class ReplicaGroup:
         self.local_devices = replicas.local_devices
         self.num_workers = replicas.num_workers
         self.worker_index = replicas.worker_index
+        self.worker_addresses = replicas.worker_addresses
         self.timeout_seconds = float(timeout_seconds)
         self._counters = {}
         self._ordering_tokens = {}
         self._group_key = None
         self._restored_update_step = 0   # the update step until the counters exist
+        self.transport = transports.create(transport, self)
 
     @property
     def is_multi_worker(self):
@@ -255,7 +261,8 @@ class ReplicaGroup:
             return key
 
     def create_variables(self):
-        """Per local replica: the counters (COUNTERS) and the collectives' ordering token.
+        """Per local replica: the counters (COUNTERS) and the collectives' ordering token; then
+        the transport connects (every worker calls this at the same point of the program).
 
         The ordering token is a resource on the replica's device that every collective of the
         replica takes as input, so TensorFlow runs them in program order on every replica (without
@@ -263,6 +270,11 @@ class ReplicaGroup:
         """
         if self._ordering_tokens:
             return
+        self._create_counters_and_tokens()
+        with tf.init_scope():
+            self.transport.connect()
+
+    def _create_counters_and_tokens(self):
         with tf.init_scope():
             for replica_id, device in zip(self.local_replica_ids, self.local_devices):
                 with tf.device(device):
@@ -388,7 +400,11 @@ class ReplicaView:
         return value if self.num_replicas == 1 else self._launch("all_gather", value)
 
     def all_sum(self, value):
-        return value if self.num_replicas == 1 else self._launch("all_sum", value)
+        if self.num_replicas == 1:
+            return value
+        if self.group.transport.sums:
+            return self._launch("all_sum", value)
+        return tf.reduce_sum(self.all_gather(value[None]), axis=0)   # in replica order
 
     def all_max(self, value):
         """Elementwise max over all replicas of a small 1-D tensor (gathered, then reduced)."""
@@ -428,7 +444,7 @@ _SENT_FRACTION = {"all_to_all": lambda w: (w - 1, w), "all_gather": lambda w: (w
 
 @tf.autograph.experimental.do_not_convert
 def _collective(group, kind, value, replica_id):
-    """One replica's collective op (graph mode), with its bytes counted."""
+    """One replica's collective op (graph mode) on the group's transport, its bytes counted."""
     w = group.num_replicas
     counter = group.counter(replica_id)
     if counter is not None:
@@ -436,15 +452,4 @@ def _collective(group, kind, value, replica_id):
         nbytes = tf.size(value, out_type=tf.int64) * value.dtype.size
         counter.assign_add(nbytes * numerator // denominator)
         group.counter(replica_id, LAUNCHES).assign_add(1)
-    def next_key():
-        return group.next_instance_key(replica_id)
-
-    common = dict(group_size=w, group_key=group.group_key(),
-                  instance_key=private_tf.call_time_int32(next_key),
-                  ordering_token=[group.ordering_token(replica_id).handle],
-                  communication_hint="ring", timeout_seconds=group.timeout_seconds)
-    if kind == "all_to_all":
-        return tf.raw_ops.CollectiveAllToAllV2(input=value, **common)
-    if kind == "all_gather":
-        return tf.raw_ops.CollectiveGatherV2(input=value, **common)
-    return tf.raw_ops.CollectiveReduceV2(input=value, merge_op="Add", final_op="Id", **common)
+    return group.transport.launch(kind, value, replica_id)

@@ -1,0 +1,139 @@
+// TensorFlow kernels of the oneCCL transport's ops (cc/ops/oneccl_ops.cc) over
+// cc/transport/oneccl_communicator.h. Built into their own library, linked against oneCCL, only
+// when the optional extra is installed (tf_sc_embedding/collectives/oneccl_library.py).
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cc/transport/oneccl_communicator.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tensorflow {
+namespace {
+
+absl::Status ToTf(const sce::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  if (status.code() == sce::Code::kInvalidArgument) {
+    return absl::InvalidArgumentError(status.message());
+  }
+  return absl::UnavailableError(status.message());
+}
+
+class CreateStoreOp : public OpKernel {
+ public:
+  explicit CreateStoreOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("communicator", &communicator_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    std::string address;
+    OP_REQUIRES_OK(ctx, ToTf(sce::oneccl::CreateMainStore(communicator_, &address)));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<tstring>()() = address;
+  }
+
+ private:
+  std::string communicator_;
+};
+
+class ConnectOp : public OpKernel {
+ public:
+  explicit ConnectOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("communicator", &communicator_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("size", &size_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rank", &rank_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_seconds", &timeout_seconds_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("peers", &peers_));
+    OP_REQUIRES(ctx, std::isfinite(timeout_seconds_) && timeout_seconds_ >= 0,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "SceOnecclConnect: timeout_seconds must be a finite number >= 0, got ",
+                    timeout_seconds_)));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& address = ctx->input(0);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(address.shape()),
+                absl::InvalidArgumentError("SceOnecclConnect: address must be a scalar"));
+    OP_REQUIRES_OK(ctx, ToTf(sce::oneccl::Connect(
+        communicator_, static_cast<int>(size_), static_cast<int>(rank_),
+        std::string(address.scalar<tstring>()()), timeout_seconds_, peers_)));
+  }
+
+ private:
+  std::string communicator_;
+  int64_t size_ = 0;
+  int64_t rank_ = 0;
+  float timeout_seconds_ = 0;
+  std::vector<std::string> peers_;
+};
+
+// One collective: the output is allocated here, the bytes move on the communicator's thread, and
+// the kernel finishes when they arrived (no TensorFlow thread waits).
+template <sce::oneccl::Kind kKind>
+class CollectiveOp : public AsyncOpKernel {
+ public:
+  explicit CollectiveOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("communicator", &communicator_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("group_size", &group_size_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("label", &label_));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const Tensor& input = ctx->input(0);
+    OP_REQUIRES_ASYNC(ctx, input.dims() >= 1,
+                      absl::InvalidArgumentError(absl::StrCat(
+                          name(), ": the input must have rank >= 1, got shape ",
+                          input.shape().DebugString())),
+                      done);
+    TensorShape shape = input.shape();
+    const int64_t bytes = input.TotalBytes();
+    size_t chunk_bytes = 0;
+    if (kKind == sce::oneccl::Kind::kAllToAll) {
+      OP_REQUIRES_ASYNC(ctx, input.dim_size(0) == group_size_,
+                        absl::InvalidArgumentError(absl::StrCat(
+                            name(), ": all_to_all needs one row per rank (", group_size_,
+                            "), got shape ", input.shape().DebugString())),
+                        done);
+      chunk_bytes = static_cast<size_t>(bytes / group_size_);
+    } else {
+      int64_t rows = 0;
+      OP_REQUIRES_ASYNC(ctx, !__builtin_mul_overflow(input.dim_size(0), group_size_, &rows),
+                        absl::InvalidArgumentError(absl::StrCat(
+                            name(), ": the gathered rows overflow int64")),
+                        done);
+      OP_REQUIRES_OK_ASYNC(ctx, shape.SetDimWithStatus(0, rows), done);
+      chunk_bytes = static_cast<size_t>(bytes);
+    }
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, shape, &output), done);
+    sce::oneccl::Collective collective;
+    collective.kind = kKind;
+    collective.send = input.tensor_data().data();
+    collective.receive = const_cast<char*>(output->tensor_data().data());
+    collective.chunk_bytes = chunk_bytes;
+    collective.label = label_;
+    collective.done = [ctx, done](const sce::Status& status) {
+      ctx->SetStatus(ToTf(status));
+      done();
+    };
+    OP_REQUIRES_OK_ASYNC(ctx, ToTf(sce::oneccl::Submit(communicator_, std::move(collective))),
+                         done);
+  }
+
+ private:
+  std::string communicator_;
+  int64_t group_size_ = 0;
+  std::string label_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("SceOnecclCreateStore").Device(DEVICE_CPU), CreateStoreOp);
+REGISTER_KERNEL_BUILDER(Name("SceOnecclConnect").Device(DEVICE_CPU), ConnectOp);
+REGISTER_KERNEL_BUILDER(Name("SceOnecclAllToAll").Device(DEVICE_CPU),
+                        CollectiveOp<sce::oneccl::Kind::kAllToAll>);
+REGISTER_KERNEL_BUILDER(Name("SceOnecclAllGather").Device(DEVICE_CPU),
+                        CollectiveOp<sce::oneccl::Kind::kAllGather>);
+
+}  // namespace
+}  // namespace tensorflow

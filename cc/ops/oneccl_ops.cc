@@ -1,0 +1,86 @@
+// Registration of the oneCCL transport's ops (docs/multi_worker.md#transports). Their kernels are
+// in a separate library built against oneCCL when the optional extra is installed
+// (cc/kernels/oneccl/, tf_sc_embedding/collectives/oneccl_library.py); without it these ops exist
+// but have no kernel, and the library never places them.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace {
+
+using shape_inference::DimensionHandle;
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+// Rank 0 of a communicator: starts the key-value store the other ranks join; returns its address
+// (opaque bytes, handed to every rank by a TensorFlow collective).
+REGISTER_OP("SceOnecclCreateStore")
+    .Output("address: string")
+    .Attr("communicator: string")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape);
+
+// Every rank: forms communicator `communicator` of `size` ranks from the store at `address`,
+// waiting at most timeout_seconds (0: forever). peers[r] is rank r's "host:port", named in errors.
+REGISTER_OP("SceOnecclConnect")
+    .Input("address: string")
+    .Attr("communicator: string")
+    .Attr("size: int >= 1")
+    .Attr("rank: int >= 0")
+    .Attr("timeout_seconds: float")
+    .Attr("peers: list(string)")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle scalar;
+      return c->WithRank(c->input(0), 0, &scalar);
+    });
+
+// input [group_size, ...]: row d goes to rank d; output row s came from rank s. The ordering
+// token (the replica's collective ordering variable) makes every collective of a replica run in
+// program order, which is what keeps the ranks' collectives matched.
+REGISTER_OP("SceOnecclAllToAll")
+    .Input("input: T")
+    .Input("ordering_token: resource")
+    .Output("output: T")
+    .Attr("T: {float, bfloat16, half, int32, int64}")
+    .Attr("communicator: string")
+    .Attr("group_size: int >= 1")
+    .Attr("label: string = ''")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t group_size;
+      TF_RETURN_IF_ERROR(c->GetAttr("group_size", &group_size));
+      ShapeHandle input, output;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &input));
+      DimensionHandle rows;
+      TF_RETURN_IF_ERROR(c->WithValue(c->Dim(input, 0), group_size, &rows));
+      TF_RETURN_IF_ERROR(c->ReplaceDim(input, 0, rows, &output));
+      c->set_output(0, output);
+      return absl::OkStatus();
+    });
+
+// Every rank's input (equal shapes), concatenated along axis 0 in rank order.
+REGISTER_OP("SceOnecclAllGather")
+    .Input("input: T")
+    .Input("ordering_token: resource")
+    .Output("output: T")
+    .Attr("T: {float, bfloat16, half, int32, int64}")
+    .Attr("communicator: string")
+    .Attr("group_size: int >= 1")
+    .Attr("label: string = ''")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t group_size;
+      TF_RETURN_IF_ERROR(c->GetAttr("group_size", &group_size));
+      ShapeHandle input, output;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &input));
+      DimensionHandle rows;
+      TF_RETURN_IF_ERROR(c->Multiply(c->Dim(input, 0), group_size, &rows));
+      TF_RETURN_IF_ERROR(c->ReplaceDim(input, 0, rows, &output));
+      c->set_output(0, output);
+      return absl::OkStatus();
+    });
+
+}  // namespace
+}  // namespace tensorflow
