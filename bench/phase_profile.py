@@ -26,7 +26,7 @@ PHASES = (
     ("gathers, pads, gradient interleave, activation split (where not fused)",
      ("GatherV2", "ConcatV2", "Pad", "SplitV", "Reshape", "StridedSlice")),
     ("collectives (launch and wait)", ("CollectiveAllToAllV2", "CollectiveGatherV2",
-                                       "SceOnecclAllToAll", "SceOnecclAllGather",
+                                       "SceOnecclCollective",
                                        "CollectiveReduceV2")),
     ("lookup: CSR kernel or segment sums (rows to activations, gradients to rows)",
      ("SceResourceSparseDenseMatmulWithCsrInput", "SceSparseDenseMatmulWithCsrInput",

@@ -41,6 +41,12 @@ def parse_args():
     parser.add_argument("--learning-rate", type=float, default=0.2)
     parser.add_argument("--vocabulary-scale", type=float, default=0.001,
                         help="fraction of the Criteo-like vocabulary sizes to use")
+    parser.add_argument("--wire-precision", choices=("float32", "16bit"), default="float32",
+                        help="what the exchanges send between replicas: exact float32, or "
+                             "float16 rows and bfloat16 gradients")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the teacher and the data")
+    parser.add_argument("--eval-batches", type=int, default=8,
+                        help="held-out batches (of --batch samples) for the log loss and AUC")
     return parser.parse_args()
 
 
@@ -69,8 +75,8 @@ def main():
     from tf_sc_embedding.data import CriteoLikeWorkload
 
     vocab = [max(3, int(v * args.vocabulary_scale)) for v in CriteoLikeWorkload().vocabulary_sizes]
-    workload = CriteoLikeWorkload(vocabulary_sizes=vocab, seed=1)
-    rng = np.random.default_rng(0)
+    workload = CriteoLikeWorkload(vocabulary_sizes=vocab, seed=1 + args.seed)
+    rng = np.random.default_rng(args.seed)
     teacher = [rng.normal(0, 1.0, size=v).astype(np.float32) for v in vocab]
     per_replica = args.batch // args.replicas
     num_features = len(vocab)
@@ -79,7 +85,10 @@ def main():
         tables = [E.TableConfig(vocabulary_size=v, dim=args.dim, combiner="mean", name=f"t{i}",
                                 initializer=tf.zeros_initializer()) for i, v in enumerate(vocab)]
         features = {f"f{i}": E.FeatureConfig(table=t) for i, t in enumerate(tables)}
-        embedding = sce.TPUEmbeddingV2(features, E.Adagrad(learning_rate=args.learning_rate))
+        # exchange_transport="auto": oneCCL between workers when `pip install .[oneccl]` put it
+        # there, else TensorFlow's collectives (docs/multi_worker.md#transports).
+        embedding = sce.TPUEmbeddingV2(features, E.Adagrad(learning_rate=args.learning_rate),
+                                       wire_precision=args.wire_precision)
         embedding.build(per_replica_batch_size=per_replica)
     checkpoint = tf.train.Checkpoint(embedding=embedding)
     if args.checkpoint_dir and tf.train.latest_checkpoint(args.checkpoint_dir):
@@ -93,7 +102,7 @@ def main():
         batch = workload.batch(size, index=index)
         logit = sum(np.add.reduceat(teacher[i][batch.ids[i]], batch.row_splits[i][:-1]) /
                     np.diff(batch.row_splits[i]) for i in range(num_features))
-        draws = np.random.default_rng([index, 1]).random(size)
+        draws = np.random.default_rng([index, 1, args.seed]).random(size)
         labels = (draws < 1 / (1 + np.exp(-logit))).astype(np.float32)
         return tuple(zip(batch.ids, batch.row_splits)), labels
 
@@ -151,11 +160,26 @@ def main():
 
     @tf.function
     def eval_step(inputs):
-        losses = strategy.run(lambda ids, labels: loss_of(embedding(ids)[0], labels), args=inputs)
-        return strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None)
+        def logits_and_labels(ids, labels):
+            logits = tf.matmul(tf.concat([embedding(ids)[0][f"f{i}"] for i in range(len(vocab))],
+                                         1), readout)[:, 0]
+            return logits, labels
+        logits, labels = strategy.run(logits_and_labels, args=inputs)
+        return strategy.gather(logits, axis=0), strategy.gather(labels, axis=0)
 
-    held_out = distribute(*labelled_batch(10**6, args.batch))
-    print(f"held-out log loss before training: {eval_step(held_out).numpy():.4f}")
+    held_out = [distribute(*labelled_batch(10**6 + b, args.batch))
+                for b in range(args.eval_batches)]
+
+    def evaluate():
+        """Held-out log loss and AUC over every held-out batch (all replicas' samples)."""
+        logits, labels = (np.concatenate(parts) for parts in
+                          zip(*[[t.numpy() for t in eval_step(b)] for b in held_out]))
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits)).numpy()
+        auc = tf.keras.metrics.AUC(num_thresholds=10001)
+        auc.update_state(labels, tf.sigmoid(logits))
+        return f"log loss {loss:.4f}, AUC {auc.result().numpy():.4f}"
+
+    print(f"held-out before training: {evaluate()}")
     iterator = iter(strategy.distribute_datasets_from_function(training_data))
     start = time.time()
     timed_from = None
@@ -165,8 +189,7 @@ def main():
         loss = train_step(iterator)
         if n % 25 == 0 or n == args.steps - 1:
             print(f"step {n:4d}  training log loss {loss.numpy():.4f}")
-    print(f"held-out log loss after {args.steps} steps: {eval_step(held_out).numpy():.4f} "
-          f"({time.time() - start:.1f}s)")
+    print(f"held-out after {args.steps} steps: {evaluate()} ({time.time() - start:.1f}s)")
     if timed_from is not None and args.steps > 1:
         seconds = time.time() - timed_from
         print(f"{(args.steps - 1) * args.batch / seconds:,.0f} samples/s in all after the first "

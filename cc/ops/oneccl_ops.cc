@@ -2,6 +2,8 @@
 // in a separate library built against oneCCL when the optional extra is installed
 // (cc/kernels/oneccl/, tf_sc_embedding/collectives/oneccl_library.py); without it these ops exist
 // but have no kernel, and the library never places them.
+#include <string>
+
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -36,47 +38,33 @@ REGISTER_OP("SceOnecclConnect")
       return c->WithRank(c->input(0), 0, &scalar);
     });
 
-// input [group_size, ...]: row d goes to rank d; output row s came from rank s. The ordering
-// token (the replica's collective ordering variable) makes every collective of a replica run in
-// program order, which is what keeps the ranks' collectives matched.
-REGISTER_OP("SceOnecclAllToAll")
+// One collective of a replica over communicator `communicator`, by `kind`:
+// - "all_to_all": input [group_size, ...]; row d goes to rank d, output row s came from rank s;
+// - "all_gather": every rank's input (equal shapes) concatenated along axis 0 in rank order.
+// The ordering token (the replica's collective ordering variable) makes every collective of a
+// replica run in program order, which is what keeps the ranks' collectives matched.
+REGISTER_OP("SceOnecclCollective")
     .Input("input: T")
     .Input("ordering_token: resource")
     .Output("output: T")
     .Attr("T: {float, bfloat16, half, int32, int64}")
+    .Attr("kind: {'all_to_all', 'all_gather'}")
     .Attr("communicator: string")
     .Attr("group_size: int >= 1")
-    .Attr("label: string = ''")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       int64_t group_size;
+      std::string kind;
       TF_RETURN_IF_ERROR(c->GetAttr("group_size", &group_size));
+      TF_RETURN_IF_ERROR(c->GetAttr("kind", &kind));
       ShapeHandle input, output;
       TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &input));
       DimensionHandle rows;
-      TF_RETURN_IF_ERROR(c->WithValue(c->Dim(input, 0), group_size, &rows));
-      TF_RETURN_IF_ERROR(c->ReplaceDim(input, 0, rows, &output));
-      c->set_output(0, output);
-      return absl::OkStatus();
-    });
-
-// Every rank's input (equal shapes), concatenated along axis 0 in rank order.
-REGISTER_OP("SceOnecclAllGather")
-    .Input("input: T")
-    .Input("ordering_token: resource")
-    .Output("output: T")
-    .Attr("T: {float, bfloat16, half, int32, int64}")
-    .Attr("communicator: string")
-    .Attr("group_size: int >= 1")
-    .Attr("label: string = ''")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      int64_t group_size;
-      TF_RETURN_IF_ERROR(c->GetAttr("group_size", &group_size));
-      ShapeHandle input, output;
-      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &input));
-      DimensionHandle rows;
-      TF_RETURN_IF_ERROR(c->Multiply(c->Dim(input, 0), group_size, &rows));
+      if (kind == "all_to_all") {
+        TF_RETURN_IF_ERROR(c->WithValue(c->Dim(input, 0), group_size, &rows));
+      } else {
+        TF_RETURN_IF_ERROR(c->Multiply(c->Dim(input, 0), group_size, &rows));
+      }
       TF_RETURN_IF_ERROR(c->ReplaceDim(input, 0, rows, &output));
       c->set_output(0, output);
       return absl::OkStatus();

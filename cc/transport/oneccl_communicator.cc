@@ -115,7 +115,7 @@ class Communicator {
 
   Status Execute(const Collective& c) {
     std::string what = std::string("oneCCL transport: ") + KindName(c.kind) +
-                       (c.label.empty() ? "" : " of " + c.label) + " on communicator '" + name_ +
+                       " on communicator '" + name_ +
                        "' (rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ")";
     ccl::event event;
     try {

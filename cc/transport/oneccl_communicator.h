@@ -34,7 +34,6 @@ struct Collective {
   const void* send;
   void* receive;
   size_t chunk_bytes;
-  std::string label;   // what it carries, for error messages
   std::function<void(const Status&)> done;
 };
 

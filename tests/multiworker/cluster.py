@@ -130,3 +130,34 @@ def assert_dynamic_states_equal(actual, expected, counters=True):
     for part in expected:
         if counters or part != "unadmitted_ids":
             np.testing.assert_array_equal(actual[part], expected[part], err_msg=part)
+
+
+def kill_one_of_two_mid_training(out, args, wait=90):
+    """Starts 2 workers (mw_worker.py `args`, which train long), kills worker 1 once both train,
+    and waits at most `wait` s for worker 0 to end. Returns (worker 0's exit code, seconds it took
+    after the kill, what it logged after the kill, the two ports); every process is gone after."""
+    out.mkdir()
+    ports = free_ports(2)
+    logs = [open(out / f"log_{i}.txt", "w") for i in range(2)]
+    common = ["--workers", "2", "--ports", ",".join(map(str, ports)), "--out", str(out)]
+    processes = [start(common + ["--index", str(i)] + list(args), logs[i]) for i in range(2)]
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (out / "log_1.txt").read_text().count("step"):
+            if any(p.poll() is not None for p in processes):
+                break
+            time.sleep(0.5)
+        time.sleep(3)
+        logged_before_kill = len((out / "log_0.txt").read_text())
+        os.killpg(processes[1].pid, signal.SIGKILL)
+        started = time.monotonic()
+        code = processes[0].wait(timeout=wait)
+        return (code, time.monotonic() - started,
+                (out / "log_0.txt").read_text()[logged_before_kill:], ports)
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for log in logs:
+            log.close()

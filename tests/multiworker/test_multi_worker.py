@@ -7,17 +7,16 @@ single-process MirroredStrategy run over the same number of replicas (cluster.py
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from tests.multiworker.cluster import (RTOL, ATOL, WORKER, _env, assert_dynamic_states_equal,
                                        assert_tables_close, check_ok, dynamic_state, free_ports,
-                                       run_cluster, start, table_digests, tables, wait_all)
+                                       kill_one_of_two_mid_training, run_cluster, table_digests,
+                                       tables, wait_all)
 from tf_sc_embedding.tables.dynamic_tables import value_part
 
 # Under pytest-xdist (scripts/test.sh) these tests run one after another on one pytest worker:
@@ -268,38 +267,13 @@ def test_killed_worker_fails_the_others_and_a_restart_resumes(tmp_path, extra, s
     _, path = saved_by_two_workers(extra)
     # Training resumes; worker 1 is killed mid-training; worker 0 must fail, not hang (on
     # TensorFlow's collectives; test_oneccl.py kills a worker on oneCCL).
-    out = tmp_path / "killed"
-    out.mkdir()
-    ports = ",".join(str(p) for p in free_ports(2))
-    logs = [open(out / f"log_{i}.txt", "w") for i in range(2)]
-    args = ["--workers", "2", "--ports", ports, "--out", str(out), "--restore", path,
-            "--steps", "1000", "--first-step", "2", "--sleep-per-step", "0.05",
-            "--timeout", "15", "--transport", "tensorflow"] + extra
-    processes = [start(args[:2] + ["--index", str(i)] + args[2:], logs[i]) for i in range(2)]
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (out / "log_1.txt").read_text().count("step"):
-            if any(p.poll() is not None for p in processes):
-                break
-            time.sleep(0.5)
-        time.sleep(3)
-        logged_before_kill = len((out / "log_0.txt").read_text())
-        os.killpg(processes[1].pid, signal.SIGKILL)
-        started = time.monotonic()
-        code = processes[0].wait(timeout=90)
-        assert code != 0
-        assert time.monotonic() - started < 90
-        # ... with the error of a collective that lost its peer, not some unrelated failure.
-        survivor = (out / "log_0.txt").read_text()[logged_before_kill:]
-        assert re.search(r"Collective ops is aborted|DeadlineExceeded|UnavailableError|"
-                         r"Connection reset", survivor), survivor[-3000:]
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        for log in logs:
-            log.close()
+    code, waited, survivor, _ = kill_one_of_two_mid_training(tmp_path / "killed", [
+        "--restore", path, "--steps", "1000", "--first-step", "2", "--sleep-per-step", "0.05",
+        "--timeout", "15", "--transport", "tensorflow"] + extra)
+    assert code != 0 and waited < 90
+    # ... with the error of a collective that lost its peer, not some unrelated failure.
+    assert re.search(r"Collective ops is aborted|DeadlineExceeded|UnavailableError|"
+                     r"Connection reset", survivor), survivor[-3000:]
     # Restarting both workers from the last checkpoint ends where an uninterrupted run ends.
     out, codes = run_cluster(tmp_path, "restarted", 2, extra + ["--restore", path, "--steps", "2",
                                                                 "--first-step", "2"])
@@ -376,11 +350,13 @@ def test_the_demo_trains_over_two_workers_and_resumes_from_the_chiefs_checkpoint
         return texts
 
     first = run("first")
-    losses = [[float(x) for x in re.findall(r"held-out log loss \S+ \S+(?: \S+)?: ([0-9.]+)", t)]
+    losses = [[float(x) for x in re.findall(
+        r"held-out (?:before training|after \d+ steps): log loss ([0-9.]+)", t)]
               for t in first]
     assert losses[0] == losses[1] and losses[0][1] < losses[0][0] - 0.005, losses
+    assert re.search(r"held-out after 30 steps: log loss [0-9.]+, AUC 0\.[0-9]{4}", first[0])
     assert "2 replica(s)" in first[0] and "saved " in first[0]
     second = run("second")
     assert "restored " in second[0] and "restored " in second[1]
-    resumed = float(re.search(r"held-out log loss before training: ([0-9.]+)", second[0])[1])
+    resumed = float(re.search(r"held-out before training: log loss ([0-9.]+)", second[0])[1])
     assert abs(resumed - losses[0][1]) < 1e-6, (resumed, losses)

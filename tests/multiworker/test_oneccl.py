@@ -6,16 +6,13 @@ TensorFlow's collectives give: the recorded digests of test_two_workers.py, or a
 `--transport tensorflow`. A killed worker must fail the survivor within seconds, with an error
 naming the transport and the peer, and a restart from the checkpoint must continue exactly.
 """
-import os
 import re
-import signal
-import time
 
 import pytest
 
 from tests.multiworker.cluster import (assert_dynamic_states_equal, assert_tables_close,
-                                       check_ok, dynamic_state, free_ports, run_cluster, start,
-                                       table_digests, tables)
+                                       check_ok, dynamic_state, kill_one_of_two_mid_training,
+                                       run_cluster, table_digests, tables)
 from tests.multiworker.test_two_workers import EXCHANGE_DIGESTS, EXCHANGE_STEPS
 
 pytestmark = [pytest.mark.oneccl, pytest.mark.xdist_group("multiworker")]
@@ -58,39 +55,14 @@ def test_oneccl_and_tensorflow_give_the_same_bits(tmp_path, extra):
 def test_a_killed_worker_fails_the_survivor_naming_the_peer_and_a_restart_resumes(
         tmp_path, saved_by_two_workers, single_runs):
     _, path = saved_by_two_workers(ONECCL)
-    out = tmp_path / "killed"
-    out.mkdir()
-    ports = free_ports(2)
-    logs = [open(out / f"log_{i}.txt", "w") for i in range(2)]
     # The default collective timeout (60 s): the peer probe must fail the step long before it.
-    args = ["--workers", "2", "--ports", ",".join(map(str, ports)), "--out", str(out),
-            "--restore", path, "--steps", "1000", "--first-step", "2", "--sleep-per-step",
-            "0.05", "--timeout", "60"] + ONECCL
-    processes = [start(args[:2] + ["--index", str(i)] + args[2:], logs[i]) for i in range(2)]
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (out / "log_1.txt").read_text().count("step"):
-            if any(p.poll() is not None for p in processes):
-                break
-            time.sleep(0.5)
-        time.sleep(2)
-        logged_before_kill = len((out / "log_0.txt").read_text())
-        os.killpg(processes[1].pid, signal.SIGKILL)
-        started = time.monotonic()
-        code = processes[0].wait(timeout=50)
-        waited = time.monotonic() - started
-        assert code != 0
-        survivor = (out / "log_0.txt").read_text()[logged_before_kill:]
-        assert re.search(rf"oneCCL transport: .*peer rank 1 \(127\.0\.0\.1:{ports[1]}\) "
-                         r"stopped answering", survivor), survivor[-3000:]
-        assert waited < 30, f"the survivor failed after {waited:.0f} s"
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        for log in logs:
-            log.close()
+    code, waited, survivor, ports = kill_one_of_two_mid_training(tmp_path / "killed", [
+        "--restore", path, "--steps", "1000", "--first-step", "2", "--sleep-per-step", "0.05",
+        "--timeout", "60"] + ONECCL, wait=50)
+    assert code != 0
+    assert re.search(rf"oneCCL transport: .*peer rank 1 \(127\.0\.0\.1:{ports[1]}\) "
+                     r"stopped answering", survivor), survivor[-3000:]
+    assert waited < 30, f"the survivor failed after {waited:.0f} s"
     out, codes = run_cluster(tmp_path, "restarted", 2, ONECCL + ["--restore", path, "--steps", "2",
                                                                 "--first-step", "2"])
     check_ok(out, codes)

@@ -139,10 +139,9 @@ class OnecclTransport:
     def launch(self, kind, value, replica_id):
         ops = oneccl_library.load()
         token = self.group.ordering_token(replica_id).handle
-        common = dict(ordering_token=token, communicator=self.communicator,
-                      group_size=self.group.num_replicas)
-        if kind == "all_to_all":
-            return ops.sce_oneccl_all_to_all(input=value, **common)
-        if kind == "all_gather":
-            return ops.sce_oneccl_all_gather(input=value, **common)
-        raise ValueError(f"the oneCCL transport has no {kind} (the replica view sums gathers)")
+        if kind not in ("all_to_all", "all_gather"):
+            raise ValueError(f"the oneCCL transport has no {kind} (the replica view sums "
+                             "gathers)")
+        return ops.sce_oneccl_collective(input=value, ordering_token=token, kind=kind,
+                                         communicator=self.communicator,
+                                         group_size=self.group.num_replicas)

@@ -71,13 +71,14 @@ class ConnectOp : public OpKernel {
 
 // One collective: the output is allocated here, the bytes move on the communicator's thread, and
 // the kernel finishes when they arrived (no TensorFlow thread waits).
-template <sce::oneccl::Kind kKind>
 class CollectiveOp : public AsyncOpKernel {
  public:
   explicit CollectiveOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("communicator", &communicator_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("group_size", &group_size_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("label", &label_));
+    std::string kind;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("kind", &kind));
+    kind_ = kind == "all_to_all" ? sce::oneccl::Kind::kAllToAll : sce::oneccl::Kind::kAllGather;
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -90,7 +91,7 @@ class CollectiveOp : public AsyncOpKernel {
     TensorShape shape = input.shape();
     const int64_t bytes = input.TotalBytes();
     size_t chunk_bytes = 0;
-    if (kKind == sce::oneccl::Kind::kAllToAll) {
+    if (kind_ == sce::oneccl::Kind::kAllToAll) {
       OP_REQUIRES_ASYNC(ctx, input.dim_size(0) == group_size_,
                         absl::InvalidArgumentError(absl::StrCat(
                             name(), ": all_to_all needs one row per rank (", group_size_,
@@ -109,11 +110,10 @@ class CollectiveOp : public AsyncOpKernel {
     Tensor* output = nullptr;
     OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, shape, &output), done);
     sce::oneccl::Collective collective;
-    collective.kind = kKind;
+    collective.kind = kind_;
     collective.send = input.tensor_data().data();
     collective.receive = const_cast<char*>(output->tensor_data().data());
     collective.chunk_bytes = chunk_bytes;
-    collective.label = label_;
     collective.done = [ctx, done](const sce::Status& status) {
       ctx->SetStatus(ToTf(status));
       done();
@@ -125,15 +125,12 @@ class CollectiveOp : public AsyncOpKernel {
  private:
   std::string communicator_;
   int64_t group_size_ = 0;
-  std::string label_;
+  sce::oneccl::Kind kind_ = sce::oneccl::Kind::kAllToAll;
 };
 
 REGISTER_KERNEL_BUILDER(Name("SceOnecclCreateStore").Device(DEVICE_CPU), CreateStoreOp);
 REGISTER_KERNEL_BUILDER(Name("SceOnecclConnect").Device(DEVICE_CPU), ConnectOp);
-REGISTER_KERNEL_BUILDER(Name("SceOnecclAllToAll").Device(DEVICE_CPU),
-                        CollectiveOp<sce::oneccl::Kind::kAllToAll>);
-REGISTER_KERNEL_BUILDER(Name("SceOnecclAllGather").Device(DEVICE_CPU),
-                        CollectiveOp<sce::oneccl::Kind::kAllGather>);
+REGISTER_KERNEL_BUILDER(Name("SceOnecclCollective").Device(DEVICE_CPU), CollectiveOp);
 
 }  // namespace
 }  // namespace tensorflow
