@@ -69,3 +69,16 @@ def test_a_killed_worker_fails_the_survivor_naming_the_peer_and_a_restart_resume
     single = single_runs(2, ["--steps", "4"])
     for i in range(2):
         assert_tables_close(tables(out, i), tables(single))
+
+
+@pytest.mark.slow
+def test_a_failed_initialization_is_an_error_on_every_worker(tmp_path, monkeypatch):
+    """libfabric cannot start (an unknown provider, set by the user): forming the communicator
+    fails on both workers with an error naming the transport, instead of hanging."""
+    monkeypatch.setenv("FI_PROVIDER", "no_such_provider")
+    out, codes = run_cluster(tmp_path, "broken", 2, ONECCL + ["--steps", "2"], timeout=120)
+    for i in range(2):
+        log = (out / f"log_{i}.txt").read_text()
+        assert codes[i] != 0, log[-3000:]
+        assert re.search(rf"oneCCL transport: communicator '\S+' of 2 ranks \(this is rank {i}\) "
+                         r"could not form", log), log[-3000:]
