@@ -507,7 +507,9 @@ def test_replica_ids_follow_the_cluster_chief_first_then_workers():
     found = collectives.strategy_replicas(_FakeMultiWorker(3, [device], _CLUSTER, "worker", 1))
     assert found == collectives.StrategyReplicas(num_replicas=3, local_replica_ids=(2,),
                                                  local_devices=(device,), num_workers=3,
-                                                 worker_index=2)
+                                                 worker_index=2, worker_addresses=(
+                                                     "127.0.0.1:1", "127.0.0.1:2",
+                                                     "127.0.0.1:3"))
     chief = collectives.strategy_replicas(_FakeMultiWorker(3, ["d"], _CLUSTER, "chief", 0))
     assert chief.local_replica_ids == (0,) and chief.worker_index == 0
 
