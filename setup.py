@@ -21,7 +21,8 @@ HEADERS = sorted(glob.glob("cc/**/*.h", recursive=True))
 # The oneCCL transport's kernels are compiled at first use against the oneCCL that the `oneccl`
 # extra installs (pip installs extras after building this package); a wheel ships their sources.
 ONECCL_SOURCES = ["cc/transport/oneccl_communicator.cc", "cc/transport/oneccl_communicator.h",
-                  "cc/kernels/oneccl/oneccl_kernels.cc", "cc/core/status.h"]
+                  "cc/kernels/oneccl/oneccl_kernels.cc", "cc/kernels/status_to_tf.h",
+                  "cc/core/status.h"]
 with open(os.path.join(ROOT, "requirements-oneccl.txt")) as _pins:
     ONECCL_EXTRA = [line.strip() for line in _pins if line.strip() and not line.startswith("#")]
 COMMON_FLAGS = ["-O3", "-Wno-deprecated-declarations", "-ffp-contract=off", "-fno-math-errno", "-fvisibility=hidden", "-Wno-sign-compare"]

@@ -153,9 +153,8 @@ class EmbeddingOptions:
         _require_choice("table_rounding", self.table_rounding, ("stochastic", "nearest"))
         _require_choice("wire_precision", self.wire_precision, wire.WIRE_PRECISIONS)
         _require_choice("exchange_transport", self.exchange_transport, transports.TRANSPORTS)
-        if self.exchange_transport == "oneccl" and not oneccl_library.is_installed():
-            raise ValueError("exchange_transport='oneccl' needs oneCCL, which is not installed: " +
-                             oneccl_library.INSTALL_HINT)
+        if self.exchange_transport == "oneccl":
+            oneccl_library.require_installed()
         timeout = self.collective_timeout_seconds
         if (not isinstance(timeout, numbers.Real) or isinstance(timeout, bool) or
                 not timeout >= 0 or timeout == float("inf")):

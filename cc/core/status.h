@@ -1,5 +1,5 @@
 // A tiny status type so the algorithms stay independent of TensorFlow. Kernels translate it into
-// tensorflow::errors::InvalidArgument / FailedPrecondition.
+// tensorflow::errors::InvalidArgument / FailedPrecondition / Unavailable (cc/kernels/status_to_tf.h).
 #ifndef SCE_CORE_STATUS_H_
 #define SCE_CORE_STATUS_H_
 
@@ -9,7 +9,9 @@
 
 namespace sce {
 
-enum class Code { kOk = 0, kInvalidArgument, kFailedPrecondition };
+// kUnavailable: a peer or a transport failed (the oneCCL transport, cc/transport); retrying the
+// same call will not help, restarting the workers will.
+enum class Code { kOk = 0, kInvalidArgument, kFailedPrecondition, kUnavailable };
 
 class Status {
  public:
@@ -46,6 +48,13 @@ Status FailedPrecondition(const Args&... args) {
   std::ostringstream out;
   internal::Append(out, args...);
   return Status(Code::kFailedPrecondition, out.str());
+}
+
+template <typename... Args>
+Status Unavailable(const Args&... args) {
+  std::ostringstream out;
+  internal::Append(out, args...);
+  return Status(Code::kUnavailable, out.str());
 }
 
 }  // namespace sce

@@ -11,18 +11,6 @@
 namespace tensorflow {
 namespace sce_kernels {
 
-absl::Status ToTf(const sce::Status& status) {
-  switch (status.code()) {
-    case sce::Code::kOk:
-      return absl::OkStatus();
-    case sce::Code::kFailedPrecondition:
-      return absl::FailedPreconditionError(status.message());
-    case sce::Code::kInvalidArgument:
-    default:
-      return absl::InvalidArgumentError(status.message());
-  }
-}
-
 sce::ParallelFor ThreadPoolFor(OpKernelContext* ctx) {
   auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
   return [pool](int64_t n, int64_t cost, const sce::RangeFn& work) {

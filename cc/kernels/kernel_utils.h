@@ -11,14 +11,13 @@
 #include "cc/core/minibatch_splits.h"
 #include "cc/core/parallel.h"
 #include "cc/core/status.h"
+#include "cc/kernels/status_to_tf.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace tensorflow {
 namespace sce_kernels {
-
-absl::Status ToTf(const sce::Status& status);
 
 // Runs work over [0, n) on the kernel's intra-op thread pool.
 sce::ParallelFor ThreadPoolFor(OpKernelContext* ctx);

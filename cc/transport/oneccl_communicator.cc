@@ -37,8 +37,6 @@ constexpr auto kNap = std::chrono::microseconds(50);
 constexpr auto kProbeEvery = std::chrono::seconds(2);
 constexpr int kProbeTimeoutMs = 1000;
 
-Status Unavailable(const std::string& message) { return FailedPrecondition(message); }
-
 // Whether a TCP connection to "host:port" opens within kProbeTimeoutMs: a worker's TensorFlow
 // server answers as long as the worker lives.
 bool Answers(const std::string& peer) {
@@ -76,6 +74,11 @@ bool Answers(const std::string& peer) {
 }
 
 const char* KindName(Kind kind) { return kind == Kind::kAllToAll ? "all_to_all" : "all_gather"; }
+
+// How errors name a peer: "rank 1 (host:port)".
+std::string RankName(int rank, const std::string& peer) {
+  return "rank " + std::to_string(rank) + " (" + peer + ")";
+}
 
 class Communicator {
  public:
@@ -117,10 +120,13 @@ class Communicator {
     }
   }
 
+  // What a collective's errors start with (built only when one fails).
+  std::string Describe(Kind kind) const {
+    return std::string("oneCCL transport: ") + KindName(kind) + " on communicator '" + name_ +
+           "' (rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ")";
+  }
+
   Status Execute(const Collective& c) {
-    std::string what = std::string("oneCCL transport: ") + KindName(c.kind) +
-                       " on communicator '" + name_ +
-                       "' (rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ")";
     ccl::event event;
     try {
       // Every rank must move the same number of bytes per chunk, or oneCCL would write past a
@@ -129,10 +135,11 @@ class Communicator {
       const uint64_t mine = c.chunk_bytes;
       event = ccl::allgatherv(&mine, 1, sizes.data(), std::vector<size_t>(size_, 1),
                               ccl::datatype::uint64, comm_);
-      SCE_RETURN_IF_ERROR(Wait(event, what));
+      SCE_RETURN_IF_ERROR(Wait(event, c.kind));
       for (int r = 0; r < size_; ++r) {
         if (sizes[r] != mine) {
-          return InvalidArgument(what, ": rank ", r, " moves ", sizes[r], " bytes per chunk, ",
+          return InvalidArgument(Describe(c.kind), ": rank ", r, " moves ", sizes[r],
+                                 " bytes per chunk, ",
                                  "this rank ", mine, "; the ranks ran different steps");
         }
       }
@@ -144,21 +151,21 @@ class Communicator {
         event = ccl::allgatherv(c.send, c.chunk_bytes, c.receive, counts, ccl::datatype::int8,
                                 comm_);
       }
-      return Wait(event, what);
+      return Wait(event, c.kind);
     } catch (const std::exception& e) {
-      return Unavailable(what + " failed: " + e.what());
+      return Unavailable(Describe(c.kind), " failed: ", e.what());
     }
   }
 
   // Waits for `event`; on failure the event is abandoned (never destroyed: oneCCL's event
   // destructor waits for completion, which a dead peer never brings).
-  Status Wait(ccl::event& event, const std::string& what) {
-    Status status = WaitOrGiveUp(event, what);
+  Status Wait(ccl::event& event, Kind kind) {
+    Status status = WaitOrGiveUp(event, kind);
     if (!status.ok()) new ccl::event(std::move(event));   // leaked on purpose
     return status;
   }
 
-  Status WaitOrGiveUp(ccl::event& event, const std::string& what) {
+  Status WaitOrGiveUp(ccl::event& event, Kind kind) {
     const auto start = Clock::now();
     auto next_probe = start + kProbeEvery;
     const bool bounded = timeout_seconds_ > 0;
@@ -176,13 +183,13 @@ class Communicator {
         next_probe = now + kProbeEvery;
         const std::string gone = PeersGone();
         if (!gone.empty()) {
-          return Unavailable(what + ": " + gone + " stopped answering while this rank waited " +
-                             "for it (the worker died or lost its network)");
+          return Unavailable(Describe(kind), ": ", gone, " stopped answering while this rank ",
+                             "waited for it (the worker died or lost its network)");
         }
       }
       if (bounded && now >= deadline) {
         std::ostringstream message;
-        message << what << ": no result after " << timeout_seconds_
+        message << Describe(kind) << ": no result after " << timeout_seconds_
                 << " s (collective_timeout_seconds); waiting for peers "
                 << PeerList() << ", whose TensorFlow servers still answer: a peer is stuck, "
                 << "far behind, or running different steps";
@@ -196,7 +203,7 @@ class Communicator {
     std::string list;
     for (int r = 0; r < static_cast<int>(peers_.size()); ++r) {
       if (r == rank_) continue;
-      list += (list.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " (" + peers_[r] + ")");
+      list += (list.empty() ? "" : ", ") + RankName(r, peers_[r]);
     }
     return list;
   }
@@ -205,8 +212,7 @@ class Communicator {
     std::string gone;
     for (int r = 0; r < static_cast<int>(peers_.size()); ++r) {
       if (r == rank_ || Answers(peers_[r])) continue;
-      gone += (gone.empty() ? "peer " : ", peer ") +
-              ("rank " + std::to_string(r) + " (" + peers_[r] + ")");
+      gone += (gone.empty() ? "peer " : ", peer ") + RankName(r, peers_[r]);
     }
     return gone;
   }
@@ -254,8 +260,8 @@ Status CreateMainStore(const std::string& name, std::string* address) {
     registry.main_stores[name] = std::move(store);
     return Status::Ok();
   } catch (const std::exception& e) {
-    return Unavailable(std::string("oneCCL transport: rank 0 could not start the key-value "
-                                   "store of communicator '") + name + "': " + e.what());
+    return Unavailable("oneCCL transport: rank 0 could not start the key-value store of "
+                       "communicator '", name, "': ", e.what());
   }
 }
 
@@ -331,13 +337,13 @@ Status Connect(const std::string& name, int size, int rank, const std::string& a
     context << " did not form within " << timeout_seconds << " s; peers:";
     for (int r = 0; r < size; ++r) {
       if (r == rank) continue;
-      context << " rank " << r << " (" << peers[r] << ", "
-              << (Answers(peers[r]) ? "its server answers" : "its server does not answer") << ")";
+      context << " " << RankName(r, peers[r]) << ": its server "
+              << (Answers(peers[r]) ? "answers" : "does not answer") << ";";
     }
     return Unavailable(context.str());
   }
   if (formed->comm == nullptr) {
-    return Unavailable(context.str() + " could not form: " + formed->error);
+    return Unavailable(context.str(), " could not form: ", formed->error);
   }
   std::lock_guard<std::mutex> registry_lock(registry.mutex);
   registry.communicators[name] = new Communicator(name, size, rank, timeout_seconds, peers,

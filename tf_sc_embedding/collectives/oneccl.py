@@ -49,12 +49,6 @@ def is_installed():
     return oneccl_library.is_installed()
 
 
-def require_installed():
-    if not is_installed():
-        raise ImportError("exchange_transport='oneccl' needs oneCCL, which is not installed: " +
-                          oneccl_library.INSTALL_HINT)
-
-
 def _is_loopback(host):
     if host == "localhost":
         return True

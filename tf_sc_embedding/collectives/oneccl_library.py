@@ -27,7 +27,8 @@ INSTALL_HINT = ("install the extra with `pip install .[oneccl]` (oneccl-cpu, one
                 "and impi-rt 2021.14)")
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SOURCES = ("cc/transport/oneccl_communicator.cc", "cc/kernels/oneccl/oneccl_kernels.cc")
-_HEADERS = ("cc/transport/oneccl_communicator.h", "cc/core/status.h")
+_HEADERS = ("cc/transport/oneccl_communicator.h", "cc/core/status.h",
+            "cc/kernels/status_to_tf.h")
 
 
 class Installation:
@@ -68,6 +69,13 @@ def installation():
 
 def is_installed():
     return installation() is not None
+
+
+def require_installed():
+    """Raises ValueError (a configuration error, at construction) without the extra."""
+    if not is_installed():
+        raise ValueError("exchange_transport='oneccl' needs oneCCL, which is not installed: " +
+                         INSTALL_HINT)
 
 
 def _source_root():

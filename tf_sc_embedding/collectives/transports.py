@@ -19,6 +19,7 @@ are created, eagerly and on every worker at the same point of the program.
 import tensorflow as tf
 
 from tf_sc_embedding import private_tf
+from tf_sc_embedding.collectives import oneccl, oneccl_library
 
 TRANSPORTS = ("auto", "oneccl", "tensorflow")
 
@@ -66,17 +67,16 @@ def oneccl_fits(group):
 
 def create(name, group):
     """The transport `name` (one of TRANSPORTS) for `group`; raises ValueError for a transport
-    that cannot serve it and ImportError for "oneccl" without the extra."""
+    that cannot serve it, or for "oneccl" without the extra."""
     if name not in TRANSPORTS:
         raise ValueError(f"exchange_transport must be one of {TRANSPORTS}, got {name!r}")
-    from tf_sc_embedding.collectives import oneccl  # pylint: disable=import-outside-toplevel
     if name == "auto":
         use_oneccl = (group.num_workers > 1 and oneccl_fits(group) is None and
                       oneccl.is_installed())
         name = "oneccl" if use_oneccl else "tensorflow"
     if name == "tensorflow" or group.num_replicas == 1:
         return TensorFlowTransport(group)
-    oneccl.require_installed()
+    oneccl_library.require_installed()
     why_not = oneccl_fits(group)
     if why_not is not None:
         raise ValueError(f"exchange_transport='oneccl': {why_not}; use 'tensorflow' or 'auto'")

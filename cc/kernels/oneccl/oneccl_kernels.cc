@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/kernels/status_to_tf.h"
 #include "cc/transport/oneccl_communicator.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -12,13 +13,7 @@
 namespace tensorflow {
 namespace {
 
-absl::Status ToTf(const sce::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  if (status.code() == sce::Code::kInvalidArgument) {
-    return absl::InvalidArgumentError(status.message());
-  }
-  return absl::UnavailableError(status.message());
-}
+using sce_kernels::ToTf;
 
 class CreateStoreOp : public OpKernel {
  public:
