@@ -40,7 +40,7 @@ def test_auto_and_one_process_use_tensorflows_collectives():
 
 def test_oneccl_refuses_replicas_that_share_a_process(monkeypatch):
     devices.require_replicas(2)
-    monkeypatch.setattr(oneccl, "is_installed", lambda: True)
+    monkeypatch.setattr(oneccl_library, "is_installed", lambda: True)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with pytest.raises(ValueError, match="one replica per worker"):
         collectives.ReplicaGroup(strategy, transport="oneccl")

@@ -45,10 +45,6 @@ _names = itertools.count()
 _names_lock = threading.Lock()
 
 
-def is_installed():
-    return oneccl_library.is_installed()
-
-
 def _is_loopback(host):
     if host == "localhost":
         return True

@@ -72,7 +72,7 @@ def create(name, group):
         raise ValueError(f"exchange_transport must be one of {TRANSPORTS}, got {name!r}")
     if name == "auto":
         use_oneccl = (group.num_workers > 1 and oneccl_fits(group) is None and
-                      oneccl.is_installed())
+                      oneccl_library.is_installed())
         name = "oneccl" if use_oneccl else "tensorflow"
     if name == "tensorflow" or group.num_replicas == 1:
         return TensorFlowTransport(group)
