@@ -22,6 +22,7 @@ from tf_sc_embedding.saving import checkpointing
 from tf_sc_embedding.collectives import replica_group as collectives
 from tf_sc_embedding.tables import dynamic_tables as dynamic_lib
 from tf_sc_embedding.tables import dynamic_vocabulary
+from tf_sc_embedding.deltas.stream import DeltaStream
 from tf_sc_embedding import exchanges as exchanges_lib
 from tf_sc_embedding.tables import feature_shapes
 from tf_sc_embedding import private_tf
@@ -82,10 +83,13 @@ class TPUEmbeddingV2(tf.Module):
             vocabularies, tables_by_name, placements, self._tables, self._group.num_replicas,
             self._group.local_replica_ids,
             self._group.gather_local_arrays if self._group.is_multi_worker else None)
+        self._deltas = (DeltaStream(self._tables, self._dynamic, self._group)
+                        if self._options.delta_tracking else None)
         self._checkpoint = checkpointing.CheckpointChildren(
             self, self._fixed_names(),
             {name: dynamic_lib.DynamicTableNode(self._dynamic, name) for name in vocabularies},
-            with_update_step=set(self._dtypes.values()) != {"float32"})
+            with_update_step=(set(self._dtypes.values()) != {"float32"} or
+                              self._deltas is not None), delta_stream=self._deltas)
 
     def _make_plan(self, shapes):
         config = self._sparse_core_config
@@ -115,11 +119,13 @@ class TPUEmbeddingV2(tf.Module):
                 storage = TableStorage(plan, self._group)
                 storage.create(initial)
                 self._group.create_variables()
+                touched = self._deltas.attach(plan, storage) if self._deltas else None
                 self._step = EmbeddingStep(
                     plan, storage, exchanges_lib.build(plan, self._exchange, self._group,
                                                        self._sparse_core_config, self._dynamic,
                                                        storage),
-                    self._group, self._options, self._sparse_core_config, self._pipelining)
+                    self._group, self._options, self._sparse_core_config, self._pipelining,
+                    touched)
                 # Tracked as attributes so that tf.Module finds the table variables.
                 self._variables = storage.stacked_variables()
                 return storage, self.apply_pending_gradients, self._step.discard_kept
@@ -235,6 +241,35 @@ class TPUEmbeddingV2(tf.Module):
     def dynamic_tables(self):
         """The open-vocabulary tables (dynamic_tables.DynamicTables)."""
         return self._dynamic
+
+    # ----------------------------------------------------------------------------- deltas
+    def export_delta(self, directory, include_optimizer_state=False, blocking=True):
+        """Writes the rows changed since the previous delta (or the build, restore or applied
+        delta) into a new delta directory under `directory`; returns its path (a Future of it
+        when not blocking: the files are then written while training goes on). Needs
+        delta_tracking=True; with several workers every worker writes its own part
+        (docs/deltas.md). include_optimizer_state: also slots, admission counts and the step,
+        so that `apply_delta` can resume training exactly."""
+        stream = self._require_deltas("export_delta")
+        self.apply_pending_gradients()
+        return stream.export(directory, include_optimizer_state, self.update_step(), blocking)
+
+    def apply_delta(self, path):
+        """Applies the delta directory `path` (written with include_optimizer_state=True after
+        the checkpoint or delta the tables are at); checks every file first and writes nothing
+        on any error (DeltaError naming the file). Returns the tables' new delta position."""
+        stream = self._require_deltas("apply_delta")
+        self._step.discard_kept()
+        return stream.apply(path, self.restore_update_step)
+
+    deltas = property(lambda self: self._deltas,
+                      doc="The deltas.stream.DeltaStream, or None without delta_tracking.")
+
+    def _require_deltas(self, what):
+        self._require_built(what)
+        if self._deltas is None:
+            raise ValueError(f"{what} needs an embedding built with delta_tracking=True")
+        return self._deltas
 
     # ----------------------------------------------------------------------------- checkpoints
     _sce_checkpoint_writer = True   # saved by checkpointing's registered saver

@@ -122,6 +122,9 @@ class EmbeddingOptions:
       replicas. "float32" (the default) sends them exactly; "16bit" sends rows as float16 and
       gradients as bfloat16, rounded to nearest even, for half the bytes
       (docs/multi_worker.md#wire-precision). One replica sends nothing either way.
+    delta_tracking: whether the training step marks the rows it updates, so that
+      `export_delta` can write what changed since the previous delta (docs/deltas.md): one byte
+      per stored row, and a mark per updated row each step. Off by default.
     """
     sparse_cores_per_replica: int = DEFAULT_SPARSE_CORES_PER_REPLICA
     exchange: str = "auto"
@@ -137,6 +140,7 @@ class EmbeddingOptions:
         default_factory=dict)
     wire_precision: str = "float32"
     exchange_transport: str = "auto"
+    delta_tracking: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "table_placement", _by_table_name(
@@ -160,7 +164,7 @@ class EmbeddingOptions:
                 not timeout >= 0 or timeout == float("inf")):
             raise ValueError(f"collective_timeout_seconds must be a finite number >= 0 (0 waits "
                              f"forever), got {timeout!r}")
-        for name in ("track_sparse_core_stats", "adapt_sparse_core_limits"):
+        for name in ("track_sparse_core_stats", "adapt_sparse_core_limits", "delta_tracking"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.adapt_sparse_core_limits and not self.track_sparse_core_stats:

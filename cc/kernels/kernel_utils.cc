@@ -177,10 +177,12 @@ absl::Status LockedVariables::Lock(OpKernelContext* ctx, const std::vector<int>&
       return absl::FailedPreconditionError(absl::StrCat(
           "table '", table_name, "': variable '", names[k], "' is not initialized"));
     }
-    // The table itself may hold 16-bit rows (read and written through row_precision.h); slots
-    // and every other variable are float32.
+    // The table itself may hold 16-bit rows (read and written through row_precision.h) and
+    // touched-row flags are uint8 (touched_rows_kernels.cc); slots and every other variable
+    // are float32.
     const DataType dtype = vars_[k]->tensor()->dtype();
     const bool table = names[k] == "embedding_table";
+    if (names[k] == "flags" && dtype == DT_UINT8) continue;
     if (dtype != DT_FLOAT && !(table && (dtype == DT_BFLOAT16 || dtype == DT_HALF))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "table '", table_name, "': variable '", names[k], "' must be float32",

@@ -61,7 +61,7 @@ def test_field_names_are_the_dataclass_fields():
         "sparse_cores_per_replica", "exchange", "collective_timeout_seconds",
         "replication_threshold_bytes", "table_placement", "track_sparse_core_stats",
         "non_finite_gradients", "adapt_sparse_core_limits", "table_dtypes", "table_rounding",
-        "dynamic_vocabularies", "wire_precision", "exchange_transport")
+        "dynamic_vocabularies", "wire_precision", "exchange_transport", "delta_tracking")
     assert EmbeddingOptions.field_names() == tuple(
         f.name for f in dataclasses.fields(EmbeddingOptions))
 

@@ -17,6 +17,8 @@ import hashlib
 
 import tensorflow as tf
 
+from tf_sc_embedding.ops import touched_rows
+
 # The tensors one update consumes, named as the fused update ops' inputs, with their dtypes.
 UPDATE_INPUT_DTYPES = collections.OrderedDict([
     ("row_pointers", tf.int32),
@@ -36,8 +38,11 @@ UpdateInputs = collections.namedtuple("UpdateInputs", list(UPDATE_INPUT_DTYPES))
 # replicated table's rows are skipped alike on every replica and counted once).
 # step_counter: the replica's count of updates applied (collectives.UPDATE_STEPS), whose value is
 # the step that rounds 16-bit rows.
+# touched: None, or the replica's uint8 flags of the stacked table's rows, which the update
+# marks (delta tracking, deltas/tracking.py).
 UpdateTarget = collections.namedtuple(
-    "UpdateTarget", ["stacked", "arguments", "parameters", "slots", "counted", "step_counter"])
+    "UpdateTarget", ["stacked", "arguments", "parameters", "slots", "counted", "step_counter",
+                     "touched"], defaults=[None])
 
 
 def rounding_arguments(stacked):
@@ -65,6 +70,16 @@ def run(target, inputs, non_finite_gradients="error", step=None):
     rounding = rounding_arguments(stacked)
     if rounding:
         rounding["rounding_step"] = target.step_counter.read_value() if step is None else step
+    if target.touched is not None:
+        marked = touched_rows.mark_touched_rows(target.touched, inputs, stacked.name,
+                                                target.arguments)
+        with tf.control_dependencies([marked]):
+            return _apply(target, inputs, non_finite_gradients, rounding)
+    return _apply(target, inputs, non_finite_gradients, rounding)
+
+
+def _apply(target, inputs, non_finite_gradients, rounding):
+    stacked = target.stacked
     return stacked.optimizer.apply(
         **inputs._asdict(), embedding_table=target.parameters, table_name=stacked.name,
         non_finite_gradients=non_finite_gradients,
@@ -76,8 +91,10 @@ def run_all(targets, inputs, non_finite_gradients="error"):
     """Runs one replica's updates ({key: target}, {key: inputs}) as one step: all round with the
     same step, which then advances. Returns the results, in the order of `targets`."""
     keys = list(targets)
-    # Only 16-bit tables round with the step: float32-only embeddings neither read nor advance it.
-    narrow = any(rounding_arguments(targets[k].stacked) for k in keys)
+    # Only 16-bit tables round with the step: float32-only embeddings neither read nor advance
+    # it, unless deltas are tracked (a delta records its step).
+    narrow = any(rounding_arguments(targets[k].stacked) or targets[k].touched is not None
+                 for k in keys)
     counter = targets[keys[0]].step_counter if keys and narrow else None
     step = counter.read_value() if counter is not None else None
     results = [run(targets[k], inputs[k], non_finite_gradients, step) for k in keys]

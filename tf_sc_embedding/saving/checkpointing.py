@@ -151,20 +151,45 @@ class UpdateStepNode(private_tf.Trackable):
         return tf.no_op()
 
 
+DELTA_POSITION = "delta_position"
+
+
+class DeltaPositionNode(private_tf.Trackable):
+    """Checkpoint node of the tables' position in their chain of deltas (deltas/stream.py): a
+    restore returns the stream to it, so the deltas written after this checkpoint apply to it.
+    Only embeddings that track deltas have it."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _serialize_to_tensors(self):
+        self._stream.note_base()
+        with tf.init_scope(), tf.device("CPU:0"):
+            return {VALUE_KEY: tf.constant(self._stream.position)}
+
+    def _restore_from_tensors(self, restored_tensors):
+        self._stream.restored(restored_tensors[VALUE_KEY].numpy().decode())
+        return tf.no_op()
+
+
 class CheckpointChildren:
     """An embedding's checkpoint children: one `LogicalTable` per fixed user table, the nodes of
     its open-vocabulary tables, and the update step when a table has 16-bit rows. They exist before
     build() so that a checkpoint restored early is consumed by build(); none depends on the
     topology (the per-replica variables are never checkpointed directly)."""
 
-    def __init__(self, embedding, fixed_tables, dynamic_nodes, with_update_step):
+    def __init__(self, embedding, fixed_tables, dynamic_nodes, with_update_step,
+                 delta_stream=None):
         self.tables = {name: LogicalTable(embedding, name) for name in fixed_tables}
         self.dynamic = dict(dynamic_nodes)
         self.update_step = UpdateStepNode(embedding) if with_update_step else None
+        self.delta_position = DeltaPositionNode(delta_stream) if delta_stream else None
 
     def children(self):
         """Every child by name; also ends any restore look-up of them."""
         children = {} if self.update_step is None else {UPDATE_STEP: self.update_step}
+        if self.delta_position is not None:
+            children[DELTA_POSITION] = self.delta_position
         for table in self.tables.values():
             for kind, node in table.nodes.items():
                 node.restoring = False
@@ -177,6 +202,8 @@ class CheckpointChildren:
         saver), or None."""
         if name == UPDATE_STEP:
             return self.update_step
+        if name == DELTA_POSITION:
+            return self.delta_position
         if name in self.dynamic:
             return self.dynamic[name]
         for table in self.tables.values():

@@ -18,11 +18,14 @@ The loaded object also has ``lookup(features)`` and ``lookup_weighted(features, 
 the feature structure of the `FeatureConfig`s with a `tf.RaggedTensor` ([batch, None] int64) per
 feature, and ``tables``, a dict of the logical table variables.
 
-An open-vocabulary table (``dynamic_vocabularies``) is written as its held keys' rows plus one
-zero row, and a ``tf.lookup.StaticHashTable`` from each key to its row: a key the table does not
-hold reads the zero row (so ``mean`` counts it, as in training). Its features take ``tf.string``
-or int64 keys (``<f>_ids`` of the table's key dtype); ``key_tables`` maps the table's name to its
-hash table.
+An open-vocabulary table (``dynamic_vocabularies``) is written as rows for as many keys as it may
+hold plus one zero row, and a stock mutable hash table from each held key to its row: a key the
+table does not hold reads the zero row (so ``mean`` counts it, as in training). Its features take
+``tf.string`` or int64 keys (``<f>_ids`` of the table's key dtype); ``key_tables`` maps the
+table's name to its hash table.
+
+``apply_delta(path)`` applies a delta of the embedding's (`TPUEmbeddingV2.export_delta`) in
+place, with stock ops (serving_deltas.py): the deltas written after this export, in order.
 
 With ``quantize="int8"`` each table is stored as int8 codes with a float32 scale and offset per row
 and dequantized in the lookup (serving_rows.py has the rule and its error bound); ``tables`` then
@@ -35,6 +38,7 @@ import tensorflow as tf
 import numpy as np
 
 from tf_sc_embedding import private_tf
+from tf_sc_embedding.saving import serving_deltas
 from tf_sc_embedding.tables.layout import table_names as config_table_names
 from tf_sc_embedding.saving.serving_rows import Float32Rows, check_quantization, stored_rows
 
@@ -68,22 +72,33 @@ class ServingModule(tf.Module):
     """Logical tables as plain variables and stock-op lookup functions (see the module doc)."""
 
     def __init__(self, logical_tables, feature_config, table_names, quantize=None,
-                 dynamic_tables=None):
-        """dynamic_tables: {table name: (keys, values)} of the open-vocabulary tables, keys
-        ascending (export_dynamic_table); logical_tables: {name: [vocabulary_size, dim]} of
-        the others."""
+                 dynamic_tables=None, deltas=None):
+        """dynamic_tables: {table name: (keys, values, capacity)} of the open-vocabulary tables,
+        keys ascending (export_dynamic_table); logical_tables: {name: [vocabulary_size, dim]} of
+        the others. deltas: (position, parts, {table: info}) of the embedding's delta stream
+        (DeltaStream.serving_info), or None when it tracks none."""
         super().__init__(name="embedding_serving")
         dynamic_tables = dynamic_tables or {}
         logical_tables = dict(logical_tables)
-        for name, (keys, values) in dynamic_tables.items():   # a zero row for unknown keys
-            logical_tables[name] = np.concatenate(
-                [np.asarray(values, np.float32), np.zeros((1, values.shape[1]), np.float32)])
+        for name, (keys, values, capacity) in dynamic_tables.items():
+            # Rows for every key the table may hold, then the zero row of unknown keys.
+            rows = np.zeros((capacity + 1, values.shape[1]), np.float32)
+            rows[:len(keys)] = values
+            logical_tables[name] = rows
         # Plain variables, not mirrored by a tf.distribute scope the caller may be in.
-        self._rows = {name: stored_rows(value, name, quantize)
-                      for name, value in logical_tables.items()}
+        self.rows = {name: stored_rows(value, name, quantize)
+                     for name, value in logical_tables.items()}
+        self._rows = self.rows
         self.tables = {name: rows.values if isinstance(rows, Float32Rows) else rows
                        for name, rows in self._rows.items()}
-        self.key_tables = {name: _key_table(keys) for name, (keys, _) in dynamic_tables.items()}
+        self.dynamic_rows = {name: serving_deltas.DynamicRows(keys, capacity, _key_dtype(keys))
+                             for name, (keys, _, capacity) in dynamic_tables.items()}
+        self.key_tables = {name: rows.table for name, rows in self.dynamic_rows.items()}
+        position, self.delta_parts, self.delta_tables = deltas or ("", 1, {})
+        with tf.device("CPU:0"):
+            self.delta_position = tf.Variable(position, trainable=False, name="delta_position")
+        self.apply_delta = tf.function(lambda path: serving_deltas.apply_delta(self, path),
+                                       input_signature=[tf.TensorSpec([], tf.string)])
         self._feature_config = feature_config
         flat = private_tf.flatten_with_joined_string_paths(feature_config)
         self._features = [(path, table_names[id(feature.table)], feature.table.combiner)
@@ -140,22 +155,9 @@ class ServingModule(tf.Module):
         return out
 
 
-def _key_table(keys):
-    """A stock hash table from each held key to its row (keys ascending: row i is key i); any
-    other key maps to the zero row after them."""
+def _key_dtype(keys):
     keys = np.asarray(keys)
-    dtype = tf.string if keys.dtype == object or keys.dtype.kind in "SU" else tf.int64
-    count = len(keys)
-    values = np.arange(count, dtype=np.int64)
-    if not count:   # TensorFlow's table takes no empty initializer: one key of the zero row
-        keys = np.array([b""] if dtype == tf.string else [0], object if dtype == tf.string
-                        else np.int64)
-        values = np.zeros(1, np.int64)
-    with tf.device("CPU:0"):
-        initializer = tf.lookup.KeyValueTensorInitializer(
-            tf.constant(keys, dtype, shape=[len(keys)]), tf.constant(values),
-            key_dtype=dtype, value_dtype=tf.int64)
-        return tf.lookup.StaticHashTable(initializer, default_value=count)
+    return tf.string if keys.dtype == object or keys.dtype.kind in "SU" else tf.int64
 
 
 def serving_module(embedding, quantize=None):
@@ -164,11 +166,14 @@ def serving_module(embedding, quantize=None):
     check_quantization(quantize)
     names = {id(table): name
              for name, table in config_table_names(embedding.feature_config).items()}
-    dynamic = embedding.dynamic_tables.names
+    dynamic = embedding.dynamic_tables
+    deltas = embedding.deltas
     with tf.init_scope():
-        return ServingModule(embedding.logical_tables(as_numpy=quantize is not None),
-                             embedding.feature_config, names, quantize,
-                             {name: embedding.export_dynamic_table(name) for name in dynamic})
+        return ServingModule(
+            embedding.logical_tables(as_numpy=quantize is not None), embedding.feature_config,
+            names, quantize, {name: embedding.export_dynamic_table(name) +
+                              (dynamic.table(name).capacity,) for name in dynamic.names},
+            deltas.serving_info() if deltas is not None else None)
 
 
 def export_serving(embedding, export_dir, quantize=None):

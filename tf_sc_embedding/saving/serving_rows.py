@@ -47,6 +47,10 @@ class Float32Rows(tf.Module):
     def numpy(self):
         return self.values.numpy()
 
+    def scatter(self, ids, values):
+        """Writes float32 rows at `ids` (a delta, serving_deltas.py)."""
+        return self.values.scatter_update(tf.IndexedSlices(values, ids))
+
 
 def quantize_int8(values, name="table"):
     """(codes int8 [n, d], scales float32 [n, 1], offsets float32 [n, 1]) of float32 rows.
@@ -89,9 +93,28 @@ class Int8Rows(tf.Module):
         codes = tf.cast(tf.gather(self.codes, ids), tf.float32)
         return codes * tf.gather(self.scales, ids) + tf.gather(self.offsets, ids)
 
+    def scatter(self, ids, values):
+        """Quantizes float32 rows (quantize_int8_tf) and writes them at `ids`."""
+        codes, scales, offsets = quantize_int8_tf(values)
+        return tf.group(self.codes.scatter_update(tf.IndexedSlices(codes, ids)),
+                        self.scales.scatter_update(tf.IndexedSlices(scales, ids)),
+                        self.offsets.scatter_update(tf.IndexedSlices(offsets, ids)))
+
     def numpy(self):
         """The rows as the export reads them back (dequantized)."""
         return self.codes.numpy().astype(np.float32) * self.scales.numpy() + self.offsets.numpy()
+
+
+def quantize_int8_tf(rows):
+    """quantize_int8 with stock ops, bit for bit (float64 scale, round half to even), for the
+    rows a delta brings to a live serving model."""
+    low = tf.reduce_min(rows, axis=1, keepdims=True)
+    high = tf.reduce_max(rows, axis=1, keepdims=True)
+    scale = tf.cast((tf.cast(high, tf.float64) - tf.cast(low, tf.float64)) / _LEVELS, tf.float32)
+    safe = tf.where(scale > 0, scale, tf.ones_like(scale))
+    code = tf.round((rows - low) / safe) - 128.0
+    codes = tf.cast(tf.clip_by_value(code, -128.0, 127.0), tf.int8)
+    return codes, scale, low + 128.0 * scale
 
 
 def stored_rows(values, name, quantize):

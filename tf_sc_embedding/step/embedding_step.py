@@ -23,8 +23,11 @@ from tf_sc_embedding.ops import gradient_check
 class EmbeddingStep:
     """Enqueue, dequeue and apply_gradients of one built embedding (see the module docstring)."""
 
-    def __init__(self, plan, storage, exchanges, group, options, sparse_core_config, pipelined):
+    def __init__(self, plan, storage, exchanges, group, options, sparse_core_config, pipelined,
+                 touched=None):
+        """touched: None, or the deltas.tracking.TouchedRows whose flags the updates mark."""
         self.plan = plan
+        self._touched = touched
         self.exchanges = list(exchanges)
         self.storage = storage
         self._group = group
@@ -180,6 +183,9 @@ class EmbeddingStep:
         targets = {}
         for exchange in self.exchanges:
             targets.update(exchange.update_targets(replica_id, variables))
+        if self._touched is not None:
+            targets = {name: target._replace(touched=self._touched.flags(name, replica_id))
+                       for name, target in targets.items()}
         return targets
 
     def apply_gradients(self, flat_gradients, preserved):

@@ -232,16 +232,21 @@ class DynamicTable:
                          f"{want.name} keys; got {values.dtype.name} ids")
 
     # ----------------------------------------------------------------- logical state
+    def local_states(self):
+        """{replica: the state of this process's map of that replica} (numpy, eager)."""
+        local = {}
+        for replica, key_map in self.maps.items():
+            state = key_map.export()
+            local[replica] = type(state)(*[np.asarray(t) for t in state])
+        return local
+
     def export_state(self, gather=None):
         """(state, table rows) now (eager): the maps' states merged into one KeyRowMapState or
         StringKeyRowMapState of numpy arrays, keys and pending keys ascending, and each key's
         table row (int64). gather: with several worker processes, the group's
         gather_local_arrays (a collective every worker calls), which brings every replica's map
         state."""
-        local = {}
-        for replica, key_map in self.maps.items():
-            state = key_map.export()
-            local[replica] = type(state)(*[np.asarray(t) for t in state])
+        local = self.local_states()
         if gather is not None:
             template = next(iter(local.values()))
             words = gather({r: encode_state(state) for r, state in local.items()})
@@ -437,6 +442,8 @@ class DynamicTables:
         self._replicas = tuple(replicas)
         self._gather = gather
         self._staged = {}   # {name: (restore id, logical state)} checked, not yet imported
+        # Callables (table name) run after a table's state was replaced (delta tracking).
+        self.import_listeners = []
         self.tables = {}
         for name, vocabulary in sorted(vocabularies.items()):
             layout = placements[name].layout
@@ -510,6 +517,8 @@ class DynamicTables:
         with tf.init_scope():
             by_row = self.table(name).import_logical_state(state, self._gather)
         self._logical.restore({name: by_row})
+        for listener in self.import_listeners:
+            listener(name)
 
     # A `tf.train.Checkpoint` restore hands each table's state to its node separately, so a
     # checkpoint's tables are staged (checked and held) first and imported together at the end of

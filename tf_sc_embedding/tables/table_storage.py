@@ -138,7 +138,7 @@ def zeros_variable(shape, name, device, dtype=tf.float32):
         variable = private_tf.uninitialized_variable(shape=shape, dtype=dtype, name=name)
         # A freshly allocated buffer (an eager Fill, not a cached or folded constant) that the
         # variable adopts; once `zeros` is dropped the variable is its only owner.
-        zeros = tf.fill(tf.constant(shape, tf.int64), tf.constant(0.0, dtype))
+        zeros = tf.fill(tf.constant(shape, tf.int64), tf.zeros([], dtype))
         variable.assign(zeros)
         del zeros
     return variable
@@ -443,6 +443,82 @@ class TableStorage:
                     current = tf.gather(variable, indices).numpy()
                     current[:, :width] = values[r0 - first_row:stop - first_row:n]
                     variable.scatter_update(tf.IndexedSlices(current, indices))
+
+    # -- single rows held by this process (delta exports, docs/deltas.md)
+    def logical_rows_at(self, stacked_name, replica, local_rows):
+        """{table name: ascending logical rows} stored at `local_rows` (ascending) of a local
+        replica's variable of a stacked table; rows of no table (padding) are dropped."""
+        local_rows = np.asarray(local_rows, np.int64)
+        found = {}
+        for table in self.plan.stacked_tables[stacked_name].tables:
+            blocks = self._blocks[table.name]
+            parts = []
+            for k, block_replica, start, count in blocks.blocks:
+                if replica not in self._holders(table.name, block_replica):
+                    continue
+                lo, hi = np.searchsorted(local_rows, [start, start + count])
+                parts.append((local_rows[lo:hi] - start) * blocks.n + k)
+            rows = np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+            if len(rows):
+                found[table.name] = rows
+        return found
+
+    def _row_locations(self, table_name, logical_rows):
+        """(replica holding each row or -1 when no local replica does, its row there)."""
+        blocks = self._blocks[table_name]
+        rows = np.asarray(logical_rows, np.int64)
+        k = rows % blocks.n
+        table = np.array([(b[1], b[2]) for b in blocks.blocks], np.int64).reshape(-1, 2)
+        replicas, starts = table[k, 0], table[k, 1] + rows // blocks.n
+        if table_name in self._replicated:
+            replicas = np.full(len(rows), self.group.local_replica_ids[0], np.int64)
+        else:
+            replicas = np.where(np.isin(replicas, self.group.local_replica_ids), replicas, -1)
+        return replicas, starts
+
+    def read_rows(self, table_name, kind, logical_rows):
+        """[len(rows), width] float32 values of logical rows that this process holds (every row
+        given must be held here: see logical_rows_at)."""
+        placement = self.placement(table_name)
+        sharded = self._tables[placement.layout.stacked_table_name][kind]
+        width = self.logical_width(table_name, kind)
+        replicas, local = self._row_locations(table_name, logical_rows)
+        out = np.empty((len(local), width), np.float32)
+        for replica in np.unique(replicas):
+            if replica < 0:
+                raise ValueError(f"table '{table_name}': rows {np.asarray(logical_rows)[replicas < 0][:4]} "
+                                 "are not held by this process")
+            view = private_tf.numpy_view(sharded.shard(int(replica)).read_value())
+            mine = replicas == replica
+            out[mine] = view[local[mine], :width]
+            del view
+        return out
+
+    def write_rows(self, table_name, kind, logical_rows, values):
+        """Writes logical rows (any order, distinct) into every local copy that holds them; rows
+        held by other processes are skipped. 16-bit tables round values to nearest (exact for
+        values read from such a table)."""
+        placement = self.placement(table_name)
+        sharded = self._tables[placement.layout.stacked_table_name][kind]
+        width = self.logical_width(table_name, kind)
+        values = np.asarray(values, np.float32)
+        replicas, local = self._row_locations(table_name, logical_rows)
+        for block_replica in np.unique(replicas[replicas >= 0]):
+            mine = replicas == block_replica
+            holders = (self.group.local_replica_ids if table_name in self._replicated
+                       else (int(block_replica),))
+            for holder in holders:
+                variable = sharded.shard(holder)
+                try:
+                    (view,) = _writable_views([variable])
+                except _CopyOnRead:
+                    with tf.device(variable.device):
+                        current = tf.gather(variable, local[mine]).numpy()
+                        current[:, :width] = values[mine]
+                        variable.scatter_update(tf.IndexedSlices(current, local[mine]))
+                    continue
+                view[local[mine], :width] = values[mine]
+                del view
 
     # -- storage -> logical
     def _local_contribution(self, sharded, table_name, replica, width):

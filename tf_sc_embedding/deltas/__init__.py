@@ -1,0 +1,1 @@
+"""Delta exports of changed rows and their application (docs/deltas.md)."""
