@@ -18,6 +18,7 @@ LAYERS = (
     ("collectives",),
     ("exchanges",),
     ("step",),
+    ("deltas",),
     ("saving",),
     ("options",),
     ("embedding",),

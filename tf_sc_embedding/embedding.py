@@ -6,12 +6,10 @@ Construct it (under a `tf.distribute` strategy scope or without one) from Tensor
 gradients of the activations. Tables are built on first use (or by `build`) because the layout
 depends on the per-replica batch size.
 
-This class only delegates (docs/architecture.md): the options to `options.EmbeddingOptions`, the
-layout to `tables.layout.EmbeddingPlan`, the variables to `tables.table_storage.TableStorage`,
-the logical tables (built or pending a restore) to `tables.logical_tables.LogicalTables`, a step
-to `step.embedding_step.EmbeddingStep` over the plan's exchanges (`exchanges/`), checkpoints to
-`saving.checkpointing`, counters to `step.counters`. A new kind of table, exchange or transport
-enters through those interfaces, never as a method here (docs/architecture.md#growing).
+This class only delegates (docs/architecture.md): options, layout, variables, logical tables,
+the step over the plan's exchanges, deltas, checkpoints and counters each have their module. A new
+kind of table, exchange or transport enters through those, never as a method here
+(docs/architecture.md#growing).
 """
 import dataclasses
 import threading
@@ -132,9 +130,7 @@ class TPUEmbeddingV2(tf.Module):
 
             self._tables.build(create_storage)
 
-    @property
-    def built(self):
-        return self._step is not None
+    built = property(lambda self: self._step is not None)
 
     def _require_built(self, what):
         if self._step is None:
@@ -154,36 +150,27 @@ class TPUEmbeddingV2(tf.Module):
 
     feature_paths = property(lambda self: list(self._flat_paths),
                              doc="The joined string paths of the features, in flatten order.")
-
-    @property
-    def storage(self):
-        """The `TableStorage` that owns the per-replica variables."""
-        return self._require_built("storage").storage
-
-    @property
-    def plan(self):
-        """The `layout.EmbeddingPlan` of the built tables."""
-        return self._require_built("plan").plan
+    storage = property(lambda self: self._require_built("storage").storage,
+                       doc="The `TableStorage` that owns the per-replica variables.")
+    plan = property(lambda self: self._require_built("plan").plan,
+                    doc="The `layout.EmbeddingPlan` of the built tables.")
 
     def per_replica_feature_shapes(self):
         """Per flat feature, the per-replica shape of its samples (after build)."""
         return [tuple(f.output_shape) for f in self._require_built("feature shapes").plan.features]
 
-    @property
-    def embedding_layouts(self):
-        """Where every table lives: table name -> TableLayout (stacked name, offsets, rotation)."""
-        return self._require_built("embedding_layouts").plan.table_layouts()
+    embedding_layouts = property(
+        lambda self: self._require_built("embedding_layouts").plan.table_layouts(),
+        doc="Where every table lives: table name -> TableLayout (stacked name, offsets, rotation).")
 
-    @property
-    def placement_plan(self):
-        """Table name -> "sharded" (over all replicas) or "replicated" (whole on every replica)."""
-        return {name: REPLICATED if name in self._replicated else SHARDED
-                for name in self._tables.names}
+    placement_plan = property(
+        lambda self: {name: REPLICATED if name in self._replicated else SHARDED
+                      for name in self._tables.names},
+        doc='Table name -> "sharded" (over all replicas) or "replicated" (whole on every one).')
 
-    @property
-    def variables(self):
-        """Stacked table name -> {"parameters": ShardedTable, <slot>: ShardedTable} (local)."""
-        return self._require_built("variables").storage.stacked_variables()
+    variables = property(
+        lambda self: self._require_built("variables").storage.stacked_variables(),
+        doc='Stacked table name -> {"parameters": ShardedTable, <slot>: ShardedTable} (local).')
 
     @property
     def embedding_tables(self):
@@ -198,8 +185,7 @@ class TPUEmbeddingV2(tf.Module):
 
     @property
     def embedding_table_shards(self):
-        """The user's TableConfig -> the variables of its stacked table on this process's
-        replicas."""
+        """The user's TableConfig -> its stacked table's variables on this process's replicas."""
         step = self._require_built("embedding_table_shards")
         variables = step.storage.stacked_variables()
         return {t.config: list(variables[name][PARAMETERS].shards)
@@ -237,27 +223,21 @@ class TPUEmbeddingV2(tf.Module):
         name = table.name if isinstance(table, tf.tpu.experimental.embedding.TableConfig) else table
         return self._dynamic.export(name)
 
-    @property
-    def dynamic_tables(self):
-        """The open-vocabulary tables (dynamic_tables.DynamicTables)."""
-        return self._dynamic
+    dynamic_tables = property(lambda self: self._dynamic,
+                              doc="The open-vocabulary tables (dynamic_tables.DynamicTables).")
 
     # ----------------------------------------------------------------------------- deltas
     def export_delta(self, directory, include_optimizer_state=False, blocking=True):
-        """Writes the rows changed since the previous delta (or the build, restore or applied
-        delta) into a new delta directory under `directory`; returns its path (a Future of it
-        when not blocking: the files are then written while training goes on). Needs
-        delta_tracking=True; with several workers every worker writes its own part
-        (docs/deltas.md). include_optimizer_state: also slots, admission counts and the step,
-        so that `apply_delta` can resume training exactly."""
+        """Writes what training changed since the previous delta into a new delta directory
+        under `directory` (docs/deltas.md); returns its path, or a Future of it when not
+        blocking. include_optimizer_state: also what `apply_delta` needs to resume training."""
         stream = self._require_deltas("export_delta")
         self.apply_pending_gradients()
         return stream.export(directory, include_optimizer_state, self.update_step(), blocking)
 
     def apply_delta(self, path):
-        """Applies the delta directory `path` (written with include_optimizer_state=True after
-        the checkpoint or delta the tables are at); checks every file first and writes nothing
-        on any error (DeltaError naming the file). Returns the tables' new delta position."""
+        """Applies a delta with optimizer state that follows the tables' position (a restored
+        checkpoint or delta); writes nothing on any error (docs/deltas.md#positions-and-chains)."""
         stream = self._require_deltas("apply_delta")
         self._step.discard_kept()
         return stream.apply(path, self.restore_update_step)
@@ -266,8 +246,7 @@ class TPUEmbeddingV2(tf.Module):
                       doc="The deltas.stream.DeltaStream, or None without delta_tracking.")
 
     def _require_deltas(self, what):
-        self._require_built(what)
-        if self._deltas is None:
+        if self._require_built(what) and self._deltas is None:
             raise ValueError(f"{what} needs an embedding built with delta_tracking=True")
         return self._deltas
 
@@ -299,15 +278,10 @@ class TPUEmbeddingV2(tf.Module):
 
     # ----------------------------------------------------------------------------- steps
     def enqueue(self, features, weights=None, device=None):
-        """Host preprocessing of one replica's batch; returns per stacked table its sorted ids
-        (with one replica, already packed into the lookup's CSR buffers).
-
-        Works eagerly, in `tf.function`, in replica context and inside `tf.data.Dataset.map`.
-        `device`: where the preprocessing runs (default: the current device). In cross-replica
-        context with per-replica inputs (TensorFlow's pattern), every local replica's batch is
-        preprocessed (on `device`, else on its replica's device) into a per-replica value for
-        `strategy.run`, where `dequeue` takes each replica's part.
-        """
+        """Host preprocessing of one replica's batch (eagerly, in `tf.function`, in replica
+        context or in `tf.data.Dataset.map`; on `device` if given); returns per stacked table its
+        sorted ids. In cross-replica context with per-replica inputs, every local replica's batch
+        is preprocessed into a per-replica value that `dequeue` takes in `strategy.run`."""
         if not feature_shapes.has_distributed_values(features, weights):
             return self._enqueue_one(features, weights, device)
         return self._group.map_local_replicas(self._enqueue_one, features, weights, device,
@@ -342,14 +316,10 @@ class TPUEmbeddingV2(tf.Module):
 
         training=False: see `dequeue` (open vocabularies only; fixed tables are read alike).
 
-        next_features (and next_weights), with pipeline_execution_with_tensor_core=True, in a
-        replica's step: the batch of the next step. Its lookup (for open vocabularies only the
-        key exchange: mapping keys belongs to the step that trains them) runs during this step,
-        beside the dense model, and the next step's lookup (whose features must be this batch)
-        completes and returns it
-        (docs/pipelining.md#prefetching-the-next-lookup); this step's own lookup must have been
-        prefetched (by the previous step, or by `prefetch`). The numbers are those of
-        pipelining without it.
+        next_features (and next_weights), with pipeline_execution_with_tensor_core=True: the
+        next step's batch, whose lookup runs during this step and completes in the next one;
+        this step's own lookup must have been prefetched, by the previous step or `prefetch`
+        (docs/pipelining.md#prefetching-the-next-lookup). The numbers are pipelining's.
         """
         if next_features is None:
             if next_weights is not None:
@@ -366,11 +336,9 @@ class TPUEmbeddingV2(tf.Module):
         return tf.nest.pack_sequence_as(self._feature_config, flat), preserved
 
     def prefetch(self, features, weights=None):
-        """With pipeline_execution_with_tensor_core=True, inside a replica's step: looks a batch
-        up now (open vocabularies: sends its keys) and keeps it for the next
-        `embedding_lookup(features, next_features=...)`, whose features must be this batch
-        (docs/pipelining.md#prefetching-the-next-lookup). Call it before the first step that
-        passes next_features, and after a restore."""
+        """Pipelining, in a replica's step: looks a batch up now and keeps it for the next
+        `embedding_lookup(features=<this batch>, next_features=...)`; call it before the first
+        such step and after a restore (docs/pipelining.md#prefetching-the-next-lookup)."""
         prefetch_lib.check_prefetch_call("prefetch", self._pipelining, features, weights)
         batch = self._flatten_batch(features, weights, "features")
         step = self._require_built_from(batch[0])
@@ -381,11 +349,9 @@ class TPUEmbeddingV2(tf.Module):
         return self.embedding_lookup(features, weights, next_features, next_weights, training)
 
     def apply_gradients(self, gradients, preserved_outputs):
-        """Fused optimizer update from the gradients of the activations (None means zeros).
-
-        Returns tensors to depend on (the update has run once they are computed; with
-        non_finite_gradients="skip" they count the rows skipped). With pipelining the update of
-        the previous step runs here and this step's is kept (docs/pipelining.md).
+        """Fused optimizer update from the gradients of the activations (None means zeros);
+        returns tensors to depend on (with non_finite_gradients="skip", the rows skipped). With
+        pipelining the previous step's update runs here, this one's is kept (docs/pipelining.md).
         """
         if not self.built:
             raise RuntimeError("apply_gradients called before the tables were built: call "
@@ -411,18 +377,13 @@ class TPUEmbeddingV2(tf.Module):
             features, feature_config, num_tpu_chips, num_sc_per_chip, optimizer,
             sparse_core_embedding_config)
 
-    @property
-    def sparse_core_stats(self):
-        """Running partition maxima of the batches enqueued here, per stacked table (None when
-        not tracked or not built)."""
-        stats = self._step.stats if self._step else None
-        return None if stats is None else stats.read()
-
-    @property
-    def sparse_core_limits(self):
-        """The online partition limits (adapt_sparse_core_limits), per sharded stacked table."""
-        limits = self._step.online_limits if self._step else None
-        return None if limits is None else limits.read()
+    sparse_core_stats = property(
+        lambda self: _read(self._step and self._step.stats),
+        doc="Running partition maxima of the batches enqueued here, per stacked table (None "
+            "when not tracked or not built).")
+    sparse_core_limits = property(
+        lambda self: _read(self._step and self._step.online_limits),
+        doc="The online partition limits (adapt_sparse_core_limits), per sharded stacked table.")
 
     def suggested_sparse_core_limits(self):
         """(max_ids_per_table, max_unique_ids_per_table) from the running maxima."""
@@ -433,3 +394,7 @@ class TPUEmbeddingV2(tf.Module):
         unadmitted ids and refused keys) as one `EmbeddingCounters` record. With several worker
         processes and open vocabularies a collective: every worker must call it."""
         return read_counters(self._group, self._dynamic)
+
+
+def _read(tracker):
+    return None if tracker is None else tracker.read()
