@@ -101,6 +101,10 @@ def parse_args(argv=None):
     parser.add_argument("--serving-quantize", choices=("none", "int8"), default="none",
                         help="store the serving export's tables as float32 (none) or as int8 "
                              "rows with a per-row scale and offset")
+    parser.add_argument("--delta-every", type=int, default=0, metavar="N",
+                        help="export a live serving model after the first batch and a delta "
+                             "of the rows trained every N batches (OUTPUT_DIR/serving_live, "
+                             "OUTPUT_DIR/deltas; examples/serve_deltas.py applies them)")
     data = parser.add_argument_group(
         "real data", "Criteo click logs: tab-separated label, I1-I13, C1-C26 per line (any field "
         "but the label may be empty), plain or gzip. Categorical values are hashed into tables "
@@ -377,7 +381,8 @@ def build_model(data, args, strategy, baseline=False):
                 batch_size=args.batch_size, name="embedding",
                 pipeline_execution_with_tensor_core=args.pipelining,
                 table_dtypes={t: args.table_dtype for t in tables},
-                table_rounding=args.table_rounding, dynamic_vocabularies=dynamic)
+                table_rounding=args.table_rounding, dynamic_vocabularies=dynamic,
+                delta_tracking=getattr(args, "delta_every", 0) > 0)
             if args.freeze_tables:
                 sparse.trainable = False
         model = DLRM(sparse, data.feature_names, args.embedding_dim, seed=args.seed,
@@ -415,6 +420,9 @@ def export_serving_model(model, export_dir, dense_features, quantize=None):
             self.embedding = lookup
             self.bottom = model.bottom
             self.top = model.top
+            # The dense weights in a fixed order, for a serving loop that refreshes them
+            # (examples/serve_deltas.py).
+            self.dense_variables = dense_variables(model)
 
         @tf.function(input_signature=[
             tf.TensorSpec([None, dense_features], tf.float32),
@@ -440,6 +448,11 @@ def export_serving_model(model, export_dir, dense_features, quantize=None):
     tf.saved_model.save(module, export_dir,
                         signatures={"serving_default": module.serving_default})
     return module
+
+
+def dense_variables(model):
+    """The DLRM's dense weights (TensorFlow variables), bottom then top MLP, in a fixed order."""
+    return [w.value for w in list(model.bottom.weights) + list(model.top.weights)]
 
 
 # ----------------------------------------------------------------------------------- main
@@ -609,6 +622,13 @@ def train_and_evaluate(args, strategy=None, baseline=False, export=True):
                                                          args.learning_rate).learning_rate
         summaries = _Summaries(args.logdir, args.log_every, table_lr)
         callbacks.append(summaries)
+    if getattr(args, "delta_every", 0) > 0 and not baseline:
+        from tf_sc_embedding.examples import live_deltas  # pylint: disable=import-outside-toplevel
+        quantize = None if args.serving_quantize == "none" else args.serving_quantize
+        callbacks.append(live_deltas.delta_exports(
+            model, args.output_dir, args.delta_every,
+            lambda path: export_serving_model(model, path, len(data.dense_names), quantize),
+            dense_variables))
     epochs, steps_per_epoch, validation = 1, args.steps, None
     if args.eval_every:
         epochs, steps_per_epoch, validation = args.steps // args.eval_every, args.eval_every, test
