@@ -30,6 +30,7 @@ two blocks per function, the blocks of all functions alternating), and both figu
 
 Usage: python bench/bench_api.py [--caps 1000000,4000000] [--rounds 40] [--threads 2]
        [--scaling-sizes 10000,...] [--skip-scaling]
+       python bench/bench_api.py --delta-tracking [--caps 4000000]   (tracking on against off)
 """
 import argparse
 import os
@@ -79,7 +80,33 @@ def parse_args():
     parser.add_argument("--combiner", default="sum")
     parser.add_argument("--scaling-sizes", default="10000,100000,1000000,10000000")
     parser.add_argument("--skip-scaling", action="store_true")
+    parser.add_argument("--delta-tracking", action="store_true",
+                        help="only measure the Adagrad step with delta tracking on against off "
+                             "(interleaved, at the first cap)")
     return parser.parse_args()
+
+
+def delta_tracking_cost(cap, args):
+    """The fused Adagrad step with delta tracking (docs/deltas.md) on and off, interleaved."""
+    vocab = capped_vocabulary(cap)
+    pool = batch_pool(vocab, args.batch, args.batches)
+    functions = {f"tracking {state}": our_functions(
+        vocab, args.dim, args.batch, args.combiner, E.Adagrad(learning_rate=LEARNING_RATE), pool,
+        phases=False, delta_tracking=state == "on")["step"] for state in ("off", "on")}
+    medians = interleaved(functions, args.rounds)
+    steady = back_to_back(functions, args.rounds)
+    print(f"\n### Delta tracking, vocabularies capped at {cap:,} rows ({sum(vocab):,} rows), "
+          f"batch {args.batch}, dim {args.dim}, {args.threads} threads, median of "
+          f"{args.rounds} calls\n")
+    print("| step, fused Adagrad | interleaved wall ms | CPU ms | back to back wall ms | CPU ms |"
+          "\n|---|---:|---:|---:|---:|")
+    for name, (wall, cpu) in medians.items():
+        print(f"| {name} | {wall:.1f} | {cpu:.1f} | {steady[name][0]:.1f} | "
+              f"{steady[name][1]:.1f} |")
+    for label, result in (("interleaved", medians), ("back to back", steady)):
+        on, off = result["tracking on"], result["tracking off"]
+        print(f"tracking on / off, {label}: {on[0] / off[0]:.3f}x (wall), "
+              f"{on[1] / off[1]:.3f}x (CPU)")
 
 
 def capped_vocabulary(cap):
@@ -124,7 +151,7 @@ def logistic_loss(activations, head, labels):
 
 
 def our_functions(vocab, dim, batch, combiner, optimizer, pool, phases=True,
-                  table_dtype="float32", embeddings=None):
+                  table_dtype="float32", embeddings=None, delta_tracking=False):
     """{phase name: no-argument callable} through TPUEmbeddingV2 with one fused optimizer (and
     rows stored in `table_dtype`). `embeddings`: a list the built embedding is appended to."""
     tables = [E.TableConfig(vocabulary_size=v, dim=dim, name=f"t{i}", combiner=combiner,
@@ -132,7 +159,8 @@ def our_functions(vocab, dim, batch, combiner, optimizer, pool, phases=True,
               for i, v in enumerate(vocab)]
     features = {f"f{i}": E.FeatureConfig(table=t) for i, t in enumerate(tables)}
     embedding = sce.TPUEmbeddingV2(features, optimizer,
-                                   table_dtypes={t.name: table_dtype for t in tables})
+                                   table_dtypes={t.name: table_dtype for t in tables},
+                                   delta_tracking=delta_tracking)
     embedding.build(per_replica_batch_size=batch)
     if embeddings is not None:
         embeddings.append(embedding)
@@ -327,7 +355,7 @@ def scaling(args):
 def main():
     args = parse_args()
     caps = [int(c) for c in args.caps.split(",") if c]
-    if len(caps) > 1:
+    if len(caps) > 1 and not args.delta_tracking:
         # One process per cap: the tables of every configuration at a 4M cap take about 20 GB,
         # and TensorFlow keeps a finished cap's tables alive, so two caps in one process can
         # exceed a 24 GB machine.
@@ -338,6 +366,10 @@ def main():
         caps = []
     use_threads(args.threads)
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    if args.delta_tracking:
+        delta_tracking_cost(caps[0] if caps else 1_000_000, args)
+        print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
+        return
     for cap in caps:
         compare_at_cap(cap, args)
     if not args.skip_scaling:

@@ -1,4 +1,5 @@
-// libFuzzer target: sce::ValidateCsrView, then (when it accepts) the lookup
+// libFuzzer target: sce::ValidateCsrView, then (when it accepts) the touched-row marking
+// sce::MarkTouchedRows, the lookup
 // sce::SparseDenseMatmul (which must overwrite every activation row; its two loops must agree, for
 // float32 rows and for bfloat16 rows of 32 columns; the grouping by activation row must pass its
 // own validation and the grouped lookup must give the same bits) and the fused update
@@ -17,6 +18,7 @@
 #include "cc/core/fused_update.h"
 #include "cc/core/grouped_entries.h"
 #include "cc/core/lookup.h"
+#include "cc/core/touched_rows.h"
 #include "fuzz/fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -54,6 +56,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   v.num_sample_ids = v.num_token_ids = static_cast<int64_t>(n);
   v.num_gains = static_cast<int64_t>(gains.size());
   if (!sce::ValidateCsrView(v).ok()) return 0;
+
+  // The rows a delta would carry (touched_rows.h): exactly the table's own rows are marked, a
+  // flag buffer of another size is refused without a write.
+  std::vector<uint8_t> flags(static_cast<size_t>(table_rows) + 1, 7);
+  SCE_FUZZ_CHECK(!sce::MarkTouchedRows(v, flags.data(), table_rows + 1).ok() &&
+                 flags.back() == 7);
+  flags.pop_back();
+  std::fill(flags.begin(), flags.end(), 0);
+  SCE_FUZZ_CHECK(sce::MarkTouchedRows(v, flags.data(), table_rows).ok());
 
   // The kernels allocate the activations [input_size, dim] only after validation, bounded.
   if (v.input_size > 4096) return 0;
@@ -176,5 +187,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       sce::RunSerially, bad.empty() ? nullptr : bad.data());
   SCE_FUZZ_CHECK(skipped >= 0);
   if (bad.empty()) SCE_FUZZ_CHECK(skipped == 0);
+  // Every row the update changed is a marked row (the delta carries it).
+  for (int64_t r = 0; r < table_rows; ++r) {
+    for (int64_t c = 0; c < dim; ++c) {
+      const size_t at = static_cast<size_t>(r * dim + c);
+      if (std::memcmp(&table[at], &table_before[at], sizeof(float)) != 0) {
+        SCE_FUZZ_CHECK(flags[static_cast<size_t>(r)] == 1);
+      }
+    }
+  }
   return 0;
 }

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Sanitizers and fuzzing (issue 10). Exits non-zero on any crash, sanitizer report, hang or
-# failed unit test. Three stages:
+# failed unit test. Four stages:
 #   1. the cc/core unit tests (cc/tests/core_test.cc) built with -fsanitize=address,undefined;
 #   2. every libFuzzer target in fuzz/ (clang, -fsanitize=fuzzer,address,undefined) for
 #      FUZZ_SECONDS each, starting from the committed seed corpus fuzz/corpus/<target>;
 #   3. the op-level fuzzer (fuzz/op_fuzzer.py) through TensorFlow for OP_FUZZ_SECONDS, each case
-#      in a child process with a timeout (needs the op library: bash scripts/setup.sh).
+#      in a child process with a timeout (needs the op library: bash scripts/setup.sh);
+#   4. the delta reader (fuzz/delta_fuzzer.py) for DELTA_FUZZ_SECONDS: damaged deltas applied to an
+#      embedding and to a serving model fail cleanly and change nothing.
 #
 # Every compile, and every run of stages 1-2, is a job of its own; FUZZ_JOBS of them (default: the
 # number of cores) run at once, the longest builds first (the unit tests and the fused update's
@@ -13,8 +15,8 @@
 #
 # Usage: bash scripts/sanitize_and_fuzz.sh            # CI: about 1-2 minutes of fuzzing
 #        bash scripts/sanitize_and_fuzz.sh --long     # FUZZ_SECONDS=600, OP_FUZZ_SECONDS=1800
-# Environment: FUZZ_SECONDS, OP_FUZZ_SECONDS, OP_FUZZ_SEED, FUZZ_OUT (default build/fuzz),
-#              SKIP_OP_FUZZ=1 (stages 1-2 only), CLANG (default clang++), FUZZ_JOBS.
+# Environment: FUZZ_SECONDS, OP_FUZZ_SECONDS, DELTA_FUZZ_SECONDS, OP_FUZZ_SEED, FUZZ_OUT (default
+#              build/fuzz), SKIP_OP_FUZZ=1 (stages 1-2 only), CLANG (default clang++), FUZZ_JOBS.
 # Results: $FUZZ_OUT/summary.txt (executions and crashes per stage), crash inputs under
 # $FUZZ_OUT/artifacts (libFuzzer) and $FUZZ_OUT/op_crashes (op fuzzer).
 set -uo pipefail
@@ -23,6 +25,7 @@ ROOT=$(pwd)
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-10}
 OP_FUZZ_SECONDS=${OP_FUZZ_SECONDS:-40}
+DELTA_FUZZ_SECONDS=${DELTA_FUZZ_SECONDS:-20}
 # The fused update's harness instantiates every optimizer, row type and instruction set of the
 # kernel: at -O1 under ASan and UBSan clang takes about 9.5 minutes on it (UBSan's checks; ASan alone
 # takes 2), at -O0 about 2.5. A short run compiles it at -O0 (fewer executions in its seconds, the
@@ -31,6 +34,7 @@ FUSED_UPDATE_OPT=${FUSED_UPDATE_OPT:--O0}
 if [ "${1:-}" = "--long" ]; then
   FUZZ_SECONDS=${LONG_FUZZ_SECONDS:-600}
   OP_FUZZ_SECONDS=${LONG_OP_FUZZ_SECONDS:-1800}
+  DELTA_FUZZ_SECONDS=${LONG_DELTA_FUZZ_SECONDS:-600}
   FUSED_UPDATE_OPT=-O1
 fi
 OP_FUZZ_SEED=${OP_FUZZ_SEED:-$(( $(date +%s) % 100000 ))}
@@ -181,6 +185,21 @@ if [ "${SKIP_OP_FUZZ:-0}" != "1" ]; then
   else
     tail -20 "$OUT/op_fuzzer.log"
     note "op fuzzer: FAILED (crashes recorded in $OUT/op_crashes): $(tail -1 "$OUT/op_fuzzer.log")"
+    failures=$((failures + 1))
+  fi
+fi
+
+# --- 4. the delta reader (docs/deltas.md): damaged deltas through the embedding and the serving model
+if [ "${SKIP_OP_FUZZ:-0}" != "1" ]; then
+  echo "== 4. delta reader fuzzer, ${DELTA_FUZZ_SECONDS}s (seed $OP_FUZZ_SEED)"
+  PY=python3
+  [ -x .venv/bin/python ] && PY=.venv/bin/python
+  if timeout $((DELTA_FUZZ_SECONDS + 300)) "$PY" fuzz/delta_fuzzer.py --seconds "$DELTA_FUZZ_SECONDS" \
+       --seed "$OP_FUZZ_SEED" > "$OUT/delta_fuzzer.log" 2>&1; then
+    note "$(tail -1 "$OUT/delta_fuzzer.log")"
+  else
+    tail -20 "$OUT/delta_fuzzer.log"
+    note "delta fuzzer: FAILED: $(tail -1 "$OUT/delta_fuzzer.log")"
     failures=$((failures + 1))
   fi
 fi

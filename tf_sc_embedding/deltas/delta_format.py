@@ -296,26 +296,38 @@ def check_manifest(m, where):
              "'position' is not '<run>:<sequence>'")
     _require(0 <= m["part"] < m["parts"] <= 1 << 16, where, "'part' is not below 'parts'")
     _require(0 <= m["step"] < 1 << 62, where, "'step' is out of range")
+    _require(m.get("base") is None or isinstance(m["base"], str), where, "'base' is not a string")
+    _require(all(isinstance(f, dict) and _is_int(f.get("bytes")) and f["bytes"] >= 0 and
+                 isinstance(f.get("sha256"), str) for f in m["files"].values()), where,
+             "'files' must give each file's bytes and sha256")
     for name, t in m["tables"].items():
         at = f"{where}: table '{name}'"
-        _require(isinstance(t, dict) and t.get("kind") in ("fixed", "dynamic"), at,
+        _require(isinstance(t, dict) and _one_of(t.get("kind"), ("fixed", "dynamic")), at,
                  "'kind' must be 'fixed' or 'dynamic'")
-        for key in ("rows", "stored_rows", "dim", "count"):
-            _require(isinstance(t.get(key), int) and 0 <= t[key] <= MAX_COUNT, at,
-                     f"'{key}' is missing or out of range")
-        _require(t["dim"] <= MAX_WIDTH and t.get("dtype") in ROW_DTYPES, at,
-                 "'dim' or 'dtype' is out of range")
-        _require(isinstance(t.get("slots"), dict) and
-                 all(isinstance(w, int) and 0 < w <= MAX_WIDTH for w in t["slots"].values()), at,
-                 "'slots' must map slot names to widths")
+        counts = ("rows", "stored_rows", "dim", "count")
         if t["kind"] == "dynamic":
-            _require(t.get("key_dtype") in ("int64", "string"), at, "'key_dtype' is missing")
-            _require(isinstance(t.get("tombstones"), int) and 0 <= t["tombstones"] <= MAX_COUNT,
-                     at, "'tombstones' is missing or out of range")
-            if m["optimizer_state"]:
-                _require(isinstance(t.get("pending"), int) and 0 <= t["pending"] <= MAX_COUNT
-                         and isinstance(t.get("last_step"), int), at,
-                         "'pending' or 'last_step' is missing")
+            counts += ("keys", "tombstones") + (("pending",) if m["optimizer_state"] else ())
+            _require(_one_of(t.get("key_dtype"), ("int64", "string")), at,
+                     "'key_dtype' is missing")
+            _require(not m["optimizer_state"] or _is_int(t.get("last_step")), at,
+                     "'last_step' is missing")
+        for key in counts:
+            _require(_is_int(t.get(key)) and 0 <= t[key] <= MAX_COUNT, at,
+                     f"'{key}' is missing or out of range")
+        _require(t["dim"] <= MAX_WIDTH and _one_of(t.get("dtype"), ROW_DTYPES), at,
+                 "'dim' or 'dtype' is out of range")
+        _require(isinstance(t.get("optimizer"), str), at, "'optimizer' is missing")
+        _require(isinstance(t.get("slots"), dict) and
+                 all(_is_int(w) and 0 < w <= MAX_WIDTH for w in t["slots"].values()), at,
+                 "'slots' must map slot names to widths")
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _one_of(value, choices):
+    return isinstance(value, str) and value in choices
 
 
 def read_delta(delta):

@@ -27,6 +27,11 @@ _ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _HEX = list("0123456789abcdef")
 
 
+def _require(condition, message):
+    """An assertion whose error carries only `message` (a delta's bytes may not be text)."""
+    return tf.debugging.Assert(tf.reduce_all(condition), [message])
+
+
 def decode_ids(data):
     """(ids, checks) of uint8 LEB128 varint gaps (delta_format.encode_ids), with stock ops."""
     data = tf.cast(data, tf.int64)
@@ -36,11 +41,9 @@ def decode_ids(data):
     group = tf.cumsum(tf.cast(ends, tf.int64), exclusive=True)   # the id of each byte
     starts = tf.concat([[0], tf.reshape(tf.where(ends), [-1])[:-1] + 1], 0)
     position = tf.range(size) - tf.gather(starts, tf.minimum(group, count))
-    checks = [tf.debugging.assert_equal(tf.reduce_all(tf.logical_or(tf.equal(size, 0),
-                                                                    ends[-1:])), True,
-                                        message="ids: the last id is cut short"),
-              tf.debugging.assert_less(tf.reduce_max(tf.concat([position, [0]], 0)),
-                                       tf.constant(9, tf.int64), message="ids: a gap is too long")]
+    checks = [_require(tf.logical_or(tf.equal(size, 0), tf.reduce_all(ends[-1:])),
+                       "ids: the last id is cut short"),
+              _require(position < 9, "ids: a gap is too long")]
     with tf.control_dependencies(checks):
         shifted = tf.bitwise.left_shift(tf.bitwise.bitwise_and(data, 127), 7 * position)
         gaps = tf.math.unsorted_segment_sum(shifted, group, count)
@@ -65,10 +68,8 @@ class PartReader:
             tf.strings.join([self.part_dir, "/chain.txt"]))), "\n")
         head = tf.strings.split(lines[0], " ")
         index = tf.strings.split(lines[1:], " ").to_tensor("")
-        self.checks = [tf.debugging.assert_equal(tf.size(head), 3,
-                                                 message=f"{part}/chain.txt: malformed"),
-                       tf.debugging.assert_equal(tf.shape(index)[1], 3,
-                                                 message=f"{part}/chain.txt: malformed")]
+        self.checks = [_require(tf.equal(tf.size(head), 3), f"{part}/chain.txt: malformed"),
+                       _require(tf.equal(tf.shape(index)[1], 3), f"{part}/chain.txt: malformed")]
         with tf.control_dependencies(self.checks):
             self.position, self.previous, self.parts = head[0], head[1], head[2]
             self._names, self._bytes, self._hashes = index[:, 0], index[:, 1], index[:, 2]
@@ -79,20 +80,20 @@ class PartReader:
         where = f"{self.label}/{name}"
         content = tf.io.read_file(tf.strings.join([self.part_dir, "/" + name]))
         found = tf.reshape(tf.where(tf.equal(self._names, name)), [-1])
-        self.checks.append(tf.debugging.assert_equal(tf.size(found), 1,
-                                                     message=f"{where}: not in chain.txt"))
         at = tf.minimum(tf.concat([found, [0]], 0)[0],
                         tf.maximum(tf.size(self._names, out_type=tf.int64) - 1, 0))
         size = tf.strings.length(content)
-        self.checks += [
-            tf.debugging.assert_equal(tf.strings.as_string(size), self._bytes[at],
-                                      message=f"{where}: truncated (not the size indexed)"),
-            tf.debugging.assert_equal(_hex(tf.fingerprint(tf.reshape(content, [1]))[0]),
-                                      self._hashes[at],
-                                      message=f"{where}: corrupted (not the fingerprint indexed)"),
-            tf.debugging.assert_equal(tf.strings.substr(content, 0, 8), _NPY_MAGIC,
-                                      message=f"{where}: not a .npy 1.0 file")]
-        with tf.control_dependencies(self.checks[-3:]):
+        fingerprint = _hex(tf.fingerprint(tf.reshape(content, [1]))[0])
+        checks = [
+            _require(tf.equal(tf.size(found), 1), f"{where}: not in chain.txt"),
+            _require(tf.equal(tf.strings.as_string(size), self._bytes[at]),
+                     f"{where}: truncated (not the size indexed)"),
+            _require(tf.equal(fingerprint, self._hashes[at]),
+                     f"{where}: corrupted (not the fingerprint indexed)"),
+            _require(tf.equal(tf.strings.substr(content, 0, 8), _NPY_MAGIC),
+                     f"{where}: not a .npy 1.0 file")]
+        self.checks += checks
+        with tf.control_dependencies(checks):
             header = tf.cast(tf.io.decode_raw(tf.strings.substr(content, 8, 2), tf.uint16)[0],
                              tf.int32)
             return tf.strings.substr(content, 10 + header, size - 10 - header)
@@ -102,17 +103,17 @@ class PartReader:
 
     def ids(self, table, rows):
         ids, checks = decode_ids(self.array(f"{table}.ids.npy", tf.uint8))
-        self.checks += checks + [tf.debugging.assert_less(
-            tf.reduce_max(tf.concat([ids, [-1]], 0)), tf.constant(rows, tf.int64),
-            message=f"{self.label}/{table}.ids.npy: a row is past the table")]
+        self.checks += checks + [_require(ids < rows, f"{self.label}/{table}.ids.npy: a row is "
+                                                      "past the table")]
         return ids
 
     def values(self, table, dtype, dim, count):
         payload = self.payload(f"{table}.values.npy")
-        self.checks.append(tf.debugging.assert_equal(
-            tf.cast(tf.strings.length(payload), tf.int64), count * dim * _ITEM_BYTES[dtype],
-            message=f"{self.label}/{table}.values.npy: its rows do not match the ids"))
-        with tf.control_dependencies(self.checks[-1:]):
+        check = _require(tf.equal(tf.cast(tf.strings.length(payload), tf.int64),
+                                  count * dim * _ITEM_BYTES[dtype]),
+                         f"{self.label}/{table}.values.npy: its rows do not match the ids")
+        self.checks.append(check)
+        with tf.control_dependencies([check]):
             raw = tf.io.decode_raw(payload, _DECODED[dtype])
         return tf.reshape(tf.cast(raw, tf.float32), [-1, dim])
 
@@ -122,11 +123,11 @@ class PartReader:
         data = self.payload(f"{stem}.npy")
         offsets = self.array(f"{stem}_offsets.npy", tf.int64)
         lengths = offsets[1:] - offsets[:-1]
-        self.checks += [
-            tf.debugging.assert_equal(offsets[-1], tf.cast(tf.strings.length(data), tf.int64),
-                                      message=f"{self.label}/{stem}: bad key offsets"),
-            tf.debugging.assert_non_negative(lengths, message=f"{stem}: bad key offsets")]
-        with tf.control_dependencies(self.checks[-2:]):
+        checks = [_require(tf.logical_and(
+            tf.equal(offsets[-1], tf.cast(tf.strings.length(data), tf.int64)),
+            tf.reduce_all(lengths >= 0)), f"{self.label}/{stem}_offsets.npy: bad key offsets")]
+        self.checks += checks
+        with tf.control_dependencies(checks):
             return tf.strings.substr(tf.fill(tf.shape(lengths), data),
                                      tf.cast(offsets[:-1], tf.int32), tf.cast(lengths, tf.int32))
 
@@ -154,16 +155,15 @@ class DynamicRows(tf.Module):
         return self.table.lookup(keys)
 
     def plan(self, keys, removed):
-        """(checks, apply(keys) -> rows of the keys) of removing then holding keys."""
+        """(checks, apply() -> the keys' rows) of removing `removed`, then holding `keys`."""
         keys, removed = tf.reshape(keys, [-1]), tf.reshape(removed, [-1])
         old = tf.reshape(self.table.lookup(removed), [-1])
         freed = tf.boolean_mask(old, old < self.capacity)
         current = tf.reshape(self.table.lookup(keys), [-1])
         is_new = current >= self.capacity
         new = tf.reduce_sum(tf.cast(is_new, tf.int64))
-        checks = [tf.debugging.assert_less_equal(
-            new, self.free_count + tf.size(freed, out_type=tf.int64),
-            message="the delta holds more keys than the serving table has rows")]
+        checks = [_require(new <= self.free_count + tf.size(freed, out_type=tf.int64),
+                           "the delta holds more keys than the serving table has rows")]
 
         def apply():
             removed_op = self.table.remove(removed)
@@ -191,7 +191,7 @@ def join_rows(ids, values, key_rows, where):
                     tf.maximum(tf.size(ids, out_type=tf.int64) - 1, 0))
     found = tf.logical_or(tf.equal(tf.size(key_rows), 0), tf.logical_and(
         tf.size(ids) > 0, tf.reduce_all(tf.equal(tf.gather(ordered, at), key_rows))))
-    checks = [tf.debugging.assert_equal(found, True, message=f"{where}: a key's row was not sent")]
+    checks = [_require(found, f"{where}: a key's row was not sent")]
     with tf.control_dependencies(checks):
         return checks, tf.gather(values, tf.gather(order, at))
 
@@ -201,16 +201,16 @@ def apply_delta(module, path):
     parts = module.delta_parts
     readers = [PartReader(path, fmt.part_name(w, parts)) for w in range(parts)]
     done = tf.io.matching_files(tf.strings.join([path, "/part-*-of-*.done"]))
-    checks = [tf.debugging.assert_equal(tf.size(done), parts,
-                                        message=f"delta incomplete or not of {parts} part(s)")]
+    checks = [_require(tf.equal(tf.size(done), parts),
+                       f"the delta is incomplete or not of {parts} part(s)")]
     for reader in readers:
-        checks += reader.checks + [
-            tf.debugging.assert_equal(reader.parts, str(parts), message="another part count"),
-            tf.debugging.assert_equal(reader.position, readers[0].position,
-                                      message="parts of different deltas"),
-            tf.debugging.assert_equal(reader.previous, module.delta_position,
-                                      message="the delta does not follow the serving model's "
-                                      "position (missing, repeated or from another run)")]
+        checks += [
+            _require(tf.equal(reader.parts, str(parts)), f"{reader.label}: another part count"),
+            _require(tf.equal(reader.position, readers[0].position),
+                     f"{reader.label}: a part of another delta"),
+            _require(tf.equal(reader.previous, module.delta_position),
+                     "the delta does not follow the serving model's position (an earlier delta "
+                     "is missing, it was applied already, or it is of another run)")]
     writes = []
     for name, info in module.delta_tables.items():
         ids, values = [], []
@@ -219,8 +219,7 @@ def apply_delta(module, path):
             values.append(reader.values(name, info["dtype"], info["dim"],
                                         tf.size(ids[-1], out_type=tf.int64)))
         ids, values = tf.concat(ids, 0), tf.concat(values, 0)
-        checks.append(tf.debugging.assert_equal(tf.reduce_all(tf.math.is_finite(values)), True,
-                                                message=f"table '{name}': non-finite rows"))
+        checks.append(_require(tf.math.is_finite(values), f"table '{name}': non-finite rows"))
         dynamic = module.dynamic_rows.get(name)
         if dynamic is None:
             writes.append((module.rows[name], ids, values, None))
@@ -229,8 +228,8 @@ def apply_delta(module, path):
         keys = tf.concat([r.keys(f"{name}.keys", strings) for r in readers], 0)
         removed = tf.concat([r.keys(f"{name}.tombstones", strings) for r in readers], 0)
         key_rows = tf.concat([r.array(f"{name}.key_rows.npy", tf.int64) for r in readers], 0)
-        checks.append(tf.debugging.assert_equal(tf.size(key_rows), tf.size(keys),
-                                                message=f"table '{name}': keys without rows"))
+        checks.append(_require(tf.equal(tf.size(key_rows), tf.size(keys)),
+                               f"table '{name}': keys without rows"))
         joined_checks, key_values = join_rows(ids, values, key_rows, f"table '{name}'")
         plan_checks, assign = dynamic.plan(keys, removed)
         checks += joined_checks + plan_checks
