@@ -61,6 +61,13 @@ def parse():
                         "37 possible keys (the maps lend each other rows), the conditions under "
                         "which the open vocabulary equals the fixed table trained on the keys' "
                         "ids")
+    p.add_argument("--checkpoint-at", type=int, default=-1,
+                   help="also save a checkpoint after this step (to --out/early)")
+    p.add_argument("--delta-at", default="",
+                   help="comma-separated steps after which every worker writes its part of a "
+                        "delta with optimizer state into --out/deltas (delta tracking on)")
+    p.add_argument("--apply-deltas", default="",
+                   help="a folder of deltas applied in order after the restore (tracking on)")
     p.add_argument("--prefetch", action="store_true",
                    help="with --pipelining: every step also looks up the next step's batch "
                         "(next_features), the first one prefetched before the loop")
@@ -126,13 +133,28 @@ def main():
                                        dynamic_vocabularies={"small": sce.DynamicVocabulary(
                                            admission_threshold=1 if args.identity else 2,
                                            steps_to_live=None if args.identity else 3)}
-                                       if args.dynamic else None)
+                                       if args.dynamic else None,
+                                       delta_tracking=bool(args.delta_at or args.apply_deltas))
     checkpoint = tf.train.Checkpoint(embedding=embedding)
     if args.restore and not args.restore_after_build:
         checkpoint.restore(args.restore)
     embedding.build(per_replica_batch_size=PER_REPLICA_BATCH)
     if args.restore and args.restore_after_build:
         checkpoint.restore(args.restore)
+    if args.apply_deltas:
+        from tf_sc_embedding.deltas import delta_format  # pylint: disable=import-outside-toplevel
+        for _, _, path in delta_format.list_deltas(args.apply_deltas):
+            embedding.apply_delta(path)
+
+    def save(path_or_chief, name):
+        """Saves a checkpoint (the chief to `path_or_chief`, the others to scratch paths) and
+        records its path in --out/<name>_path."""
+        path = path_or_chief if args.index == 0 else os.path.join(
+            args.out, f"tmp_{name}_{args.index}")
+        saved = checkpoint.save(path)
+        if args.index == 0:
+            with open(os.path.join(args.out, f"{name}_path"), "w") as f:
+                f.write(saved)
 
     def batch(step, replica):
         """The ragged ids of one replica at one step (the same in any topology)."""
@@ -187,15 +209,15 @@ def main():
                 raise
             errors.append(e.message)
         print("step", step, flush=True)
+        if step == args.checkpoint_at:
+            save(os.path.join(args.out, "early", "ckpt"), "early")
+        if str(step) in args.delta_at.split(","):
+            embedding.export_delta(os.path.join(args.out, "deltas"), include_optimizer_state=True)
         if args.sleep_per_step:
             time.sleep(args.sleep_per_step)
     os.makedirs(args.out, exist_ok=True)
     if args.save:
-        path = args.save if args.index == 0 else os.path.join(args.out, f"tmp_ckpt_{args.index}")
-        saved = checkpoint.save(path)
-        if args.index == 0:
-            with open(os.path.join(args.out, "checkpoint_path"), "w") as f:
-                f.write(saved)
+        save(args.save, "checkpoint")
     tables = embedding.logical_tables(include_slots=True)
     flat = {f"{t}/{k}": v for t, kinds in tables.items() for k, v in kinds.items()}
     shards = {f"shard_rows/{v.name}": np.array(v.shape[0])

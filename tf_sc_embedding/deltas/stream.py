@@ -87,6 +87,8 @@ class DeltaStream:
         if self._touched is None:
             raise RuntimeError("export_delta needs the tables: build them first")
         with tf.init_scope():
+            if self._sequence == 0 and self._group.is_multi_worker:
+                self._agree_on_the_run()
             manifest, arrays = self._collect(bool(include_optimizer_state), int(step))
         self._sequence += 1
         previous = self.position
@@ -100,6 +102,18 @@ class DeltaStream:
                                        workers, manifest, arrays, _farmhash64)
         future = self._writer.submit(write)
         return future.result() if blocking else future
+
+    def _agree_on_the_run(self):
+        """Every worker started the run with its own id; the parts of one delta need one: all
+        take the chief's (a collective, in the first export of a run, which every worker makes).
+        After a fresh build the chief's checkpoints name its own id, so those apply too."""
+        proposal = np.frombuffer(bytes.fromhex(self._run), np.int32)
+        chosen = self._group.gather_local_arrays(
+            {r: proposal for r in self._group.local_replica_ids})[0]
+        run = np.asarray(chosen, np.int32).tobytes().hex()
+        if self._base is None:
+            self.position = fmt.position(run, 0)
+        self._run = run
 
     def _collect(self, with_state, step):
         touched = self._touched.take()
