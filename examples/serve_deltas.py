@@ -77,33 +77,44 @@ def main(argv=None):
         print(f"{what}: held-out AUC {auc(labels, probability):.4f}", flush=True)
 
     report(f"live model at {model.embedding.delta_position.numpy().decode()}")
-    applied, skipped = set(), set()
+    seen = set()
     while time.time() < deadline:
-        progressed = False
-        for sequence, run, path in delta_format.list_deltas(stream):
-            if path in applied or path in skipped:
-                continue
-            previous = delta_format.read_delta(path)[0].manifest["previous"]
-            if previous != model.embedding.delta_position.numpy().decode():
-                skipped.add(path)   # another run's (an earlier job in the same folder)
-                continue
-            started = time.perf_counter()
-            model.embedding.apply_delta(path)
-            dense = os.path.join(stream, live_deltas.dense_file(sequence))
-            if os.path.exists(dense):   # the job's dense weights at this delta
-                with np.load(dense) as weights:
-                    for i, variable in enumerate(model.dense_variables):
-                        variable.assign(weights[f"w{i}"])
-            applied.add(path)
-            progressed = True
-            report(f"delta {sequence} of run {run[:8]} applied in "
-                   f"{1000 * (time.perf_counter() - started):.0f} ms")
-        if not progressed and os.path.exists(os.path.join(stream, live_deltas.FINISHED)):
-            print(f"the job finished: {len(applied)} delta(s) applied", flush=True)
-            return len(applied)
-        if not progressed:
+        finished = os.path.exists(os.path.join(stream, live_deltas.FINISHED))
+        applied = apply_new_deltas(model, stream, seen)
+        for sequence, run, ms in applied:
+            report(f"delta {sequence} of run {run[:8]} applied in {ms:.0f} ms")
+        if not applied and finished:
+            count = sum(1 for _ in seen)
+            print(f"the job finished; the live model is at "
+                  f"{model.embedding.delta_position.numpy().decode()}", flush=True)
+            return count
+        if not applied:
             time.sleep(args.poll_seconds)
     raise TimeoutError(f"no end of the delta stream within {args.timeout} s")
+
+
+def apply_new_deltas(model, stream, seen):
+    """Applies, in order, the complete deltas under `stream` that follow the model's position,
+    each with the dense weights written beside it; returns [(sequence, run, ms)]. `seen`: the
+    paths already applied or skipped (another run's), updated."""
+    applied = []
+    for sequence, run, path in delta_format.list_deltas(stream):
+        if path in seen:
+            continue
+        previous = delta_format.read_delta(path)[0].manifest["previous"]
+        if previous != model.embedding.delta_position.numpy().decode():
+            seen.add(path)   # another run's (an earlier job in the same folder)
+            continue
+        started = time.perf_counter()
+        model.embedding.apply_delta(path)
+        dense = os.path.join(stream, live_deltas.dense_file(sequence))
+        if os.path.exists(dense):   # the job's dense weights at this delta
+            with np.load(dense) as weights:
+                for i, variable in enumerate(model.dense_variables):
+                    variable.assign(weights[f"w{i}"])
+        seen.add(path)
+        applied.append((sequence, run, 1000 * (time.perf_counter() - started)))
+    return applied
 
 
 if __name__ == "__main__":

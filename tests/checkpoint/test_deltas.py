@@ -246,7 +246,9 @@ def _dynamic_embedding(strategy, key_dtype):
 
 
 @pytest.mark.parametrize("key_dtype", [tf.int64, tf.string])
-@pytest.mark.parametrize("source,target", [(1, 1), (1, 2), (2, 4), (4, 1)])
+@pytest.mark.parametrize("source,target", [(1, 1), (1, 2),
+                                           pytest.param(2, 4, marks=pytest.mark.slow),
+                                           pytest.param(4, 1, marks=pytest.mark.slow)])
 def test_open_vocabularies_recover_keys_counts_and_evictions_on_any_replica_count(
         tmp_path, key_dtype, source, target):
     from tests.api.test_dynamic_vocabulary import key_values, random_batches, train   # pylint: disable=import-outside-toplevel
