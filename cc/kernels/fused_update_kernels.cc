@@ -12,6 +12,7 @@
 #include "cc/core/fused_update.h"
 #include "cc/core/huge_pages.h"
 #include "cc/core/optimizers.h"
+#include "cc/core/touched_rows.h"
 #include "cc/kernels/kernel_utils.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -34,6 +35,10 @@ class FusedUpdateOp : public OpKernel {
     if (kResource) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &num_gradients_));
       OP_REQUIRES_OK(ctx, ctx->GetAttr("feature_rows_per_sc", &feature_rows_per_sc_));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("num_touched", &num_touched_));
+      OP_REQUIRES(ctx, num_touched_ <= 1,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "table '", attrs_.table_name, "': at most one touched-row flags variable")));
       std::vector<int64_t> seeds, offsets, rotations;
       std::string rounding;
       OP_REQUIRES_OK(ctx, ctx->GetAttr("rounding_seeds", &seeds));
@@ -94,6 +99,11 @@ class FusedUpdateOp : public OpKernel {
     std::vector<std::string> variable_names = {"embedding_table"};
     for (size_t i = 0; i <= kNumSlots; ++i) variable_inputs.push_back(table_input_ + i);
     for (const char* slot : Optimizer::kSlots) variable_names.push_back(slot);
+    const bool tracked = kResource && num_touched_ == 1;
+    if (tracked) {   // the flags variable, locked with the table (touched_rows.h)
+      variable_inputs.push_back(minibatches_input_ + 2);
+      variable_names.push_back("flags");
+    }
     LockedVariables locked;
     std::array<const Tensor*, kNumSlots + 1> inputs;
     if (kResource) {
@@ -128,6 +138,15 @@ class FusedUpdateOp : public OpKernel {
                       "' has shape ", inputs[i + 1]->shape().DebugString(), " but the table has shape ",
                       table.shape().DebugString(), row_wise ? ", so this row-wise slot must be " : "",
                       row_wise ? expected.DebugString() : "")));
+    }
+    if (tracked) {
+      const Tensor& flags = *locked.tensor(kNumSlots + 1);
+      OP_REQUIRES(ctx, flags.dtype() == DT_UINT8 && flags.dims() == 1 &&
+                           flags.dim_size(0) == table.dim_size(0),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "table '", attrs_.table_name, "': the touched-row flags must be a uint8 "
+                      "vector of the table's ", table.dim_size(0), " rows, got ",
+                      DataTypeString(flags.dtype()), " ", flags.shape().DebugString())));
     }
     OP_REQUIRES(ctx, row_width_ <= table.dim_size(1),
                 absl::InvalidArgumentError(absl::StrCat(
@@ -253,6 +272,13 @@ class FusedUpdateOp : public OpKernel {
                                             hypers_.data(), clip_, targets[0], slots,
                                             ThreadPoolFor(ctx), bad);
     }
+    if (tracked) {   // sized above: marking cannot fail
+      Tensor& flags = *locked.tensor(kNumSlots + 1);
+      OP_REQUIRES_OK(ctx, ToTf(sce::MarkTouchedRows(
+                              view, reinterpret_cast<uint8_t*>(
+                                        const_cast<char*>(flags.tensor_data().data())),
+                              flags.dim_size(0))));
+    }
     OP_REQUIRES_OK(ctx, OutputInt32Scalar(ctx, kResource ? 0 : static_cast<int>(kNumSlots) + 1,
                                           skipped));
     if (skipped > 0) {
@@ -284,6 +310,7 @@ class FusedUpdateOp : public OpKernel {
 
   CsrAttrs attrs_;
   int num_gradients_ = 1;
+  int num_touched_ = 0;   // 1: the rows written are marked in a flags variable
   sce::FeatureRowsPerSc feature_rows_per_sc_;
   int learning_rate_input_ = 0, table_input_ = 0, minibatches_input_ = 0;
   sce::NonFiniteGradients non_finite_ = sce::NonFiniteGradients::kError;

@@ -33,7 +33,11 @@ void AddCommon(register_op::OpDefBuilderWrapper& op, bool resource) {
   // 16-bit tables (resource form only): the step whose bits round the rows written back, and the
   // member tables' layout and seeds that give each row its logical id (row_precision.h).
   if (resource) {
+    // touched (delta tracking, cc/core/touched_rows.h): none, or one uint8 [table rows] variable
+    // in which the update marks every row it writes.
     op.Input("rounding_step: int64")
+        .Input("touched: num_touched * resource")
+        .Attr("num_touched: int >= 0 = 0")
         .Attr("rounding_seeds: list(int) = []")
         .Attr("rounding_row_offsets: list(int) = []")
         .Attr("rounding_rotations: list(int) = []")

@@ -123,12 +123,39 @@ def test_help_lists_the_knobs(capsys):
 
 @pytest.mark.slow
 def test_default_run_reaches_its_auc(tmp_path):
-    """The main job's defaults (2000 steps x 1024): about 0.82 AUC; frozen tables about 0.765."""
-    trained, _, _ = run(["--verbose", "0"], tmp_path, export=True)
+    """The main job's defaults (2000 steps x 1024): about 0.82 AUC; frozen tables about 0.765.
+    With --delta-every, its live serving model (exported after the first batch), with every delta
+    and the dense weights beside it applied by examples/serve_deltas.py's loop, answers exactly as
+    the export at the end of training."""
+    trained, _, _ = run(["--verbose", "0", "--delta-every", "500"], tmp_path, export=True)
     frozen, _, _ = run(["--verbose", "0", "--freeze-tables", "--no-export"], tmp_path / "f")
     assert trained["auc"] > 0.80, trained
     assert trained["auc"] > frozen["auc"] + 0.04, (trained, frozen)
     assert trained["log_loss"] < frozen["log_loss"] - 0.03, (trained, frozen)
+    _check_the_live_model_equals_the_final_export(tmp_path, deltas=4)
+
+
+def _check_the_live_model_equals_the_final_export(output_dir, deltas):
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    import os  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.examples import live_deltas  # pylint: disable=import-outside-toplevel
+    spec = importlib.util.spec_from_file_location(
+        "serve_deltas", os.path.join(os.path.dirname(__file__), "..", "..", "examples",
+                                     "serve_deltas.py"))
+    serve_deltas = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(serve_deltas)
+    stream = live_deltas.deltas_dir(str(output_dir))
+    assert os.path.exists(os.path.join(stream, live_deltas.FINISHED))
+    live = tf.saved_model.load(live_deltas.live_serving_dir(str(output_dir)))
+    applied = serve_deltas.apply_new_deltas(live, stream, set())
+    assert [sequence for sequence, _, _ in applied] == list(range(1, deltas + 1))
+    final = tf.saved_model.load(str(output_dir / "serving"))
+    data = TeacherLabelledData(vocabulary_scale=0.01, seed=0)
+    inputs, _ = serve_deltas.held_out_inputs(
+        serve_deltas.parse_args(["--eval-samples", "512"]), set(data.feature_names))
+    want = final.signatures["serving_default"](**inputs)["probability"].numpy()
+    got = live.signatures["serving_default"](**inputs)["probability"].numpy()
+    np.testing.assert_array_equal(got, want)
 
 
 # ----------------------------------------------------------------- real (Criteo-format) data
@@ -234,30 +261,3 @@ def test_raw_string_keys_train_in_open_vocabularies_and_serve(tmp_path, extra):
     with pytest.raises(SystemExit):   # raw keys need files
         dlrm.parse_args(["--raw-keys"])
 
-
-@pytest.mark.slow   # a 30-step run with a live serving model and three deltas
-def test_deltas_keep_a_live_serving_model_equal_to_the_final_export(tmp_path):
-    """--delta-every: the live model exported after the first batch, with every delta (and the
-    dense weights beside it) applied by examples/serve_deltas.py's loop, answers exactly as the
-    export at the end of training."""
-    import importlib.util  # pylint: disable=import-outside-toplevel
-    import os  # pylint: disable=import-outside-toplevel
-    from tf_sc_embedding.examples import live_deltas  # pylint: disable=import-outside-toplevel
-    spec = importlib.util.spec_from_file_location(
-        "serve_deltas", os.path.join(os.path.dirname(__file__), "..", "..", "examples",
-                                     "serve_deltas.py"))
-    serve_deltas = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(serve_deltas)
-    run(BRIEF + ["--delta-every", "10"], tmp_path, export=True)
-    stream = live_deltas.deltas_dir(str(tmp_path))
-    assert os.path.exists(os.path.join(stream, live_deltas.FINISHED))
-    live = tf.saved_model.load(live_deltas.live_serving_dir(str(tmp_path)))
-    applied = serve_deltas.apply_new_deltas(live, stream, set())
-    assert [sequence for sequence, _, _ in applied] == [1, 2, 3]
-    final = tf.saved_model.load(str(tmp_path / "serving"))
-    data = TeacherLabelledData(vocabulary_scale=0.01, seed=0)
-    inputs, _ = serve_deltas.held_out_inputs(
-        serve_deltas.parse_args(["--eval-samples", "512"]), set(data.feature_names))
-    want = final.signatures["serving_default"](**inputs)["probability"].numpy()
-    got = live.signatures["serving_default"](**inputs)["probability"].numpy()
-    np.testing.assert_array_equal(got, want)

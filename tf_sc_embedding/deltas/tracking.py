@@ -1,9 +1,9 @@
 """What changed since the previous delta: touched rows and, for open vocabularies, keys.
 
 Fixed and open-vocabulary tables alike keep their rows in the stacked variables, and the fused
-update is the only training write to them, so one uint8 flag per stored row, set by
-SceMarkTouchedRows from the update's own CSR inputs (ops/touched_rows.py), says which rows a
-delta must carry. The flags live beside the tables, one variable per stacked table and local
+update is the only training write to them, so one uint8 flag per stored row, which the update op
+itself sets for every row it writes (its `touched_flags`, cc/core/touched_rows.h), says which
+rows a delta must carry. The flags live beside the tables, one variable per stacked table and local
 replica, and each worker reads only its own: a delta part is the rows a worker stores.
 
 An open vocabulary also changes which keys hold rows. Its maps know each key's last-seen step

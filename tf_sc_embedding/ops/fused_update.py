@@ -19,6 +19,10 @@ see docs/optimizers.md#storage-precision.
 Given resource variables, it updates only the touched rows of the variables in place and returns
 None eagerly (the op in graph mode): the cost of a step does not grow with the vocabulary.
 
+Delta tracking (in-place form only, keyword-only `touched_flags`; docs/deltas.md): a uint8
+variable with one flag per table row, in which the update sets the flag of every row it writes
+(cc/core/touched_rows.h), checked before any write.
+
 Keyword-only extras for data-parallel training: `num_replica` (replicas whose SparseCores shard
 the table), `num_source_replicas` (how many replicas' CSR buffers and activation gradients are
 concatenated in the inputs; their contributions to a row are summed before the single update), and
@@ -110,6 +114,7 @@ def _signature(definition):
                P("rounding_row_offsets", P.KEYWORD_ONLY, default=()),
                P("rounding_rotations", P.KEYWORD_ONLY, default=()),
                P("rounding", P.KEYWORD_ONLY, default="stochastic"),
+               P("touched_flags", P.KEYWORD_ONLY, default=None),
                P("return_num_skipped_rows", P.KEYWORD_ONLY, default=False),
                P("name", P.KEYWORD_ONLY, default=None)]
     return inspect.Signature(params)
@@ -144,6 +149,8 @@ def _make_op_function(definition):
                                                  else [gradients])
             arguments["feature_rows_per_sc"] = [int(r) for r in arguments["feature_rows_per_sc"]]
             arguments["rounding_step"] = tf.cast(arguments["rounding_step"], tf.int64)
+            flags = arguments.pop("touched_flags")
+            arguments["touched"] = [] if flags is None else [handle_of(flags)]
             for key in ("rounding_seeds", "rounding_row_offsets", "rounding_rotations"):
                 arguments[key] = [int(v) for v in arguments[key]]
             num_skipped = in_place(**arguments)
@@ -155,6 +162,9 @@ def _make_op_function(definition):
             raise ValueError(f"table '{arguments['table_name']}': per-feature activation_gradients "
                              "and feature_rows_per_sc need the in-place form (resource "
                              "variables); the functional form keeps TensorFlow's signature")
+        if arguments.pop("touched_flags") is not None:
+            raise ValueError(f"table '{arguments['table_name']}': touched_flags needs the "
+                             "in-place form (resource variables)")
         if (arguments.pop("rounding_seeds") or arguments.pop("rounding_row_offsets") or
                 arguments.pop("rounding_rotations")):
             raise ValueError(f"table '{arguments['table_name']}': 16-bit tables need the in-place "

@@ -17,8 +17,6 @@ import hashlib
 
 import tensorflow as tf
 
-from tf_sc_embedding.ops import touched_rows
-
 # The tensors one update consumes, named as the fused update ops' inputs, with their dtypes.
 UPDATE_INPUT_DTYPES = collections.OrderedDict([
     ("row_pointers", tf.int32),
@@ -70,16 +68,8 @@ def run(target, inputs, non_finite_gradients="error", step=None):
     rounding = rounding_arguments(stacked)
     if rounding:
         rounding["rounding_step"] = target.step_counter.read_value() if step is None else step
-    if target.touched is not None:
-        marked = touched_rows.mark_touched_rows(target.touched, inputs, stacked.name,
-                                                target.arguments)
-        with tf.control_dependencies([marked]):
-            return _apply(target, inputs, non_finite_gradients, rounding)
-    return _apply(target, inputs, non_finite_gradients, rounding)
-
-
-def _apply(target, inputs, non_finite_gradients, rounding):
-    stacked = target.stacked
+    if target.touched is not None:   # delta tracking: the update marks the rows it writes
+        rounding["touched_flags"] = target.touched
     return stacked.optimizer.apply(
         **inputs._asdict(), embedding_table=target.parameters, table_name=stacked.name,
         non_finite_gradients=non_finite_gradients,
@@ -91,18 +81,21 @@ def run_all(targets, inputs, non_finite_gradients="error"):
     """Runs one replica's updates ({key: target}, {key: inputs}) as one step: all round with the
     same step, which then advances. Returns the results, in the order of `targets`."""
     keys = list(targets)
-    # Only 16-bit tables round with the step: float32-only embeddings neither read nor advance
-    # it, unless deltas are tracked (a delta records its step).
-    narrow = any(rounding_arguments(targets[k].stacked) or targets[k].touched is not None
-                 for k in keys)
-    counter = targets[keys[0]].step_counter if keys and narrow else None
-    step = counter.read_value() if counter is not None else None
+    # Only 16-bit tables round with the step, which then advances after their updates; with
+    # delta tracking (a delta records its step) the step is only counted, and nothing waits for
+    # the count. Float32-only embeddings without tracking neither read nor advance it.
+    narrow = any(rounding_arguments(targets[k].stacked) for k in keys)
+    counted = narrow or any(targets[k].touched is not None for k in keys)
+    counter = targets[keys[0]].step_counter if keys and counted else None
+    step = counter.read_value() if narrow else None
     results = [run(targets[k], inputs[k], non_finite_gradients, step) for k in keys]
-    if counter is not None:
+    if narrow:
         with tf.control_dependencies([r for r in results if r is not None]):
             advanced = counter.assign_add(1)
         with tf.control_dependencies([advanced]):
             results = [tf.identity(r) if isinstance(r, tf.Tensor) else r for r in results]
+    elif counter is not None:
+        counter.assign_add(1)
     return results
 
 
