@@ -99,8 +99,9 @@ def delta_tracking_cost(cap, args):
             out = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:],
                                   f"--delta-order={order}"], check=True, capture_output=True,
                                  text=True).stdout
-            print(out.strip().split("\nRATIOS")[0])
-            ratios.append([float(x) for x in out.split("RATIOS")[1].split()])
+            line = next(l for l in out.splitlines() if l.startswith("RATIOS "))
+            print("\n".join(l for l in out.splitlines() if l is not line))
+            ratios.append([float(x) for x in line.split()[1:]])
         combined = [(a * b) ** 0.5 for a, b in zip(*ratios)]
         print("\ntracking on / off, both creation orders combined: interleaved "
               f"{combined[0]:.3f}x wall, {combined[1]:.3f}x CPU; back to back {combined[2]:.3f}x "
