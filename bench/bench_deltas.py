@@ -1,7 +1,8 @@
 """Delta exports (docs/deltas.md): their size against the full tables, and the time to write one.
 
 1. Size. The Criteo-like workload (26 tables with the Criteo cardinalities capped at --cap rows,
-   dim --dim, Adagrad, batch --batch, 1 replica) trains with delta_tracking=True; a delta is
+   dim --dim, Adagrad, batch --batch, 1 replica, every step a new batch) trains with
+   delta_tracking=True; a delta is
    exported after 10 steps, then after 100 more and 1000 more (each delta holds the rows trained
    since the previous one), both serving-only and with the optimizer state (two embeddings
    trained on the same batches). Reported per delta: the rows sent, the bytes on disk, the bytes
@@ -16,6 +17,7 @@ Usage: python bench/bench_deltas.py [--cap 4000000] [--dim 16] [--batch 4096]
        [--steps 10,100,1000] [--write-rows 100000] [--repeats 5]
 """
 import argparse
+import itertools
 import os
 import shutil
 import statistics
@@ -31,7 +33,9 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tf_sc_embedding as sce  # noqa: E402
-from bench_api import batch_pool, capped_vocabulary, dense_head, iterator_over, logistic_loss  # noqa: E402
+from bench_api import capped_vocabulary, dense_head, logistic_loss  # noqa: E402
+from common import ragged_features  # noqa: E402
+from tf_sc_embedding.data import CriteoLikeWorkload  # noqa: E402
 from tf_sc_embedding.deltas import delta_format  # noqa: E402
 
 E = tf.tpu.experimental.embedding
@@ -77,12 +81,30 @@ def delta_bytes(path):
     return total, rows, payload
 
 
+def fresh_batches(vocab, batch, seed=0):
+    """An endless iterator of distinct workload batches (batch i of the seeded workload), made
+    as they are consumed: a repeating pool would stop touching new rows after one cycle."""
+    workload = CriteoLikeWorkload(vocabulary_sizes=vocab, seed=seed)
+
+    def generate():
+        rng = np.random.default_rng(seed + 1)
+        for index in itertools.count():
+            ids, weights = ragged_features(workload.batch(batch, index=index))
+            yield ids, weights, (rng.random(batch) < 0.3).astype(np.float32)
+
+    ragged = {f"f{i}": tf.RaggedTensorSpec([batch, None], tf.int32, 1, tf.int32)
+              for i in range(len(vocab))}
+    weights = {name: tf.RaggedTensorSpec([batch, None], tf.float32, 1, tf.int32)
+               for name in ragged}
+    return iter(tf.data.Dataset.from_generator(generate, output_signature=(
+        ragged, weights, tf.TensorSpec([batch], tf.float32))).prefetch(2))
+
+
 def sizes(args, directory):
     vocab = capped_vocabulary(args.cap)
-    pool = batch_pool(vocab, args.batch, args.batches)
     serving, recovery = (make_embedding(vocab, args.dim, args.batch) for _ in range(2))
     steps = {e: train_step(e, len(vocab), args.dim) for e in (serving, recovery)}
-    iterators = {e: iterator_over(pool) for e in (serving, recovery)}
+    iterators = {e: fresh_batches(vocab, args.batch) for e in (serving, recovery)}
     full = sum(vocab) * args.dim * 4
     print(f"\n### Delta size, Criteo-like tables capped at {args.cap:,} rows ({sum(vocab):,} rows, "
           f"dim {args.dim}: {full / 2**20:,.0f} MiB of rows, as much again of Adagrad "
@@ -133,7 +155,6 @@ def main():
     parser.add_argument("--cap", type=int, default=4_000_000)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--batch", type=int, default=4096)
-    parser.add_argument("--batches", type=int, default=64, help="distinct batches in the pool")
     parser.add_argument("--steps", default="10,100,1000")
     parser.add_argument("--write-rows", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=5)
