@@ -63,7 +63,7 @@ def restored(path, replicas, optimizer="adagrad", dtypes=None):
 
 @pytest.mark.parametrize("optimizer,dtypes", [("adagrad", None), ("row_wise_adagrad", None),
                                               ("adam", {"item": "bfloat16", "user": "float16"})])
-@pytest.mark.parametrize("replicas", [1, 2, 4])
+@pytest.mark.parametrize("replicas", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
 def test_checkpoint_plus_deltas_equals_the_later_checkpoint_on_any_replica_count(
         tmp_path, optimizer, dtypes, replicas):
     early, deltas, late, trained = train_with_deltas(tmp_path, optimizer, dtypes)
@@ -298,7 +298,7 @@ def _op_types(export_dir):
             for n in function.node_def}
 
 
-@pytest.mark.parametrize("quantize", [None, "int8"])
+@pytest.mark.parametrize("quantize", [None, pytest.param("int8", marks=pytest.mark.slow)])
 def test_a_live_serving_model_applies_deltas_and_answers_as_a_fresh_export(tmp_path, quantize):
     from tf_sc_embedding.saving import serving   # pylint: disable=import-outside-toplevel
     strategy, embedding = make(1, "adagrad", {"item": "bfloat16"})

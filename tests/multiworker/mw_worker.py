@@ -66,6 +66,9 @@ def parse():
     p.add_argument("--delta-at", default="",
                    help="comma-separated steps after which every worker writes its part of a "
                         "delta with optimizer state into --out/deltas (delta tracking on)")
+    p.add_argument("--serving-at", type=int, default=-1,
+                   help="export a serving model after this step (--out/serving_early, the chief's) "
+                        "and at the end (--out/serving_late)")
     p.add_argument("--apply-deltas", default="",
                    help="a folder of deltas applied in order after the restore (tracking on)")
     p.add_argument("--prefetch", action="store_true",
@@ -146,6 +149,11 @@ def main():
         for _, _, path in delta_format.list_deltas(args.apply_deltas):
             embedding.apply_delta(path)
 
+    def export_serving(name):
+        """Every worker exports (reading the tables is a collective); the chief's is kept."""
+        embedding.export_serving(os.path.join(args.out, name if args.index == 0 else
+                                              f"tmp_{name}_{args.index}"))
+
     def save(path_or_chief, name):
         """Saves a checkpoint (the chief to `path_or_chief`, the others to scratch paths) and
         records its path in --out/<name>_path."""
@@ -211,6 +219,8 @@ def main():
         print("step", step, flush=True)
         if step == args.checkpoint_at:
             save(os.path.join(args.out, "early", "ckpt"), "early")
+        if step == args.serving_at:
+            export_serving("serving_early")
         if str(step) in args.delta_at.split(","):
             embedding.export_delta(os.path.join(args.out, "deltas"), include_optimizer_state=True)
         if args.sleep_per_step:
@@ -218,6 +228,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if args.save:
         save(args.save, "checkpoint")
+    if args.serving_at >= 0:
+        export_serving("serving_late")
     tables = embedding.logical_tables(include_slots=True)
     flat = {f"{t}/{k}": v for t, kinds in tables.items() for k, v in kinds.items()}
     shards = {f"shard_rows/{v.name}": np.array(v.shape[0])
