@@ -61,9 +61,15 @@ def restored(path, replicas, optimizer="adagrad", dtypes=None):
     return strategy, embedding
 
 
-@pytest.mark.parametrize("optimizer,dtypes", [("adagrad", None), ("row_wise_adagrad", None),
-                                              ("adam", {"item": "bfloat16", "user": "float16"})])
-@pytest.mark.parametrize("replicas", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
+SIXTEEN_BIT = {"item": "bfloat16", "user": "float16"}
+# The default run keeps one float32 and one 16-bit case; the slow run has every combination.
+RECOVERY_CASES = [pytest.param(o, d, r, marks=() if (o, r) in (("adagrad", 2), ("adam", 1))
+                               else pytest.mark.slow)
+                  for o, d in (("adagrad", None), ("row_wise_adagrad", None), ("adam", SIXTEEN_BIT))
+                  for r in (1, 2, 4)]
+
+
+@pytest.mark.parametrize("optimizer,dtypes,replicas", RECOVERY_CASES)
 def test_checkpoint_plus_deltas_equals_the_later_checkpoint_on_any_replica_count(
         tmp_path, optimizer, dtypes, replicas):
     early, deltas, late, trained = train_with_deltas(tmp_path, optimizer, dtypes)
@@ -109,10 +115,20 @@ def test_ids_round_trip_through_their_varint_encoding():
         fmt.decode_ids(fmt.encode_ids([5, 700])[:-1], 2)
 
 
+@pytest.fixture(scope="module")
+def trained_chain(tmp_path_factory):
+    return train_with_deltas(tmp_path_factory.mktemp("chain"))
+
+
 @pytest.fixture
-def chain(tmp_path):
-    early, deltas, late, _ = train_with_deltas(tmp_path)
-    return tmp_path, early, deltas, late
+def chain(trained_chain, tmp_path):
+    """(tmp_path, early checkpoint, copies of the deltas in tmp_path, late checkpoint)."""
+    early, deltas, late, _ = trained_chain
+    copies = []
+    for path in deltas:
+        copies.append(str(tmp_path / "deltas" / os.path.basename(path)))
+        shutil.copytree(path, copies[-1])
+    return tmp_path, early, copies, late
 
 
 def test_a_broken_chain_fails_naming_the_delta_and_applies_nothing(chain):
@@ -245,10 +261,9 @@ def _dynamic_embedding(strategy, key_dtype):
                 pending_capacity=256)})
 
 
-@pytest.mark.parametrize("key_dtype", [tf.int64, tf.string])
-@pytest.mark.parametrize("source,target", [(1, 1), (1, 2),
-                                           pytest.param(2, 4, marks=pytest.mark.slow),
-                                           pytest.param(4, 1, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("key_dtype,source,target", [
+    pytest.param(k, s, t, marks=() if (k, s, t) == (tf.string, 1, 2) else pytest.mark.slow)
+    for k in (tf.int64, tf.string) for s, t in ((1, 1), (1, 2), (2, 4), (4, 1))])
 def test_open_vocabularies_recover_keys_counts_and_evictions_on_any_replica_count(
         tmp_path, key_dtype, source, target):
     from tests.api.test_dynamic_vocabulary import key_values, random_batches, train   # pylint: disable=import-outside-toplevel
@@ -345,6 +360,7 @@ def test_a_damaged_delta_leaves_the_serving_model_as_it_was(tmp_path):
         np.testing.assert_array_equal(value.numpy(), before[name], err_msg=name)
 
 
+@pytest.mark.slow   # the serving path of open vocabularies is also fuzzed (fuzz/delta_fuzzer.py)
 def test_serving_deltas_hold_and_evict_open_vocabulary_keys(tmp_path):
     from tests.api.test_dynamic_vocabulary import key_values, random_batches, train   # pylint: disable=import-outside-toplevel
     from tf_sc_embedding.saving import serving   # pylint: disable=import-outside-toplevel
