@@ -173,6 +173,21 @@ def logistic_loss(activations, head, labels):
     return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
 
 
+def training_step(embedding, names, head):
+    """A tf.function training step over `next(iterator)`: the lookup, a dense logistic loss
+    (`head`) over the features `names`, and apply_gradients."""
+    @tf.function
+    def step(iterator):
+        ids, weights, labels = next(iterator)
+        activations, preserved = embedding.embedding_lookup(ids, weights)
+        with tf.GradientTape() as tape:
+            tape.watch(activations)
+            loss = logistic_loss([activations[n] for n in names], head, labels)
+        embedding.apply_gradients(tape.gradient(loss, activations), preserved)
+        return loss
+    return step
+
+
 def our_functions(vocab, dim, batch, combiner, optimizer, pool, phases=True,
                   table_dtype="float32", embeddings=None, delta_tracking=False):
     """{phase name: no-argument callable} through TPUEmbeddingV2 with one fused optimizer (and
@@ -205,16 +220,7 @@ def our_functions(vocab, dim, batch, combiner, optimizer, pool, phases=True,
         (preprocessed,) = next(iterator)
         return embedding.dequeue(preprocessed)[0]
 
-    @tf.function
-    def step(iterator):
-        ids, weights, labels = next(iterator)
-        activations, preserved = embedding.embedding_lookup(ids, weights)
-        with tf.GradientTape() as tape:
-            tape.watch(activations)
-            loss = logistic_loss([activations[n] for n in names], head, labels)
-        embedding.apply_gradients(tape.gradient(loss, activations), preserved)
-        return loss
-
+    step = training_step(embedding, names, head)
     result = {}
     if phases:
         for name, fn in (("enqueue", enqueue), ("embedding_lookup", lookup)):

@@ -33,7 +33,7 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tf_sc_embedding as sce  # noqa: E402
-from bench_api import capped_vocabulary, dense_head, logistic_loss  # noqa: E402
+from bench_api import capped_vocabulary, dense_head, training_step  # noqa: E402
 from common import ragged_features  # noqa: E402
 from tf_sc_embedding.data import CriteoLikeWorkload  # noqa: E402
 from tf_sc_embedding.deltas import delta_format  # noqa: E402
@@ -52,19 +52,8 @@ def make_embedding(vocab, dim, batch):
 
 
 def train_step(embedding, num_features, dim):
-    head = dense_head(num_features, dim)
-    names = [f"f{i}" for i in range(num_features)]
-
-    @tf.function
-    def step(iterator):
-        ids, weights, labels = next(iterator)
-        activations, preserved = embedding.embedding_lookup(ids, weights)
-        with tf.GradientTape() as tape:
-            tape.watch(activations)
-            loss = logistic_loss([activations[n] for n in names], head, labels)
-        embedding.apply_gradients(tape.gradient(loss, activations), preserved)
-        return loss
-    return step
+    return training_step(embedding, [f"f{i}" for i in range(num_features)],
+                         dense_head(num_features, dim))
 
 
 def delta_bytes(path):

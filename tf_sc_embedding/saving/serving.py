@@ -88,9 +88,8 @@ class ServingModule(tf.Module):
         # Plain variables, not mirrored by a tf.distribute scope the caller may be in.
         self.rows = {name: stored_rows(value, name, quantize)
                      for name, value in logical_tables.items()}
-        self._rows = self.rows
         self.tables = {name: rows.values if isinstance(rows, Float32Rows) else rows
-                       for name, rows in self._rows.items()}
+                       for name, rows in self.rows.items()}
         self.dynamic_rows = {name: serving_deltas.DynamicRows(keys, capacity, _key_dtype(keys))
                              for name, (keys, _, capacity) in dynamic_tables.items()}
         self.key_tables = {name: rows.table for name, rows in self.dynamic_rows.items()}
@@ -134,7 +133,7 @@ class ServingModule(tf.Module):
     def _lookup_flat(self, flat_ids, flat_weights):
         out = []
         for (_, table, combiner), ids, weights in zip(self._features, flat_ids, flat_weights):
-            out.append(combine(self._rows[table], self._row_ids(table, ids.values),
+            out.append(combine(self.rows[table], self._row_ids(table, ids.values),
                                ids.row_splits, None if weights is None else weights.values,
                                combiner))
         return tf.nest.pack_sequence_as(self._feature_config, out)
@@ -150,7 +149,7 @@ class ServingModule(tf.Module):
         out = {}
         for path, table, combiner in self._features:
             n = _flat_name(path)
-            out[n] = combine(self._rows[table], self._row_ids(table, inputs[f"{n}_ids"]),
+            out[n] = combine(self.rows[table], self._row_ids(table, inputs[f"{n}_ids"]),
                              inputs[f"{n}_row_splits"], inputs.get(f"{n}_weights"), combiner)
         return out
 

@@ -151,9 +151,6 @@ class DynamicRows(tf.Module):
             self.free_count = tf.Variable(self.capacity - count, dtype=tf.int64,
                                           trainable=False, name="free_count")
 
-    def lookup(self, keys):
-        return self.table.lookup(keys)
-
     def plan(self, keys, removed):
         """(checks, apply() -> the keys' rows) of removing `removed`, then holding `keys`."""
         keys, removed = tf.reshape(keys, [-1]), tf.reshape(removed, [-1])
