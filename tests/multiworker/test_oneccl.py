@@ -10,6 +10,8 @@ import re
 
 import pytest
 
+from tf_sc_embedding.collectives import shared_memory
+
 from tests.multiworker.cluster import (assert_dynamic_states_equal, assert_tables_close,
                                        check_ok, dynamic_state, kill_one_of_two_mid_training,
                                        run_cluster, table_digests, tables)
@@ -21,10 +23,13 @@ ONECCL = ["--transport", "oneccl"]
 
 @pytest.mark.parametrize("workers", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_oneccl_gives_the_recorded_bits_of_tensorflows_collectives(tmp_path, workers):
+    before = set(shared_memory.stale_regions())
     out, codes = run_cluster(tmp_path, "oneccl", workers, EXCHANGE_STEPS + ONECCL)
     check_ok(out, codes)
     for i in range(workers):
         assert table_digests(tables(out, i)) == EXCHANGE_DIGESTS[workers], f"worker {i}"
+    # The workers removed their shared-memory regions at exit (shared_memory.py).
+    assert set(shared_memory.stale_regions()) - before == set()
 
 
 @pytest.mark.slow
@@ -63,9 +68,13 @@ def test_a_killed_worker_fails_the_survivor_naming_the_peer_and_a_restart_resume
     assert re.search(rf"oneCCL transport: .*peer rank 1 \(127\.0\.0\.1:{ports[1]}\) "
                      r"stopped answering", survivor), survivor[-3000:]
     assert waited < 30, f"the survivor failed after {waited:.0f} s"
+    # The killed worker could not remove its shared-memory region; the next job does.
+    left = set(shared_memory.stale_regions())
+    assert left, "the killed worker left no shared-memory region (is the test on shm?)"
     out, codes = run_cluster(tmp_path, "restarted", 2, ONECCL + ["--restore", path, "--steps", "2",
                                                                 "--first-step", "2"])
     check_ok(out, codes)
+    assert not left & set(shared_memory.stale_regions()), "the restarted job left them"
     single = single_runs(2, ["--steps", "4"])
     for i in range(2):
         assert_tables_close(tables(out, i), tables(single))

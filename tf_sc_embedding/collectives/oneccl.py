@@ -11,6 +11,8 @@ variables, on every worker at the same point: the environment below is applied (
 first reads it), worker 0 starts oneCCL's key-value store, its address reaches the other workers
 through one TensorFlow all-gather over the MWMS cluster, and every worker forms the communicator
 (rank = worker index, the order of tasks in TF_CONFIG). Each embedding forms its own communicator.
+Before that, the worker removes the shared-memory regions dead processes of its host left behind
+(shared_memory.py: they fill /dev/shm, and a reused process id made libfabric crash).
 
 Environment (`settings`; a variable the user already set is left alone):
 - CCL_ATL_TRANSPORT=ofi (libfabric, not MPI), CCL_PROCESS_LAUNCHER=none with CCL_LOCAL_RANK /
@@ -36,7 +38,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from tf_sc_embedding.collectives import oneccl_library
+from tf_sc_embedding.collectives import oneccl_library, shared_memory
 
 # How long forming a communicator may take when collective_timeout_seconds is 0 (wait forever
 # for collectives): a worker that never comes is still an error, not a hang.
@@ -109,6 +111,7 @@ class OnecclTransport:
             return
         group = self.group
         apply_settings(settings(self.peers, self.rank, oneccl_library.installation()))
+        shared_memory.clean_up_around_this_worker()
         ops = oneccl_library.load()
         with _names_lock:
             name = f"tf_sc_embedding_{next(_names)}"
