@@ -70,5 +70,34 @@ REGISTER_OP("SceOnecclCollective")
       return absl::OkStatus();
     });
 
+// A ragged all-to-all of a replica over communicator `communicator`: input [group_size, chunk];
+// rank d receives the first lengths[d] elements of row d. Output row s holds the
+// received_lengths[s] elements rank s sent this rank, then zeros; its width (the longest chunk
+// received) is known only when the op runs. The lengths ride in the few bytes the ranks exchange
+// before every collective anyway, so a receiver needs no collective of its own to learn them.
+REGISTER_OP("SceOnecclRaggedAllToAll")
+    .Input("input: T")
+    .Input("lengths: int64")
+    .Input("ordering_token: resource")
+    .Output("output: T")
+    .Output("received_lengths: int64")
+    .Attr("T: {float, bfloat16, half, int32, int64}")
+    .Attr("communicator: string")
+    .Attr("group_size: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t group_size;
+      TF_RETURN_IF_ERROR(c->GetAttr("group_size", &group_size));
+      ShapeHandle input, lengths;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &input));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &lengths));
+      DimensionHandle rows;
+      TF_RETURN_IF_ERROR(c->WithValue(c->Dim(input, 0), group_size, &rows));
+      TF_RETURN_IF_ERROR(c->WithValue(c->Dim(lengths, 0), group_size, &rows));
+      c->set_output(0, c->Matrix(group_size, c->UnknownDim()));
+      c->set_output(1, c->Vector(group_size));
+      return absl::OkStatus();
+    });
+
 }  // namespace
 }  // namespace tensorflow

@@ -73,7 +73,14 @@ bool Answers(const std::string& peer) {
   return answered;
 }
 
-const char* KindName(Kind kind) { return kind == Kind::kAllToAll ? "all_to_all" : "all_gather"; }
+const char* KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kAllToAll: return "all_to_all";
+    case Kind::kAllGather: return "all_gather";
+    case Kind::kRaggedAllToAll: return "ragged all_to_all";
+  }
+  return "collective";
+}
 
 // How errors name a peer: "rank 1 (host:port)".
 std::string RankName(int rank, const std::string& peer) {
@@ -129,21 +136,18 @@ class Communicator {
   Status Execute(const Collective& c) {
     ccl::event event;
     try {
-      // Every rank must move the same number of bytes per chunk, or oneCCL would write past a
-      // receive buffer: the sizes are compared first (8 bytes from each rank).
-      std::vector<uint64_t> sizes(size_);
-      const uint64_t mine = c.chunk_bytes;
-      event = ccl::allgatherv(&mine, 1, sizes.data(), std::vector<size_t>(size_, 1),
+      // Every rank first states what it is about to move (Header): ranks that ran different
+      // steps then fail alike with InvalidArgument instead of oneCCL writing past a buffer, and a
+      // ragged all-to-all learns what it receives from the same few bytes.
+      const std::vector<uint64_t> mine = Header(c);
+      const size_t n = mine.size();
+      std::vector<uint64_t> all(n * size_);
+      event = ccl::allgatherv(mine.data(), n, all.data(), std::vector<size_t>(size_, n),
                               ccl::datatype::uint64, comm_);
       SCE_RETURN_IF_ERROR(Wait(event, c.kind));
-      for (int r = 0; r < size_; ++r) {
-        if (sizes[r] != mine) {
-          return InvalidArgument(Describe(c.kind), ": rank ", r, " moves ", sizes[r],
-                                 " bytes per chunk, ",
-                                 "this rank ", mine, "; the ranks ran different steps");
-        }
-      }
-      if (mine == 0) return Status::Ok();
+      SCE_RETURN_IF_ERROR(CheckHeaders(c, mine, all));
+      if (c.kind == Kind::kRaggedAllToAll) return ExecuteRagged(c, all, n);
+      if (c.chunk_bytes == 0) return Status::Ok();
       if (c.kind == Kind::kAllToAll) {
         event = ccl::alltoall(c.send, c.receive, c.chunk_bytes, ccl::datatype::int8, comm_);
       } else {
@@ -155,6 +159,94 @@ class Communicator {
     } catch (const std::exception& e) {
       return Unavailable(Describe(c.kind), " failed: ", e.what());
     }
+  }
+
+  // [kind, element bytes, chunk (stride) bytes, bytes for rank 0, ..., for rank size - 1].
+  static constexpr size_t kLengths = 3;
+  std::vector<uint64_t> Header(const Collective& c) const {
+    std::vector<uint64_t> header(kLengths + size_, c.chunk_bytes);
+    header[0] = static_cast<uint64_t>(c.kind);
+    header[1] = c.kind == Kind::kRaggedAllToAll ? c.element_bytes : 1;
+    if (c.kind == Kind::kRaggedAllToAll) {
+      std::copy(c.send_bytes.begin(), c.send_bytes.end(), header.begin() + kLengths);
+    }
+    return header;
+  }
+
+  // The same checks on every rank, over every rank's header: they fail alike or pass alike.
+  Status CheckHeaders(const Collective& c, const std::vector<uint64_t>& mine,
+                      const std::vector<uint64_t>& all) const {
+    const size_t n = mine.size();
+    for (int r = 0; r < size_; ++r) {
+      const uint64_t* theirs = all.data() + r * n;
+      if (theirs[0] != mine[0] || theirs[1] != mine[1]) {
+        const bool known = theirs[0] <= static_cast<uint64_t>(Kind::kRaggedAllToAll);
+        return InvalidArgument(Describe(c.kind), ": rank ", r, " runs ",
+                               known ? KindName(static_cast<Kind>(theirs[0])) : "another call",
+                               " of ", theirs[1], "-byte elements, this rank ", KindName(c.kind),
+                               " of ", mine[1], "-byte elements; the ranks ran different steps");
+      }
+      if (c.kind != Kind::kRaggedAllToAll) {
+        if (theirs[2] != mine[2]) {
+          return InvalidArgument(Describe(c.kind), ": rank ", r, " moves ", theirs[2],
+                                 " bytes per chunk, this rank ", mine[2],
+                                 "; the ranks ran different steps");
+        }
+        continue;
+      }
+      for (size_t d = 2; d < n; ++d) {
+        if (theirs[d] % mine[1] != 0 || (d >= kLengths && theirs[d] > theirs[2])) {
+          return InvalidArgument(Describe(c.kind), ": rank ", r, " states ", theirs[d],
+                                 " bytes at header entry ", d, " (chunk ", theirs[2],
+                                 " bytes): not whole ", mine[1], "-byte elements within a chunk");
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  // oneCCL's alltoallv takes one contiguous buffer each way, chunk d right after chunk d - 1. So
+  // every chunk but the last one goes out whole (its padding too: the buffer's stride puts chunk
+  // d + 1 there), the last one only as long as it is; the receiver knows every sender's stride
+  // from the headers, receives the chunks back to back and spreads them out to its own stride
+  // from the last one down (each moves up or stays), zeroing what follows each.
+  Status ExecuteRagged(const Collective& c, const std::vector<uint64_t>& all, size_t n) {
+    auto sent = [&](int from, int to) -> uint64_t {   // bytes rank `from` puts on the wire to `to`
+      const uint64_t* header = all.data() + from * n;
+      return to + 1 < size_ ? header[2] : header[kLengths + to];
+    };
+    std::vector<uint64_t> receive_bytes(size_);
+    std::vector<size_t> send_counts(size_), receive_counts(size_);
+    uint64_t stride = 0;
+    bool moves = false;
+    for (int r = 0; r < size_; ++r) {
+      receive_bytes[r] = all[r * n + kLengths + rank_];
+      receive_counts[r] = sent(r, rank_);
+      send_counts[r] = sent(rank_, r);
+      stride = std::max<uint64_t>(stride, receive_counts[r]);
+      for (int d = 0; d < size_; ++d) moves = moves || sent(r, d) != 0;
+    }
+    char* receive = nullptr;
+    const Status allocated = c.allocate(receive_bytes, stride, &receive);
+    if (!allocated.ok()) {   // this rank only: its peers go on to move the bytes
+      return Unavailable(Describe(c.kind), ": ", allocated.message());
+    }
+    if (moves) {
+      static char empty;   // oneCCL gets a valid address even when nothing moves
+      void* send = c.chunk_bytes ? const_cast<void*>(c.send) : &empty;
+      ccl::event event = ccl::alltoallv(send, send_counts, stride ? receive : &empty,
+                                        receive_counts, ccl::datatype::int8, comm_);
+      SCE_RETURN_IF_ERROR(Wait(event, c.kind));
+    }
+    if (stride == 0) return Status::Ok();
+    std::vector<uint64_t> offsets(size_, 0);
+    for (int r = 1; r < size_; ++r) offsets[r] = offsets[r - 1] + receive_counts[r - 1];
+    for (int r = size_ - 1; r >= 0; --r) {
+      char* chunk = receive + r * stride;
+      if (offsets[r] != r * stride) std::memmove(chunk, receive + offsets[r], receive_bytes[r]);
+      std::memset(chunk + receive_bytes[r], 0, stride - receive_bytes[r]);
+    }
+    return Status::Ok();
   }
 
   // Waits for `event`; on failure the event is abandoned (never destroyed: oneCCL's event

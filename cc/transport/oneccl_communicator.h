@@ -15,6 +15,7 @@
 #define SCE_TRANSPORT_ONECCL_COMMUNICATOR_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -24,17 +25,32 @@
 namespace sce {
 namespace oneccl {
 
-enum class Kind { kAllToAll, kAllGather };
+enum class Kind { kAllToAll, kAllGather, kRaggedAllToAll };
 
-// One collective of bytes: all_to_all sends bytes [d * chunk, (d + 1) * chunk) of `send` to rank d
-// and receives rank s's chunk at [s * chunk, ...); all_gather sends its `chunk` bytes to every rank
-// and receives rank s's at [s * chunk, ...). `done` runs on the communicator's thread.
+// Where a ragged all-to-all's received chunks go: called on the communicator's thread once the
+// ranks told each other their lengths, with receive_bytes[s] = the bytes rank s sends this rank
+// and the stride the chunks need; returns a buffer of size() * receive_stride bytes, where chunk
+// s lands at s * receive_stride followed by zeros. An error fails this rank only and breaks the
+// communicator (its peers' collective then times out).
+using AllocateReceive = std::function<Status(const std::vector<uint64_t>& receive_bytes,
+                                             size_t receive_stride, char** receive)>;
+
+// One collective of bytes:
+// - all_to_all sends bytes [d * chunk, (d + 1) * chunk) of `send` to rank d and receives rank s's
+//   chunk at [s * chunk, ...);
+// - all_gather sends its `chunk` bytes to every rank and receives rank s's at [s * chunk, ...);
+// - ragged all_to_all sends the first send_bytes[d] bytes at send + d * chunk to rank d (lengths
+//   differ by destination and by rank; at most chunk) and receives where `allocate` says.
+// `done` runs on the communicator's thread.
 struct Collective {
   Kind kind;
   const void* send;
   void* receive;
   size_t chunk_bytes;
   std::function<void(const Status&)> done;
+  std::vector<uint64_t> send_bytes;   // ragged only: one length per rank
+  uint64_t element_bytes = 1;         // ragged only: every length is a multiple of it
+  AllocateReceive allocate;           // ragged only
 };
 
 // Rank 0: starts the key-value store the other ranks join, and returns its address (bytes).

@@ -42,7 +42,8 @@ def batches(config, replicas):
 
 
 def train(replicas, precision, exact, optimizer):
-    """(every step's activations, the logical tables, bytes sent) of a few steps. With `exact`
+    """(every step's activations, the logical tables, bytes sent, collectives launched per replica
+    per step) of a few steps. With `exact`
     the gradients are +-1/8 (their sums per id, a few multiples of 1/8, are exact in bfloat16)
     and SGD with learning rate 1/2 keeps the tables on the 1/64 grid below 4 (exact in float16);
     otherwise they are the activations times 1/4 plus 1/8."""
@@ -72,8 +73,10 @@ def train(replicas, precision, exact, optimizer):
         outputs.append({name: np.concatenate(
             [v.numpy() for v in strategy.experimental_local_results(value)])
             for name, value in activations.items()})
-    sent = sum(embedding.counters().collective_bytes_sent.values())
-    return outputs, embedding.logical_tables(), sent
+    counters = embedding.counters()
+    sent = sum(counters.collective_bytes_sent.values())
+    launched = sum(counters.collective_launches.values()) / (replicas * STEPS)
+    return outputs, embedding.logical_tables(), sent, launched
 
 
 def assert_same_bits(a, b):

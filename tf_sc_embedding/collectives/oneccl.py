@@ -98,6 +98,7 @@ class OnecclTransport:
 
     name = "oneccl"
     sums = False   # all_sum: all_gather, then a sum in replica order (replica_group.py)
+    ragged = True
 
     def __init__(self, group):
         self.group = group
@@ -138,3 +139,12 @@ class OnecclTransport:
         return ops.sce_oneccl_collective(input=value, ordering_token=token, kind=kind,
                                          communicator=self.communicator,
                                          group_size=self.group.num_replicas)
+
+    def launch_ragged(self, value, lengths, replica_id):
+        """A ragged all-to-all (SceOnecclRaggedAllToAll): [W, longest received chunk]."""
+        ops = oneccl_library.load()
+        token = self.group.ordering_token(replica_id).handle
+        output, _ = ops.sce_oneccl_ragged_all_to_all(
+            input=value, lengths=lengths, ordering_token=token, communicator=self.communicator,
+            group_size=self.group.num_replicas)
+        return output

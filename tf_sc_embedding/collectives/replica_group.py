@@ -346,29 +346,31 @@ class ReplicaView:
             raise RuntimeError(f"replica {self.replica_id} does not run in this process")
 
     # -- launching
-    def _launch(self, kind, value):
+    def _launch(self, kind, value, lengths=None):
         """Runs one collective of this replica; eagerly, all local replicas' at once.
 
         Eager `strategy.run` runs the replicas of a process one after another, so an eager
         collective would wait forever for the next replica: there the replicas hand their values
         to a cross-replica merge_call that runs every local replica's collective in one
-        tf.function.
+        tf.function. `lengths`: a ragged all-to-all's lengths.
         """
         if not tf.executing_eagerly():
-            return _collective(self.group, kind, value, self.replica_id)
+            return _collective(self.group, kind, value, self.replica_id, lengths)
         context = tf.distribute.get_replica_context()
         group = self.group
 
-        def merge_fn(strategy, per_replica):
+        def merge_fn(strategy, per_replica, per_replica_lengths):
             values = strategy.experimental_local_results(per_replica)
+            all_lengths = ([None] * len(values) if per_replica_lengths is None else
+                           strategy.experimental_local_results(per_replica_lengths))
 
             @tf.function(autograph=False)
             def run_all():
                 results = []
-                for replica, device, v in zip(group.local_replica_ids, group.local_devices,
-                                              values):
+                for replica, device, v, n in zip(group.local_replica_ids, group.local_devices,
+                                                 values, all_lengths):
                     with tf.device(device):
-                        results.append(_collective(group, kind, v, replica))
+                        results.append(_collective(group, kind, v, replica, n))
                 return results
 
             results = dict(zip(group.local_replica_ids, run_all()))
@@ -378,7 +380,7 @@ class ReplicaView:
 
             return strategy.experimental_distribute_values_from_function(result_of)
 
-        return context.merge_call(merge_fn, args=(value,))
+        return context.merge_call(merge_fn, args=(value, lengths))
 
     # -- collectives
     def all_to_all(self, value, payload=None):
@@ -393,6 +395,20 @@ class ReplicaView:
             raise ValueError(f"all_to_all needs one row per replica ({self.num_replicas}), got "
                              f"shape {value.shape}")
         return wire.on_the_wire(lambda v: self._launch("all_to_all", v), value,
+                                self.group.wire_precision, payload)
+
+    @property
+    def counts_ride(self):
+        """Whether the transport has a ragged all-to-all, so that the counts of an exchange ride
+        with its first payload instead of in an all-gather of their own (counted.py)."""
+        return self.num_replicas > 1 and self.group.transport.ragged
+
+    def ragged_all_to_all(self, value, lengths, payload=None):
+        """value: [W, chunk]; the first lengths[d] (int) elements of row d go to replica d.
+        Returns [W, longest received] with row s holding what replica s sent, then zeros. Only
+        where counts_ride."""
+        lengths = tf.cast(lengths, tf.int64)
+        return wire.on_the_wire(lambda v: self._launch("ragged_all_to_all", v, lengths), value,
                                 self.group.wire_precision, payload)
 
     def all_gather(self, value):
@@ -425,6 +441,7 @@ class LocalView:
     """A replica's view of a layout laid out for one replica (replicated tables): no collectives."""
     num_replicas = 1
     replica_id = 0
+    counts_ride = False
 
     @staticmethod
     def all_to_all(value, payload=None):  # pylint: disable=unused-argument
@@ -443,13 +460,23 @@ _SENT_FRACTION = {"all_to_all": lambda w: (w - 1, w), "all_gather": lambda w: (w
 
 
 @tf.autograph.experimental.do_not_convert
-def _collective(group, kind, value, replica_id):
+def _collective(group, kind, value, replica_id, lengths=None):
     """One replica's collective op (graph mode) on the group's transport, its bytes counted."""
     w = group.num_replicas
     counter = group.counter(replica_id)
     if counter is not None:
-        numerator, denominator = _SENT_FRACTION[kind](w)
-        nbytes = tf.size(value, out_type=tf.int64) * value.dtype.size
-        counter.assign_add(nbytes * numerator // denominator)
+        if kind == "ragged_all_to_all":
+            # Every chunk but the last goes out whole (the transport's contiguous layout,
+            # cc/transport/oneccl_communicator.cc), the last one as long as it is.
+            whole = tf.fill([w - 1], tf.shape(value, out_type=tf.int64)[1])
+            on_wire = tf.concat([whole, lengths[w - 1:]], axis=0)
+            nbytes = (tf.reduce_sum(on_wire) - on_wire[replica_id]) * value.dtype.size
+        else:
+            numerator, denominator = _SENT_FRACTION[kind](w)
+            nbytes = tf.size(value, out_type=tf.int64) * value.dtype.size
+            nbytes = nbytes * numerator // denominator
+        counter.assign_add(nbytes)
         group.counter(replica_id, LAUNCHES).assign_add(1)
+    if kind == "ragged_all_to_all":
+        return group.transport.launch_ragged(value, lengths, replica_id)
     return group.transport.launch(kind, value, replica_id)

@@ -8,8 +8,10 @@ preprocessing (enqueue), per stacked table of one replica's batch:
    (the owner; ops/id_routing.py), which also counts the partition statistics (stats.py) from
    the same sort;
 forward, for all stacked tables at once:
-1. one all-gather of the counts per (owner, table) gives every replica its receive counts and
-   the agreed chunk sizes;
+1. every replica learns its receive counts per (source, table): from one all-gather of the
+   counts, which also gives the chunk sizes all replicas agree on (TensorFlow's transport, whose
+   all-to-all moves equal chunks), or at the head of step 2's chunks (oneCCL's ragged
+   all-to-all; collectives/counted.py);
 2. one all-to-all sends every owner the unique ids it holds (as rows of its own variable);
 3. each owner packs the rows asked for straight from its variables (ScePackGatheredReplicaChunks;
    if any table has quantization, every table's rows are gathered and quantized first) and one
@@ -23,7 +25,8 @@ backward:
    summing the contributions of all replicas first (a CSR of the received rows, SceOwnerCsr).
 
 Bytes sent per replica per step are (unique ids x 4) + (unique ids x width x 4) x 2, plus the
-W x T counts it all-gathers to W - 1 replicas and the marks (one float per feature per peer):
+W x T counts (all-gathered to W - 1 replicas, or riding) and the marks (one float per feature per
+peer), plus padding (chunks are as long as the longest; riding: only this replica's longest):
 the first part depends on the replica's own batch, not on the number of replicas.
 """
 import collections
@@ -31,6 +34,7 @@ import collections
 import tensorflow as tf
 
 from tf_sc_embedding.collectives import wire
+from tf_sc_embedding.collectives.counted import CountedAllToAll
 from tf_sc_embedding.preprocessing import enqueue as enqueue_lib
 from tf_sc_embedding.optimizers import fused_update
 from tf_sc_embedding.exchanges import base
@@ -53,7 +57,7 @@ ExchangedTable = collections.namedtuple("ExchangedTable", [
     "received_rows",       # [received] owner side: row of this replica's variable per received id
 ])
 # Shared by all stacked tables of one step: entries per (replica, table) sent and received, and
-# the floats per replica chunk of the row buffers.
+# the floats per replica chunk of the gradient buffer (counted.CountedAllToAll.chunk).
 ExchangeSizes = collections.namedtuple("ExchangeSizes", ["send_counts", "recv_counts",
                                                          "row_chunk"])
 
@@ -163,19 +167,17 @@ def lookup(view, layout, routed_by_table, table_shards):
     widths = tf.constant(width_list, tf.int32)
     sources = [routed_by_table[table.name] for table in stacked]
 
-    # 1. counts and chunk sizes.
+    # 1-2. unique ids to their owners (as rows of the owner's variable), with the counts: in an
+    # all-gather of their own first, or riding with the ids (collectives/counted.py).
     send_counts = tf.stack([t.owner_counts for t in sources], axis=1)    # [W dest, T]
-    recv_counts, id_chunk, row_chunk = exchange_counts(view, send_counts, widths)
-
-    # 2. unique ids to their owners (as rows of the owner's variable).
-    recv_ids = all_to_all_flat(view, pack_by_replica([t.unique_rows for t in sources],
-                                                     send_counts, id_chunk))
-    received = unpack_by_replica(recv_ids, recv_counts, [None] * len(stacked))
+    counted = CountedAllToAll.start(view, send_counts)
+    received, recv_counts = counted.first([t.unique_rows for t in sources])
 
     # 3. owners read their rows and return them: packed straight from the variables (read in
     # place, not copied), or gathered and quantized first for tables with quantization.
     # 16-bit rows are gathered and widened to float32 first (the packing op copies words).
     variables = [table_shards[table.name].read_value() for table in stacked]
+    row_chunk = counted.chunk(recv_counts, widths)
     if all(table.quantization is None and table.dtype == "float32" for table in stacked):
         packed = replica_chunks.pack_gathered_replica_chunks(variables, received, recv_counts,
                                                              row_chunk)
@@ -183,7 +185,7 @@ def lookup(view, layout, routed_by_table, table_shards):
         packed = pack_by_replica(
             [quantized(tf.cast(tf.gather(v, received[i]), tf.float32), table.quantization)
              for i, (v, table) in enumerate(zip(variables, stacked))], recv_counts, row_chunk)
-    recv_rows = all_to_all_flat(view, packed, wire.ROWS)
+    recv_rows = counted.all_to_all(packed, recv_counts, widths, wire.ROWS)
     # The owner-side rows the update writes come out only once the tables' values were packed:
     # an update that runs while the values read above are still alive (a pipelined update runs
     # once it has this step's preserved outputs) would copy whole tables to write a few rows.
@@ -208,7 +210,8 @@ def lookup(view, layout, routed_by_table, table_shards):
         preserved[table.name] = ExchangedTable(
             sample_rows=coo.row_ids, unique_positions=unique_positions, gains=coo.gains,
             received_rows=received[i])
-    return activations, (preserved, ExchangeSizes(send_counts, recv_counts, row_chunk))
+    gradient_chunk = counted.chunk(send_counts, widths)
+    return activations, (preserved, ExchangeSizes(send_counts, recv_counts, gradient_chunk))
 
 
 def exchange_gradients(view, layout, preserved, gradients, flags=None, padded=True):
@@ -250,8 +253,10 @@ def exchange_gradients(view, layout, preserved, gradients, flags=None, padded=Tr
         widths.append(count)
         multiples.append(1)
         chunk = chunk + count
+    counted = CountedAllToAll(view, send_counts)
     received = unpack_by_replica(
-        all_to_all_flat(view, pack_by_replica(per_unique, send_counts, chunk), wire.GRADIENTS),
+        counted.all_to_all(pack_by_replica(per_unique, send_counts, chunk), send_counts,
+                           tf.constant(widths, tf.int32), wire.GRADIENTS),
         recv_counts, widths, row_multiples=multiples)
     agreed = None
     if flags is not None:

@@ -123,9 +123,85 @@ class CollectiveOp : public AsyncOpKernel {
   sce::oneccl::Kind kind_ = sce::oneccl::Kind::kAllToAll;
 };
 
+// A ragged all-to-all: row d of the input goes to rank d, only its first lengths[d] elements; row
+// s of the output holds what rank s sent (received_lengths[s] elements, then zeros). The output's
+// width is known once the ranks exchanged their lengths, so it is allocated on the
+// communicator's thread.
+class RaggedAllToAllOp : public AsyncOpKernel {
+ public:
+  explicit RaggedAllToAllOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("communicator", &communicator_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("group_size", &group_size_));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const Tensor& input = ctx->input(0);
+    const Tensor& lengths = ctx->input(1);
+    OP_REQUIRES_ASYNC(ctx, input.dims() == 2 && input.dim_size(0) == group_size_,
+                      absl::InvalidArgumentError(absl::StrCat(
+                          name(), ": the input must be [group_size = ", group_size_,
+                          ", chunk], got shape ", input.shape().DebugString())),
+                      done);
+    OP_REQUIRES_ASYNC(ctx, lengths.dims() == 1 && lengths.dim_size(0) == group_size_,
+                      absl::InvalidArgumentError(absl::StrCat(
+                          name(), ": lengths must be [group_size = ", group_size_, "], got shape ",
+                          lengths.shape().DebugString())),
+                      done);
+    const uint64_t element = DataTypeSize(input.dtype());
+    const int64_t chunk = input.dim_size(1);
+    sce::oneccl::Collective collective;
+    collective.kind = sce::oneccl::Kind::kRaggedAllToAll;
+    collective.send = input.tensor_data().data();
+    collective.chunk_bytes = static_cast<size_t>(chunk) * element;
+    collective.element_bytes = element;
+    const auto length = lengths.vec<int64_t>();
+    for (int64_t d = 0; d < group_size_; ++d) {
+      OP_REQUIRES_ASYNC(ctx, length(d) >= 0 && length(d) <= chunk,
+                        absl::InvalidArgumentError(absl::StrCat(
+                            name(), ": lengths[", d, "] = ", length(d), " is outside [0, ",
+                            chunk, "], the input's chunk")),
+                        done);
+      collective.send_bytes.push_back(static_cast<uint64_t>(length(d)) * element);
+    }
+    const int64_t ranks = group_size_;
+    collective.allocate = [ctx, element, ranks](const std::vector<uint64_t>& receive_bytes,
+                                                size_t stride, char** receive) {
+      Tensor* output = nullptr;
+      Tensor* received = nullptr;
+      const int64_t width = static_cast<int64_t>(stride / element);
+      int64_t elements = 0;
+      if (__builtin_mul_overflow(width, ranks, &elements)) {
+        return sce::InvalidArgument("the received chunks (", ranks, " x ", width,
+                                    " elements) overflow int64");
+      }
+      absl::Status status = ctx->allocate_output(0, TensorShape({ranks, width}), &output);
+      if (status.ok()) status = ctx->allocate_output(1, TensorShape({ranks}), &received);
+      if (!status.ok()) {
+        return sce::Unavailable("allocating the received chunks failed: ", status.message());
+      }
+      for (int64_t s = 0; s < ranks; ++s) {
+        received->vec<int64_t>()(s) = static_cast<int64_t>(receive_bytes[s] / element);
+      }
+      *receive = const_cast<char*>(output->tensor_data().data());
+      return sce::Status::Ok();
+    };
+    collective.done = [ctx, done](const sce::Status& status) {
+      ctx->SetStatus(ToTf(status));
+      done();
+    };
+    OP_REQUIRES_OK_ASYNC(ctx, ToTf(sce::oneccl::Submit(communicator_, std::move(collective))),
+                         done);
+  }
+
+ private:
+  std::string communicator_;
+  int64_t group_size_ = 0;
+};
+
 REGISTER_KERNEL_BUILDER(Name("SceOnecclCreateStore").Device(DEVICE_CPU), CreateStoreOp);
 REGISTER_KERNEL_BUILDER(Name("SceOnecclConnect").Device(DEVICE_CPU), ConnectOp);
 REGISTER_KERNEL_BUILDER(Name("SceOnecclCollective").Device(DEVICE_CPU), CollectiveOp);
+REGISTER_KERNEL_BUILDER(Name("SceOnecclRaggedAllToAll").Device(DEVICE_CPU), RaggedAllToAllOp);
 
 }  // namespace
 }  // namespace tensorflow
