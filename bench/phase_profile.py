@@ -15,10 +15,10 @@ import os
 
 # Phase -> the op types whose time it counts (ops of other types: "other ops").
 PHASES = (
-    ("preprocessing (stacked COO; one replica: COO to CSR)",
+    ("preprocessing (stacked COO; one replica: COO to CSR, entries grouped for the lookup)",
      ("SceConvertFeaturesToStackedCooTensor", "SceConvertFeaturesToMinibatchSplits",
       "SceGetMinibatchesInCsrWithPhysicalReplica", "SceGetMinibatchSplitsWithPhysicalReplica",
-      "RaggedTensorFromVariant")),
+      "RaggedTensorFromVariant", "SceGroupLookupEntries")),
     ("routing: unique ids by owner, with the partition statistics", ("SceRouteIdsToOwners",)),
     ("packing (rows straight from the variables), unpacking, owner CSR",
      ("ScePackReplicaChunks", "ScePackGatheredReplicaChunks", "SceUnpackReplicaChunks",
@@ -26,10 +26,11 @@ PHASES = (
     ("gathers, pads, gradient interleave, activation split (where not fused)",
      ("GatherV2", "ConcatV2", "Pad", "SplitV", "Reshape", "StridedSlice")),
     ("collectives (launch and wait)", ("CollectiveAllToAllV2", "CollectiveGatherV2",
-                                       "SceOnecclCollective",
+                                       "SceOnecclCollective", "SceOnecclRaggedAllToAll",
                                        "CollectiveReduceV2")),
     ("lookup: CSR kernel or segment sums (rows to activations, gradients to rows)",
      ("SceResourceSparseDenseMatmulWithCsrInput", "SceSparseDenseMatmulWithCsrInput",
+      "SceResourceSparseDenseMatmulGrouped", "SceSparseDenseMatmulGrouped",
       "SceGatheredSegmentSum", "SceGatheredSegmentSumToFeatures",
       "SceGatheredSegmentSumFromFeatures")),
     ("fused update", ("SceResourceSparseDenseMatmulGradWithAdagradAndCsrInput",)),

@@ -2,7 +2,8 @@
 
 A launch costs about 1 ms of wall time between two processes on loopback, whatever its size
 (BENCHMARKS.md, "Collective launches"), so the all-to-all step launches a fixed number per step
-for all stacked tables together, never one per table: forward, one all-gather of the counts and
+for all stacked tables together, never one per table: forward, one all-gather of the counts (on
+TensorFlow's transport; on oneCCL they ride with the ids, tests/api/test_counts_riding.py) and
 two all-to-alls (ids out, rows back); backward, one all-to-all of the gradient rows, which also
 carries every replica's non-finite gradient marks. Replicated tables add two phases of two
 collectives each.

@@ -82,3 +82,24 @@ def test_the_users_settings_win(monkeypatch):
     applied = oneccl.apply_settings({"FI_PROVIDER": "shm", "CCL_WORKER_OFFLOAD": "0"})
     assert applied == {"CCL_WORKER_OFFLOAD": "0"}
     assert os.environ["FI_PROVIDER"] == "tcp"
+
+
+@pytest.mark.oneccl
+@pytest.mark.parametrize("shape,lengths,error", [
+    ([2, 4], [3, 5], r"lengths\[1\] = 5 is outside \[0, 4\]"),
+    ([2, 4], [-1, 0], r"lengths\[0\] = -1 is outside \[0, 4\]"),
+    ([3, 4], [1, 1, 1], r"the input must be \[group_size = 2, chunk\], got shape \[3,4\]"),
+    ([2, 4], [1, 1], r"communicator 'none' is not formed in this process"),
+])
+def test_a_ragged_all_to_all_checks_its_arguments_before_it_moves_a_byte(shape, lengths, error):
+    """Lengths outside the chunk, a wrong shape or an unformed communicator fail in the kernel
+    with an error naming what is wrong, before anything is sent."""
+    ops = oneccl_library.load()
+    token = tf.Variable(0.0)
+    # Shapes unknown when traced, so that the kernel, not the shape function, checks them.
+    run = tf.function(lambda x, n: ops.sce_oneccl_ragged_all_to_all(
+        input=x, lengths=n, ordering_token=token.handle, communicator="none", group_size=2),
+        input_signature=[tf.TensorSpec(None, tf.float32), tf.TensorSpec(None, tf.int64)])
+    with pytest.raises((tf.errors.InvalidArgumentError, tf.errors.FailedPreconditionError),
+                       match=error):
+        run(tf.zeros(shape), tf.constant(lengths, tf.int64))

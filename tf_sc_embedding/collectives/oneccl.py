@@ -140,6 +140,16 @@ class OnecclTransport:
                                          communicator=self.communicator,
                                          group_size=self.group.num_replicas)
 
+    @staticmethod
+    def ragged_sent(value, lengths):
+        """Elements a ragged all-to-all puts on the wire per destination: every chunk but the
+        last goes out whole (oneCCL's alltoallv takes one contiguous buffer; the input's stride
+        puts chunk d + 1 right after chunk d, cc/transport/oneccl_communicator.cc), the last one
+        as long as it is."""
+        w = value.shape[0]
+        whole = tf.fill([w - 1], tf.shape(value, out_type=tf.int64)[1])
+        return tf.concat([whole, lengths[w - 1:]], axis=0)
+
     def launch_ragged(self, value, lengths, replica_id):
         """A ragged all-to-all (SceOnecclRaggedAllToAll): [W, longest received chunk]."""
         ops = oneccl_library.load()

@@ -466,10 +466,7 @@ def _collective(group, kind, value, replica_id, lengths=None):
     counter = group.counter(replica_id)
     if counter is not None:
         if kind == "ragged_all_to_all":
-            # Every chunk but the last goes out whole (the transport's contiguous layout,
-            # cc/transport/oneccl_communicator.cc), the last one as long as it is.
-            whole = tf.fill([w - 1], tf.shape(value, out_type=tf.int64)[1])
-            on_wire = tf.concat([whole, lengths[w - 1:]], axis=0)
+            on_wire = group.transport.ragged_sent(value, lengths)   # elements per destination
             nbytes = (tf.reduce_sum(on_wire) - on_wire[replica_id]) * value.dtype.size
         else:
             numerator, denominator = _SENT_FRACTION[kind](w)
