@@ -64,6 +64,17 @@ class ConnectOp : public OpKernel {
   std::vector<std::string> peers_;
 };
 
+// Queues `collective` on its communicator; the kernel finishes (`done`) on the communicator's
+// thread once the bytes arrived, or at once if it cannot be queued.
+void SubmitAsync(OpKernelContext* ctx, const std::string& communicator,
+                 sce::oneccl::Collective collective, AsyncOpKernel::DoneCallback done) {
+  collective.done = [ctx, done](const sce::Status& status) {
+    ctx->SetStatus(ToTf(status));
+    done();
+  };
+  OP_REQUIRES_OK_ASYNC(ctx, ToTf(sce::oneccl::Submit(communicator, std::move(collective))), done);
+}
+
 // One collective: the output is allocated here, the bytes move on the communicator's thread, and
 // the kernel finishes when they arrived (no TensorFlow thread waits).
 class CollectiveOp : public AsyncOpKernel {
@@ -109,12 +120,7 @@ class CollectiveOp : public AsyncOpKernel {
     collective.send = input.tensor_data().data();
     collective.receive = const_cast<char*>(output->tensor_data().data());
     collective.chunk_bytes = chunk_bytes;
-    collective.done = [ctx, done](const sce::Status& status) {
-      ctx->SetStatus(ToTf(status));
-      done();
-    };
-    OP_REQUIRES_OK_ASYNC(ctx, ToTf(sce::oneccl::Submit(communicator_, std::move(collective))),
-                         done);
+    SubmitAsync(ctx, communicator_, std::move(collective), std::move(done));
   }
 
  private:
@@ -185,12 +191,7 @@ class RaggedAllToAllOp : public AsyncOpKernel {
       *receive = const_cast<char*>(output->tensor_data().data());
       return sce::Status::Ok();
     };
-    collective.done = [ctx, done](const sce::Status& status) {
-      ctx->SetStatus(ToTf(status));
-      done();
-    };
-    OP_REQUIRES_OK_ASYNC(ctx, ToTf(sce::oneccl::Submit(communicator_, std::move(collective))),
-                         done);
+    SubmitAsync(ctx, communicator_, std::move(collective), std::move(done));
   }
 
  private:
