@@ -141,7 +141,7 @@ def _checkpoint_embedding(strategy, capacity=48):
 
 
 @pytest.mark.parametrize("source,target", [(1, 2), pytest.param(2, 4, marks=pytest.mark.slow),
-                                           (4, 1), (2, 2)])
+                                           (4, 1), pytest.param(2, 2, marks=pytest.mark.slow)])
 def test_checkpoint_restores_into_other_replica_counts(tmp_path, source, target):
     """The logical state is the same after a restore on any replica count, and training goes on:
     keys, counts and last-seen steps exactly as in the uninterrupted run on the target count,

@@ -63,7 +63,7 @@ def _run(trainer, steps, prefetch):
 
 @pytest.mark.parametrize("replicas,exchange,optimizer_name,replicated", [
     ("none", "auto", "adagrad", ()),
-    (2, "all_to_all", "adagrad", ()),
+    pytest.param(2, "all_to_all", "adagrad", (), marks=pytest.mark.slow),
     (2, "all_gather", "adam", ()),
     (2, "all_to_all", "adagrad_momentum", ("small",)),
     pytest.param(4, "all_to_all", "ftrl", ("wide",), marks=pytest.mark.slow),

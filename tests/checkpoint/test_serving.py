@@ -15,7 +15,8 @@ from tf_sc_embedding.saving import serving_rows
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.mark.parametrize("optimizer", ["adagrad", "row_wise_adagrad"])
+@pytest.mark.parametrize("optimizer", ["adagrad",
+                                       pytest.param("row_wise_adagrad", marks=pytest.mark.slow)])
 def test_serving_export_matches_training_activations_without_the_op_library(tmp_path, optimizer):
     require_replicas(2)
     strategy, embedding = ckpt_lib.make_embedding(2, True, optimizer)
