@@ -173,18 +173,26 @@ def logistic_loss(activations, head, labels):
     return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
 
 
-def training_step(embedding, names, head):
-    """A tf.function training step over `next(iterator)`: the lookup, a dense logistic loss
-    (`head`) over the features `names`, and apply_gradients."""
-    @tf.function
-    def step(iterator):
-        ids, weights, labels = next(iterator)
+def replica_training_step(embedding, names, head):
+    """One replica's training step on (ids, weights, labels): the lookup, a dense logistic loss
+    (`head`) over the features `names`, and apply_gradients; returns the loss."""
+    def replica_step(ids, weights, labels):
         activations, preserved = embedding.embedding_lookup(ids, weights)
         with tf.GradientTape() as tape:
             tape.watch(activations)
             loss = logistic_loss([activations[n] for n in names], head, labels)
         embedding.apply_gradients(tape.gradient(loss, activations), preserved)
         return loss
+    return replica_step
+
+
+def training_step(embedding, names, head):
+    """A tf.function of replica_training_step over `next(iterator)` (one replica)."""
+    replica_step = replica_training_step(embedding, names, head)
+
+    @tf.function
+    def step(iterator):
+        return replica_step(*next(iterator))
     return step
 
 

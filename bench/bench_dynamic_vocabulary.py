@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tf_sc_embedding as sce  # noqa: E402
 from bench_api import (add_workload_arguments, back_to_back, batch_pool,  # noqa: E402
                        capped_vocabulary, dataset_over, dense_head, interleaved, iterator_over,
-                       logistic_loss, use_threads)
+                       replica_training_step, training_step, use_threads)
 
 E = tf.tpu.experimental.embedding
 MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)   # odd: a bijection of the 64-bit integers
@@ -105,21 +105,12 @@ def step_function(vocab, dim, pool, dynamic=None, strategy=None):
     head = dense_head(len(vocab), dim)
     names = [f"f{i}" for i in range(len(vocab))]
 
-    def replica_step(ids, weights, labels):
-        activations, preserved = embedding.embedding_lookup(ids, weights)
-        with tf.GradientTape() as tape:
-            tape.watch(activations)
-            loss = logistic_loss([activations[n] for n in names], head, labels)
-        embedding.apply_gradients(tape.gradient(loss, activations), preserved)
-        return loss
-
     if strategy.num_replicas_in_sync == 1:
-        @tf.function
-        def step(iterator):
-            return replica_step(*next(iterator))
-
+        step = training_step(embedding, names, head)
         iterator = iterator_over(pool)
         return embedding, lambda: step(iterator).numpy()
+
+    replica_step = replica_training_step(embedding, names, head)
 
     @tf.function
     def distributed_step(iterator):

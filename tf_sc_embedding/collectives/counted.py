@@ -27,26 +27,38 @@ def _flat(buffer):
 
 class CountedAllToAll:
     """The all-to-alls of one step whose chunks hold `send_counts` [W dest, T] entries per table
-    (or entries sized from them, as rows and gradients are)."""
+    (or entries sized from them, as rows and gradients are). Gathered (`pairs`: every pair's
+    counts, [W source, W dest, T]) or riding (no pairs; ragged all-to-alls)."""
 
     def __init__(self, view, send_counts, pairs=None):
         self.view = view
         self.send_counts = send_counts
-        self.pairs = pairs   # [W source, W dest, T] every pair's counts (gathered), or None
+        self.pairs = pairs
+        self.rides = pairs is None and view.counts_ride
+
+    @classmethod
+    def gathered(cls, view, send_counts):
+        """One all-gather of every replica's counts, whatever the transport: every replica then
+        knows every pair's counts, its receive counts (its column) and the chunk sizes all must
+        agree on. One launch (W x W x T int32s) where an all-to-all of the counts and an all-max
+        of the chunks would take two, at about 1 ms of wall time each on loopback."""
+        W = view.num_replicas
+        return cls(view, send_counts, tf.reshape(view.all_gather(send_counts[None]), [W, W, -1]))
 
     @classmethod
     def start(cls, view, send_counts):
         """Before the first all-to-all: gathers every replica's counts unless they ride."""
-        if view.counts_ride:
-            return cls(view, send_counts)
-        W = view.num_replicas
-        return cls(view, send_counts,
-                   tf.reshape(view.all_gather(send_counts[None]), [W, W, -1]))
+        return cls(view, send_counts) if view.counts_ride else cls.gathered(view, send_counts)
+
+    @property
+    def recv_counts(self):
+        """[W source, T] what every replica sends here (gathered only; riding: from `first`)."""
+        return self.pairs[:, self.view.replica_id, :]
 
     def chunk(self, counts, widths):
         """Elements per chunk of a buffer that holds counts [W, T] entries of widths [T]: the
         largest of this replica's chunks when counts ride, else the largest of every pair's."""
-        if self.pairs is None:
+        if self.rides:
             return tf.reduce_max(tf.reduce_sum(counts * widths[None, :], axis=1))
         return tf.reduce_max(tf.reduce_sum(self.pairs * widths[None, None, :], axis=2))
 
@@ -55,14 +67,13 @@ class CountedAllToAll:
         for replica d); returns (per table what every replica sent here, in replica order,
         recv_counts [W source, T])."""
         T = len(values)
-        if self.pairs is not None:
-            recv_counts = self.pairs[:, self.view.replica_id, :]
+        if not self.rides:
             ones = tf.ones([T], tf.int32)
             buffer = replica_chunks.pack_replica_chunks(values, self.send_counts,
                                                         self.chunk(self.send_counts, ones))
             received = self.all_to_all(buffer, self.send_counts, ones)
-            return replica_chunks.unpack_replica_chunks(received, recv_counts, [None] * T), \
-                recv_counts
+            return replica_chunks.unpack_replica_chunks(received, self.recv_counts,
+                                                        [None] * T), self.recv_counts
         W = self.view.num_replicas
         header = tf.fill([W, 1], T)
         counts = tf.concat([header, self.send_counts], axis=1)   # the counts lead every chunk
@@ -80,7 +91,7 @@ class CountedAllToAll:
         (counts: what each chunk holds); returns the W received chunks, flat and equal.
         payload: what a float32 buffer carries (wire.py)."""
         W = self.view.num_replicas
-        if self.pairs is not None or not self.view.counts_ride:
+        if not self.rides:
             return _flat(self.view.all_to_all(tf.reshape(buffer, [W, -1]), payload))
         lengths = tf.reduce_sum(counts * widths[None, :], axis=1)
         return _flat(self.view.ragged_all_to_all(tf.reshape(buffer, [W, -1]), lengths, payload))

@@ -97,24 +97,6 @@ def gradient_order(layout, name):
     return enqueue_lib.SPARSE_CORE_MAJOR
 
 
-def exchange_counts(view, send_counts, widths):
-    """(recv_counts [W source, T], id chunk, row chunk) of the all-to-all buffers, from one
-    all-gather of every replica's send_counts [W dest, T].
-
-    Every replica then knows what each replica sends to each other: its receive counts are its
-    column, and the chunk sizes all replicas must agree on are the largest any pair exchanges
-    (ids, and floats of the rows). One collective instead of an all-to-all of the counts and an
-    all-max of the chunks: a launch costs about 1 ms of wall time on loopback (BENCHMARKS.md),
-    and the gathered counts are W x W x T int32s.
-    """
-    W = view.num_replicas
-    every = tf.reshape(view.all_gather(send_counts[None]), [W, W, -1])   # [source, dest, T]
-    recv_counts = every[:, view.replica_id, :]
-    id_chunk = tf.reduce_max(tf.reduce_sum(every, axis=2))
-    row_chunk = tf.reduce_max(tf.reduce_sum(every * widths[None, None, :], axis=2))
-    return recv_counts, id_chunk, row_chunk
-
-
 def all_to_all_flat(view, buffer, payload=None):
     """One all-to-all of a flat buffer of W equal chunks; payload: what it carries (wire.py)."""
     num_replicas = view.num_replicas

@@ -10,8 +10,8 @@ import tensorflow as tf
 from tf_sc_embedding.collectives import replica_group as collectives
 from tf_sc_embedding.exchanges import all_to_all
 from tf_sc_embedding.exchanges import base
-from tf_sc_embedding.exchanges.all_to_all import (all_to_all_flat, exchange_counts, pack_by_replica,
-                                                  unpack_by_replica)
+from tf_sc_embedding.collectives.counted import CountedAllToAll
+from tf_sc_embedding.exchanges.all_to_all import pack_by_replica, unpack_by_replica
 from tf_sc_embedding.ops.segment_sum import gathered_segment_sum
 
 
@@ -51,9 +51,11 @@ def sparse_allreduce(view, layout, rows_and_gradients):
         pairs.append(_with_ids(tf.gather(r, order), tf.gather(g, order)))
         counts.append(tf.math.bincount(owner, minlength=W, maxlength=W, dtype=tf.int32))
     send_counts = tf.stack(counts, axis=1)                                     # [W, T]
-    recv_counts, _, chunk = exchange_counts(view, send_counts, widths)
-    received = unpack_by_replica(
-        all_to_all_flat(view, pack_by_replica(pairs, send_counts, chunk)), recv_counts, width_list)
+    # Ids ride in float columns here, so the counts cannot: they are gathered on any transport.
+    counted = CountedAllToAll.gathered(view, send_counts)
+    buffer = pack_by_replica(pairs, send_counts, counted.chunk(send_counts, widths))
+    received = unpack_by_replica(counted.all_to_all(buffer, send_counts, widths),
+                                 counted.recv_counts, width_list)
     reduced = []
     for ids, g in map(_split_ids, received):
         unique, inverse = tf.unique(ids, out_idx=tf.int32)
