@@ -96,6 +96,7 @@ def main():
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas)
     import tf_sc_embedding as sce  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.collectives import freed_memory  # pylint: disable=import-outside-toplevel
 
     if args.workers:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -247,8 +248,8 @@ def main():
     with open(os.path.join(args.out, f"errors_{args.index}.json"), "w") as f:
         json.dump(errors, f)
     with open(os.path.join(args.out, f"stats_{args.index}.json"), "w") as f:
-        json.dump({"stats": embedding.sparse_core_stats, "limits": embedding.sparse_core_limits},
-                  f)
+        json.dump({"stats": embedding.sparse_core_stats, "limits": embedding.sparse_core_limits,
+                   "malloc": freed_memory.applied()}, f)
     print("done", args.index, flush=True)
     return 0
 

@@ -2,7 +2,12 @@
 multi-worker path (the rest of tests/multiworker runs with the slow tests). Several all-to-all
 steps must give recorded bits, in one process and on every worker, and each worker must hold
 only its own replica's shards."""
+import json
+import os
+
 import pytest
+
+from tf_sc_embedding.collectives import freed_memory
 
 from tests.multiworker.cluster import check_ok, run_cluster, table_digests, tables
 
@@ -26,6 +31,12 @@ EXCHANGE_DIGESTS = {
 }
 
 
+# What a worker of this environment sets (the user's variables or another C library: nothing).
+EXPECTED_MALLOC = ({} if os.confstr("CS_GNU_LIBC_VERSION") is None or
+                   any(v in os.environ for v in freed_memory.USER_VARIABLES) else
+                   {"M_MMAP_THRESHOLD": 32 << 20, "M_TRIM_THRESHOLD": 128 << 20})
+
+
 @pytest.mark.parametrize("workers", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_the_exchange_keeps_every_bit_of_the_tables(tmp_path, workers, single_runs):
     """Several all-to-all steps give the recorded bits, in one process and over workers."""
@@ -42,3 +53,6 @@ def test_the_exchange_keeps_every_bit_of_the_tables(tmp_path, workers, single_ru
         held = {k: int(v) for k, v in mine.items() if k.startswith("shard_rows/")}
         assert all(f"replica_{i}:" in k for k in held), held
         assert sum(v for k, v in held.items() if "/parameters/" in k) * workers == full_rows
+        # Joining the job fixed malloc's thresholds (collectives/freed_memory.py).
+        malloc = json.loads((out / f"stats_{i}.json").read_text())["malloc"]
+        assert malloc == EXPECTED_MALLOC, malloc

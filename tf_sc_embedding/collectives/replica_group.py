@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_sc_embedding import private_tf
-from tf_sc_embedding.collectives import transports, wire
+from tf_sc_embedding.collectives import freed_memory, transports, wire
 
 # Collective group keys of the embedding start here, far from the ones tf.distribute allocates
 # (which count up from 1 per strategy and device set).
@@ -261,8 +261,9 @@ class ReplicaGroup:
             return key
 
     def create_variables(self):
-        """Per local replica: the counters (COUNTERS) and the collectives' ordering token; then
-        the transport connects (every worker calls this at the same point of the program).
+        """Per local replica: the counters (COUNTERS) and the collectives' ordering token; then,
+        in a multi-worker job, malloc keeps freed memory (freed_memory.py) and the transport
+        connects (every worker calls this at the same point of the program).
 
         The ordering token is a resource on the replica's device that every collective of the
         replica takes as input, so TensorFlow runs them in program order on every replica (without
@@ -271,6 +272,8 @@ class ReplicaGroup:
         if self._ordering_tokens:
             return
         self._create_counters_and_tokens()
+        if self.is_multi_worker:
+            freed_memory.keep_freed_memory()
         with tf.init_scope():
             self.transport.connect()
 

@@ -1,0 +1,82 @@
+"""malloc's thresholds for multi-worker steps (collectives/freed_memory.py): what is set, when the
+user's environment wins, and that the settings really keep a step's freed buffers mapped."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tf_sc_embedding.collectives import freed_memory
+
+
+class RecordingLibc:
+    def __init__(self, result=1):
+        self.calls, self.result = [], result
+
+    def mallopt(self, parameter, value):
+        self.calls.append((parameter.value, value.value))
+        return self.result
+
+
+def test_sets_both_thresholds_through_mallopt():
+    libc = RecordingLibc()
+    settings = freed_memory.apply({}, libc)
+    assert libc.calls == [(freed_memory.M_MMAP_THRESHOLD, 32 << 20),
+                          (freed_memory.M_TRIM_THRESHOLD, 128 << 20)]
+    assert settings == {"M_MMAP_THRESHOLD": 32 << 20, "M_TRIM_THRESHOLD": 128 << 20}
+
+
+def test_either_user_variable_leaves_malloc_alone():
+    for name in freed_memory.USER_VARIABLES:
+        libc = RecordingLibc()
+        assert freed_memory.apply({name: "65536"}, libc) == {}
+        assert libc.calls == []
+
+
+def test_other_c_libraries_and_refused_settings_are_reported_as_unset():
+    assert freed_memory.apply({}, None) == {}
+    libc = RecordingLibc(result=0)
+    assert freed_memory.apply({}, libc) == {}
+    assert len(libc.calls) == 2
+
+
+# Three 12 MB buffers touched and freed per "step": glibc's own thresholds (raised to 12 MB mmap,
+# 24 MB trim after the first free) hand the 36 MB at the heap's top back every step.
+_STEPS = textwrap.dedent("""
+    import ctypes, importlib.util, resource, sys
+    spec = importlib.util.spec_from_file_location("freed_memory", sys.argv[1])
+    freed_memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(freed_memory)
+    if sys.argv[2] == "keep":
+        print(freed_memory.apply({}, freed_memory._glibc()))
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    def step():
+        buffers = [libc.malloc(12 << 20) for _ in range(3)]
+        for b in buffers:
+            ctypes.memset(b, 1, 12 << 20)
+        for b in reversed(buffers):
+            libc.free(b)
+    step(); step()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(5):
+        step()
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5)
+""")
+
+
+def _faults_per_step(mode):
+    env = {k: v for k, v in os.environ.items() if k not in freed_memory.USER_VARIABLES}
+    out = subprocess.run([sys.executable, "-c", _STEPS, freed_memory.__file__, mode], env=env,
+                         capture_output=True, text=True, timeout=60, check=True).stdout.split("\n")
+    return float(out[-2])
+
+
+def test_kept_thresholds_stop_the_page_faults_of_freed_buffers():
+    if freed_memory._glibc() is None:  # pylint: disable=protected-access
+        pytest.skip("not glibc: nothing is set (the unit tests above cover that)")
+    plain, kept = _faults_per_step("plain"), _faults_per_step("keep")
+    assert plain > 2000   # 36 MB of fresh pages per step without the settings
+    assert kept < 100
