@@ -45,7 +45,8 @@ def parse_args():
     parser.add_argument("--pin", action="store_true",
                         help="pin worker i to core i mod cores, as bench_multiworker.py --pin")
     parser.add_argument("--bfc", action="store_true",
-                        help="TF_CPU_ALLOCATOR_USE_BFC=true in the workers (as train_demo.py)")
+                        help="TF_CPU_ALLOCATOR_USE_BFC=true in the workers (TensorFlow's pooling "
+                             "CPU allocator)")
     parser.add_argument("--index", type=int, default=-1, help=argparse.SUPPRESS)
     parser.add_argument("--ports", default="", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
@@ -70,7 +71,9 @@ def worker(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from tf_sc_embedding import private_tf  # pylint: disable=import-outside-toplevel
+    from tf_sc_embedding.collectives import freed_memory  # pylint: disable=import-outside-toplevel
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    freed_memory.keep_freed_memory()   # as every worker of the library's multi-worker jobs
     workers = len(ports)
     n = ids_per_peer(args.sent_mb * 1e6, workers, args.dim)
     # Inputs made once: the step measures the transport, not the making of its buffers.

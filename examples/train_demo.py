@@ -53,11 +53,6 @@ def parse_args():
 def main():
     args = parse_args()
     if args.workers:
-        # A pooling allocator for tensors (TensorFlow's BFC allocator on the CPU, read when the
-        # strategy creates the devices): a worker's step otherwise maps and unmaps its
-        # multi-megabyte exchange buffers every step
-        # (docs/multi_worker.md#where-a-workers-time-goes).
-        os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
         os.environ["TF_CONFIG"] = json.dumps({
             "cluster": {"worker": args.workers.split(",")},
             "task": {"type": "worker", "index": args.task_index}})
