@@ -52,7 +52,8 @@ def launches_per_replica(replicas, config, **kwargs):
 
 
 @pytest.mark.parametrize("replicas", [2, pytest.param(4, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("num_tables,dims", [(1, [8]), (6, [8, 16, 8])])
+@pytest.mark.parametrize("num_tables,dims", [pytest.param(1, [8], marks=pytest.mark.slow),
+                                             (6, [8, 16, 8])])
 def test_sharded_step_launches_four_collectives_whatever_the_tables(replicas, num_tables, dims):
     require_replicas(replicas)
     counts, embedding = launches_per_replica(replicas, feature_config(num_tables, dims),

@@ -48,7 +48,7 @@ def _first_appearance_numbers(batches):
     (2, tf.int64, "ragged", "mean", "adagrad", False),
     pytest.param(4, tf.string, "sparse", "sum", "adam", False, marks=pytest.mark.slow),
     (2, tf.string, "dense", "sqrtn", "row_wise_adagrad", False),
-    (4, tf.int64, "ragged", "mean", "ftrl", False),
+    pytest.param(4, tf.int64, "ragged", "mean", "ftrl", False, marks=pytest.mark.slow),
     (2, tf.string, "ragged", "sum", "adam", True),
     pytest.param(4, tf.int64, "sparse", "mean", "adagrad", True, marks=pytest.mark.slow),
 ])
@@ -140,7 +140,8 @@ def _checkpoint_embedding(strategy, capacity=48):
                                                steps_to_live=2)})
 
 
-@pytest.mark.parametrize("source,target", [(1, 2), pytest.param(2, 4, marks=pytest.mark.slow),
+@pytest.mark.parametrize("source,target", [pytest.param(1, 2, marks=pytest.mark.slow),
+                                           pytest.param(2, 4, marks=pytest.mark.slow),
                                            (4, 1), pytest.param(2, 2, marks=pytest.mark.slow)])
 def test_checkpoint_restores_into_other_replica_counts(tmp_path, source, target):
     """The logical state is the same after a restore on any replica count, and training goes on:

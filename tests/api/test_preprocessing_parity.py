@@ -119,7 +119,8 @@ def minibatched(preprocessed):
 
 
 @pytest.mark.parametrize("optimizer_name,kind,replicas", [
-    ("adam", "ragged", 2), ("sgd", "sparse", "none"), ("ftrl", "dense", 4)])
+    ("adam", "ragged", 2), ("sgd", "sparse", "none"),
+    pytest.param("ftrl", "dense", 4, marks=pytest.mark.slow)])
 def test_minibatching_gives_identical_results(optimizer_name, kind, replicas):
     """Tiny per-partition limits (2 ids, 2 unique ids) force minibatches; no id may be lost."""
     data = at_most_two_samples_per_id_and_sparse_core

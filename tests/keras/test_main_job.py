@@ -216,6 +216,7 @@ def test_trains_on_criteo_files_and_writes_tensorboard_logs(tmp_path):
     assert results["eval_data"] == [str(tmp_path / "held_out")]
 
 
+@pytest.mark.slow
 def test_fit_gets_no_keras_shuffle_warning(tmp_path, recwarn):
     run(["--steps", "2", "--batch-size", "64", "--eval-samples", "64", "--train-samples", "128",
          "--verbose", "0", "--no-export"], tmp_path)
