@@ -27,11 +27,18 @@ def test_sets_both_thresholds_through_mallopt():
     assert settings == {"M_MMAP_THRESHOLD": 32 << 20, "M_TRIM_THRESHOLD": 128 << 20}
 
 
-def test_either_user_variable_leaves_malloc_alone():
-    for name in freed_memory.USER_VARIABLES:
+def test_either_user_variable_or_tunable_leaves_malloc_alone():
+    users = [{name: "65536"} for name in freed_memory.USER_VARIABLES]
+    users += [{"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{name}=65536"}
+              for name in freed_memory.USER_TUNABLES]
+    for environ in users:
         libc = RecordingLibc()
-        assert freed_memory.apply({name: "65536"}, libc) == {}
+        assert freed_memory.apply(environ, libc) == {}, environ
         assert libc.calls == []
+    # Other tunables are not about the thresholds: the library still sets them.
+    libc = RecordingLibc()
+    assert freed_memory.apply({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, libc)
+    assert len(libc.calls) == 2
 
 
 def test_other_c_libraries_and_refused_settings_are_reported_as_unset():
@@ -68,7 +75,8 @@ _STEPS = textwrap.dedent("""
 
 
 def _faults_per_step(mode):
-    env = {k: v for k, v in os.environ.items() if k not in freed_memory.USER_VARIABLES}
+    env = {k: v for k, v in os.environ.items()
+           if k not in freed_memory.USER_VARIABLES and k != "GLIBC_TUNABLES"}
     out = subprocess.run([sys.executable, "-c", _STEPS, freed_memory.__file__, mode], env=env,
                          capture_output=True, text=True, timeout=60, check=True).stdout.split("\n")
     return float(out[-2])

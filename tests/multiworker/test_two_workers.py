@@ -33,7 +33,7 @@ EXCHANGE_DIGESTS = {
 
 # What a worker of this environment sets (the user's variables or another C library: nothing).
 EXPECTED_MALLOC = ({} if os.confstr("CS_GNU_LIBC_VERSION") is None or
-                   any(v in os.environ for v in freed_memory.USER_VARIABLES) else
+                   freed_memory.user_overrides(os.environ) else
                    {"M_MMAP_THRESHOLD": 32 << 20, "M_TRIM_THRESHOLD": 128 << 20})
 
 

@@ -7,7 +7,7 @@ threshold lies free there; the next step then touches new pages, and every first
 fault that the kernel zeroes. glibc raises both thresholds by itself after it frees a mapped
 buffer, but the values it reaches depend on the order of the allocations: a 2-worker step at
 batch 4096 settled either near 23 ms or near 35-45 ms, with 2,000-5,000 faults and 7-17 ms of system
-CPU per step in the slow runs (one worker: about 30 faults; BENCHMARKS.md#multi-worker). With the
+CPU per step in the slow runs (one worker: about 30 faults; BENCHMARKS.md#weak-scaling). With the
 thresholds fixed as below, both clusters became one (about 150 faults, 2 ms of system CPU), on both
 transports.
 
@@ -18,8 +18,9 @@ So when an embedding joins a multi-worker job (ReplicaGroup.create_variables), i
   process instead of going back to the system after every step.
 
 A process keeps up to that much freed memory per heap arena. The user overrides both by starting the
-process with MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ in its environment (glibc reads them
-at start-up; the library then changes nothing). Other C libraries are left alone.
+process with MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ in its environment, or with
+glibc.malloc.mmap_threshold or glibc.malloc.trim_threshold in GLIBC_TUNABLES (glibc reads them at
+start-up; the library then changes nothing). Other C libraries are left alone.
 """
 import ctypes
 import ctypes.util
@@ -30,6 +31,7 @@ from absl import logging
 MMAP_THRESHOLD_BYTES = 32 << 20
 TRIM_THRESHOLD_BYTES = 128 << 20
 USER_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+USER_TUNABLES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold")
 # mallopt's parameter numbers (glibc's malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -46,11 +48,18 @@ def _glibc():
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 
 
+def user_overrides(environ):
+    """The variables or tunables of `environ` that set either threshold (the user's choice)."""
+    tunables = [t.split("=", 1)[0] for t in environ.get("GLIBC_TUNABLES", "").split(":")]
+    return ([name for name in USER_VARIABLES if name in environ] +
+            [name for name in USER_TUNABLES if name in tunables])
+
+
 def apply(environ, libc):
-    """Sets the thresholds through `libc` unless `environ` names one of USER_VARIABLES or `libc`
-    is None (not glibc). Returns {"M_MMAP_THRESHOLD": bytes, "M_TRIM_THRESHOLD": bytes} for the
+    """Sets the thresholds through `libc` unless `environ` sets one (user_overrides) or `libc` is
+    None (not glibc). Returns {"M_MMAP_THRESHOLD": bytes, "M_TRIM_THRESHOLD": bytes} for the
     ones set, {} when the user's environment or the C library decides."""
-    user = [name for name in USER_VARIABLES if name in environ]
+    user = user_overrides(environ)
     if user:
         logging.info("malloc thresholds left as the environment sets them (%s)", ", ".join(user))
         return {}
@@ -72,7 +81,7 @@ def apply(environ, libc):
 def keep_freed_memory():
     """`apply` for this process, once (later calls return the first result)."""
     if not _applied:
-        user = any(name in os.environ for name in USER_VARIABLES)
+        user = user_overrides(os.environ)
         _applied.append(apply(os.environ, None if user else _glibc()))
     return dict(_applied[0])
 
