@@ -32,9 +32,7 @@ EXCHANGE_DIGESTS = {
 
 
 # What a worker of this environment sets (the user's variables or another C library: nothing).
-EXPECTED_MALLOC = ({} if os.confstr("CS_GNU_LIBC_VERSION") is None or
-                   freed_memory.user_overrides(os.environ) else
-                   {"M_MMAP_THRESHOLD": 32 << 20, "M_TRIM_THRESHOLD": 128 << 20})
+EXPECTED_MALLOC = freed_memory.planned(os.environ, freed_memory.glibc_malloc())
 
 
 @pytest.mark.parametrize("workers", [2, pytest.param(4, marks=pytest.mark.slow)])
