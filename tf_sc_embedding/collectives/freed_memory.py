@@ -66,13 +66,12 @@ def planned(environ, libc):
 
 def set_thresholds(environ, libc):
     """Sets what `planned` says through libc.mallopt; returns the settings that took."""
-    user = user_choices(environ)
-    if user:
-        logging.info("malloc thresholds left as the user chose (%s)", ", ".join(user))
-    elif libc is None:
-        logging.info("malloc thresholds left alone: malloc is not glibc's")
+    plan = planned(environ, libc)
+    if not plan:
+        logging.info("malloc thresholds left alone: %s",
+                     ", ".join(user_choices(environ)) or "malloc is not glibc's")
     settings = {}
-    for name, value in planned(environ, libc).items():
+    for name, value in plan.items():
         if libc.mallopt(ctypes.c_int(_PARAMETERS[name]), ctypes.c_int(value)) == 1:
             settings[name] = value
         else:
@@ -86,8 +85,7 @@ def set_thresholds(environ, libc):
 def keep_freed_memory():
     """set_thresholds for this process, once (later calls return the first result)."""
     if not _applied:
-        libc = None if user_choices(os.environ) else glibc_malloc()
-        _applied.append(set_thresholds(os.environ, libc))
+        _applied.append(set_thresholds(os.environ, glibc_malloc()))
     return dict(_applied[0])
 
 

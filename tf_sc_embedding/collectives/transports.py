@@ -15,8 +15,9 @@ A transport launches one replica's collective in graph mode: `launch(kind, value
 with kind "all_to_all", "all_gather" or "all_sum" (only if `sums`; otherwise the replica view
 gathers and sums in replica order), `launch_ragged(value, lengths, replica_id)` if `ragged` (an
 all-to-all whose chunks have their own lengths, which reach the receivers with the bytes; its
-`ragged_sent(value, lengths)` says what goes on the wire per destination), and `connect()` forms whatever it needs once the variables
-are created, eagerly and on every worker at the same point of the program.
+`ragged_sent(value, lengths)` says what goes on the wire per destination), and `connect()` forms
+whatever it needs once the variables are created, eagerly and on every worker at the same point
+of the program.
 """
 import tensorflow as tf
 
